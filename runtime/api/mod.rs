@@ -1,0 +1,3 @@
+//! The client-facing APIs: [`grpc`] (TF Serving's gRPC services).
+
+pub mod grpc;

@@ -1,0 +1,296 @@
+//! The configuration file (TOML) and its checks.
+//!
+//! One file describes the server and everything it serves. Unknown keys are
+//! refused (`deny_unknown_fields`), and every error names the file, the key,
+//! the value and what is allowed. Relative paths in the file are relative
+//! to the file's own directory, so a config works from any working
+//! directory.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::infer::onnx::OnnxOptions;
+use crate::tensor::proto::OutputEncoding;
+
+/// A configuration error: which file and what is wrong in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file, or `command line`.
+    pub source: String,
+    /// What is wrong, naming the key and the value.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.source, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Everything the server is configured with.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Listening addresses and protocol limits.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Where the ONNX Runtime library is.
+    #[serde(default)]
+    pub onnxruntime: OnnxRuntimeConfig,
+    /// The models served; each is reachable under its own name.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+}
+
+/// Listening addresses and protocol limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address to bind; `0.0.0.0` serves every interface, as TF Serving does.
+    pub host: String,
+    /// gRPC port (TF Serving's `--port`); 0 picks a free one.
+    pub port: u16,
+    /// Largest gRPC message accepted or sent, in bytes.
+    pub max_message_bytes: usize,
+    /// How numeric outputs are written in Predict responses.
+    pub output_encoding: OutputEncoding,
+    /// Seconds in-flight requests get to finish after SIGTERM.
+    pub drain_timeout_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "0.0.0.0".to_string(),
+            port: 8500,
+            max_message_bytes: 64 << 20,
+            output_encoding: OutputEncoding::TypedFields,
+            drain_timeout_secs: 30,
+        }
+    }
+}
+
+/// Where the ONNX Runtime library is.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnnxRuntimeConfig {
+    /// Path of `libonnxruntime.so.*`; found automatically when unset.
+    pub library: Option<PathBuf>,
+}
+
+/// Which versions of a model are loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VersionPolicy {
+    /// The N highest versions (TF Serving's default is the highest one).
+    Latest(usize),
+    /// Every version found.
+    All,
+    /// Exactly these versions; each must exist.
+    Specific(Vec<i64>),
+}
+
+impl Default for VersionPolicy {
+    fn default() -> Self {
+        VersionPolicy::Latest(1)
+    }
+}
+
+impl<'de> Deserialize<'de> for VersionPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged, expecting = "\"latest\", \"all\", { latest = N } or { specific = [versions] }")]
+        enum Repr {
+            Name(String),
+            Latest { latest: usize },
+            Specific { specific: Vec<i64> },
+        }
+        match Repr::deserialize(deserializer)? {
+            Repr::Name(name) if name == "latest" => Ok(VersionPolicy::Latest(1)),
+            Repr::Name(name) if name == "all" => Ok(VersionPolicy::All),
+            Repr::Name(other) => Err(serde::de::Error::custom(format!(
+                "unknown version policy \"{other}\"; expected \"latest\", \"all\", {{ latest = N }} or {{ specific = [versions] }}"
+            ))),
+            Repr::Latest { latest: 0 } => Err(serde::de::Error::custom("{ latest = 0 } would load nothing; use 1 or more")),
+            Repr::Latest { latest } => Ok(VersionPolicy::Latest(latest)),
+            Repr::Specific { specific } if specific.is_empty() => {
+                Err(serde::de::Error::custom("{ specific = [] } would load nothing; list at least one version"))
+            }
+            Repr::Specific { specific } => Ok(VersionPolicy::Specific(specific)),
+        }
+    }
+}
+
+/// One model: where its versions are and how to serve them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The name clients put in `model_spec.name`.
+    pub name: String,
+    /// Directory holding one subdirectory per version: `BASE/VERSION/model.onnx`.
+    pub base_path: PathBuf,
+    /// Which versions to load.
+    #[serde(default)]
+    pub version_policy: VersionPolicy,
+    /// Names for versions (`stable = 1`), for `model_spec.version_label`.
+    #[serde(default)]
+    pub version_labels: BTreeMap<String, i64>,
+    /// Requests of this model admitted at once, waiting or running; more
+    /// are refused with RESOURCE_EXHAUSTED.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// ONNX Runtime session settings.
+    #[serde(default)]
+    pub onnx: OnnxOptions,
+}
+
+fn default_max_in_flight() -> usize {
+    1024
+}
+
+impl ModelConfig {
+    /// A model given on the command line (`--model_name`, `--model_base_path`).
+    pub fn from_flags(name: String, base_path: PathBuf) -> ModelConfig {
+        ModelConfig {
+            name,
+            base_path,
+            version_policy: VersionPolicy::default(),
+            version_labels: BTreeMap::new(),
+            max_in_flight: default_max_in_flight(),
+            onnx: OnnxOptions::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and checks a config file.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError { source: source.clone(), message: format!("cannot read the file: {e}") })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Config::from_toml(&text, &source, base)
+    }
+
+    /// Parses and checks config text; relative paths are taken from `base`.
+    pub fn from_toml(text: &str, source: &str, base: &Path) -> Result<Config, ConfigError> {
+        let error = |message: String| ConfigError { source: source.to_string(), message };
+        let mut config: Config = toml::from_str(text).map_err(|e| error(e.to_string().trim_end().to_string()))?;
+        for model in &mut config.models {
+            if model.base_path.is_relative() {
+                model.base_path = base.join(&model.base_path);
+            }
+        }
+        if let Some(library) = &mut config.onnxruntime.library {
+            if library.is_relative() {
+                *library = base.join(&*library);
+            }
+        }
+        config.check().map_err(error)?;
+        Ok(config)
+    }
+
+    /// Checks what the types alone cannot: names, ranges, references.
+    pub fn check(&self) -> Result<(), String> {
+        let mut names = HashSet::new();
+        for (i, model) in self.models.iter().enumerate() {
+            let key = format!("models[{i}]");
+            check_name(&format!("{key}.name"), &model.name)?;
+            if !names.insert(model.name.as_str()) {
+                return Err(format!("{key}.name = \"{}\": another model has the same name", model.name));
+            }
+            if model.max_in_flight == 0 {
+                return Err(format!("{key}.max_in_flight = 0: must be at least 1"));
+            }
+            if model.onnx.sessions == 0 {
+                return Err(format!("{key}.onnx.sessions = 0: must be at least 1"));
+            }
+            if model.onnx.intra_op_threads == 0 {
+                return Err(format!("{key}.onnx.intra_op_threads = 0: must be at least 1"));
+            }
+            if let VersionPolicy::Specific(versions) = &model.version_policy {
+                if let Some(v) = versions.iter().find(|&&v| v < 0) {
+                    return Err(format!("{key}.version_policy: version {v} is negative; versions are >= 0"));
+                }
+            }
+            for (label, version) in &model.version_labels {
+                check_name(&format!("{key}.version_labels"), label)?;
+                if *version < 0 {
+                    return Err(format!("{key}.version_labels.{label} = {version}: versions are >= 0"));
+                }
+            }
+        }
+        if self.server.max_message_bytes < 1024 {
+            return Err(format!("server.max_message_bytes = {}: must be at least 1024", self.server.max_message_bytes));
+        }
+        Ok(())
+    }
+}
+
+/// Names (models, labels, later pipelines and plugins) are what clients
+/// type and what may become file names: short, and without separators.
+pub fn check_name(key: &str, name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && !name.starts_with('.');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{key} = \"{name}\": names are 1 to 128 characters of A-Z, a-z, 0-9, '_', '-', '.', not starting with '.'"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(text, "test.toml", Path::new("/base"))
+    }
+
+    #[test]
+    fn minimal_model_config_gets_defaults_and_relative_paths() {
+        let config = parse("[[models]]\nname = \"mlp\"\nbase_path = \"models/mlp\"\n").unwrap();
+        let model = &config.models[0];
+        assert_eq!(model.base_path, Path::new("/base/models/mlp"));
+        assert_eq!(model.version_policy, VersionPolicy::Latest(1));
+        assert_eq!(config.server.port, 8500);
+    }
+
+    #[test]
+    fn version_policies_parse() {
+        for (text, policy) in [
+            ("\"latest\"", VersionPolicy::Latest(1)),
+            ("\"all\"", VersionPolicy::All),
+            ("{ latest = 2 }", VersionPolicy::Latest(2)),
+            ("{ specific = [1, 3] }", VersionPolicy::Specific(vec![1, 3])),
+        ] {
+            let config =
+                parse(&format!("[[models]]\nname = \"m\"\nbase_path = \"x\"\nversion_policy = {text}\n")).unwrap();
+            assert_eq!(config.models[0].version_policy, policy, "{text}");
+        }
+        let err = parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\nversion_policy = \"newest\"\n").unwrap_err();
+        assert!(err.to_string().contains("test.toml"), "{err}");
+        assert!(err.message.contains("version_policy"), "{err}");
+    }
+
+    #[test]
+    fn errors_name_the_key_and_value() {
+        let err = parse("[[models]]\nname = \"a/b\"\nbase_path = \"x\"\n").unwrap_err();
+        assert!(err.message.contains("models[0].name = \"a/b\""), "{err}");
+        let err = parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\n[[models]]\nname = \"m\"\nbase_path = \"y\"\n")
+            .unwrap_err();
+        assert!(err.message.contains("models[1].name"), "{err}");
+        let err = parse("[server]\nportt = 1\n").unwrap_err();
+        assert!(err.message.contains("portt"), "{err}");
+        let err = parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\n[models.onnx]\nsessions = 0\n").unwrap_err();
+        assert!(err.message.contains("models[0].onnx.sessions = 0"), "{err}");
+    }
+}

@@ -1,0 +1,55 @@
+//! Inference: the [`Backend`] trait that runs a batch through a model, and
+//! its implementations ([`onnx`]: ONNX Runtime in-process).
+//!
+//! A backend receives a [`Batch`] — one or more requests' inputs, already
+//! validated against its [`Signature`] — and returns the outputs for the
+//! whole batch; the batcher in `pipeline/` splits them per request. Backends
+//! do their blocking work on threads of their own, so `run` is a future the
+//! async runtime only waits on.
+
+pub mod onnx;
+mod signature;
+
+use futures::future::BoxFuture;
+
+pub use self::signature::{check_tensor, Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// Requests to run together through a model.
+#[derive(Debug)]
+pub struct Batch {
+    /// Each request's inputs, in signature order.
+    pub requests: Vec<Vec<Tensor>>,
+    /// The batch size to run: the sum of the requests' rows, or more when
+    /// `allowed_batch_sizes` asks for padding. Ignored for models whose
+    /// signature is not batched (then there is exactly one request).
+    pub padded_rows: usize,
+}
+
+impl Batch {
+    /// A batch of one request, unpadded.
+    pub fn single(inputs: Vec<Tensor>) -> Batch {
+        let rows = inputs.first().map_or(1, Tensor::rows);
+        Batch { requests: vec![inputs], padded_rows: rows }
+    }
+
+    /// Total rows of real (not padding) data.
+    pub fn rows(&self) -> usize {
+        self.requests.iter().map(|inputs| inputs.first().map_or(1, Tensor::rows)).sum()
+    }
+}
+
+/// Something that runs batches through one version of a model.
+pub trait Backend: Send + Sync + 'static {
+    /// The model's inputs and outputs.
+    fn signature(&self) -> &Signature;
+
+    /// Runs a batch; the outputs come in signature order and cover the
+    /// whole (padded) batch. Waits for a free worker when all are busy: the
+    /// queues in front of the backend are where requests are refused.
+    fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>>;
+
+    /// How many batches this backend has run (for metrics and tests).
+    fn runs(&self) -> u64;
+}

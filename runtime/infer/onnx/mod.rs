@@ -1,0 +1,268 @@
+//! The ONNX Runtime backend: a model version loaded into a pool of
+//! sessions, each owned by a dedicated inference thread.
+//!
+//! `Session::run` needs `&mut Session`, so concurrency comes from several
+//! sessions, not from sharing one. Each session lives on its own OS thread
+//! (never on the async runtime's threads) and takes batches from one small
+//! shared queue — one batch per thread can wait there, so the next batch is
+//! ready when a thread finishes, and queueing beyond that happens in front
+//! of the backend, where it is bounded and visible.
+
+pub mod library;
+
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::{Session, SessionInputValue};
+use ort::value::ValueType;
+use serde::Deserialize;
+use tokio::sync::oneshot;
+
+use super::{Backend, Batch, Signature, TensorSpec};
+use crate::error::{Error, Result};
+use crate::tensor::{batch, onnx as convert, DType, Tensor};
+
+/// Where ONNX Runtime runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutionProvider {
+    /// ONNX Runtime's CPU kernels.
+    #[default]
+    Cpu,
+    /// NVIDIA CUDA (needs the `cuda` build feature and a GPU build of ONNX Runtime).
+    Cuda,
+    /// NVIDIA TensorRT, falling back to CUDA for unsupported nodes.
+    Tensorrt,
+}
+
+/// How a model version is loaded into ONNX Runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OnnxOptions {
+    /// Sessions in the pool, each with its own inference thread: how many
+    /// batches of this model run at once.
+    pub sessions: usize,
+    /// Threads ONNX Runtime uses inside one run (intra-op parallelism).
+    pub intra_op_threads: usize,
+    /// Whether idle intra-op threads spin waiting for work. Spinning cuts
+    /// latency by microseconds but burns cores other sessions could use.
+    pub spinning: bool,
+    /// CPU, CUDA or TensorRT.
+    pub execution_provider: ExecutionProvider,
+    /// GPU ordinal for CUDA and TensorRT.
+    pub device_id: i32,
+    /// Let TensorRT build FP16 engines.
+    pub fp16: bool,
+}
+
+impl Default for OnnxOptions {
+    fn default() -> Self {
+        OnnxOptions {
+            sessions: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            intra_op_threads: 1,
+            spinning: false,
+            execution_provider: ExecutionProvider::Cpu,
+            device_id: 0,
+            fp16: false,
+        }
+    }
+}
+
+struct Job {
+    batch: Batch,
+    reply: oneshot::Sender<Result<Vec<Tensor>>>,
+}
+
+/// One model version in ONNX Runtime.
+pub struct OnnxBackend {
+    signature: Signature,
+    jobs: async_channel::Sender<Job>,
+    runs: Arc<AtomicU64>,
+}
+
+impl OnnxBackend {
+    /// Loads `path` into `options.sessions` sessions and starts their
+    /// threads. `label` names the model version in thread names, logs and
+    /// errors.
+    pub fn load(path: &Path, label: &str, options: &OnnxOptions, library: Option<&Path>) -> Result<OnnxBackend> {
+        let environment = library::environment(library)?;
+        if options.sessions == 0 || options.intra_op_threads == 0 {
+            return Err(Error::invalid_argument(format!(
+                "{label}: sessions and intra_op_threads must be at least 1 (got {} and {})",
+                options.sessions, options.intra_op_threads
+            )));
+        }
+        let mut sessions = Vec::with_capacity(options.sessions);
+        for _ in 0..options.sessions {
+            sessions.push(build_session(environment, path, options).map_err(|e| e.context(label))?);
+        }
+        let signature = signature_of(&sessions[0]).map_err(|e| e.context(label))?;
+        let (jobs, queue) = async_channel::bounded::<Job>(options.sessions);
+        let runs = Arc::new(AtomicU64::new(0));
+        for (i, session) in sessions.into_iter().enumerate() {
+            let queue = queue.clone();
+            let runs = runs.clone();
+            std::thread::Builder::new()
+                .name(format!("infer-{i}"))
+                .spawn(move || inference_thread(session, queue, runs))
+                .map_err(|e| Error::internal(format!("{label}: starting an inference thread failed: {e}")))?;
+        }
+        Ok(OnnxBackend { signature, jobs, runs })
+    }
+}
+
+impl Drop for OnnxBackend {
+    fn drop(&mut self) {
+        // The threads finish the batch they hold, see the closed queue and
+        // exit, dropping their sessions; nothing waits for them here, so a
+        // version can be released from any thread.
+        self.jobs.close();
+    }
+}
+
+impl Backend for OnnxBackend {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>> {
+        let jobs = self.jobs.clone();
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            jobs.send(Job { batch, reply })
+                .await
+                .map_err(|_| Error::unavailable("the model version is being unloaded"))?;
+            answer.await.map_err(|_| Error::internal("the inference thread stopped before answering"))?
+        })
+    }
+
+    fn runs(&self) -> u64 {
+        self.runs.load(Ordering::Relaxed)
+    }
+}
+
+fn build_session(environment: &ort::environment::Environment, path: &Path, options: &OnnxOptions) -> Result<Session> {
+    let convert = |e: ort::Error<ort::session::builder::SessionBuilder>| {
+        Error::internal(format!("configuring ONNX Runtime failed: {}", e.message()))
+    };
+    let mut builder = Session::builder(environment)
+        .map_err(|e| Error::internal(format!("creating an ONNX Runtime session failed: {}", e.message())))?
+        .with_optimization_level(GraphOptimizationLevel::Level3)
+        .map_err(convert)?
+        .with_intra_threads(options.intra_op_threads)
+        .map_err(convert)?
+        .with_inter_threads(1)
+        .map_err(convert)?
+        .with_intra_op_spinning(options.spinning)
+        .map_err(convert)?;
+    builder = register_execution_provider(builder, options)?;
+    builder
+        .commit_from_file(path)
+        .map_err(|e| Error::internal(format!("ONNX Runtime could not load {}: {}", path.display(), e.message())))
+}
+
+#[cfg(feature = "cuda")]
+fn register_execution_provider(
+    builder: ort::session::builder::SessionBuilder,
+    options: &OnnxOptions,
+) -> Result<ort::session::builder::SessionBuilder> {
+    use ort::ep;
+    let providers = match options.execution_provider {
+        ExecutionProvider::Cpu => return Ok(builder),
+        ExecutionProvider::Cuda => {
+            vec![ep::CUDA::default().with_device_id(options.device_id).build().error_on_failure()]
+        }
+        ExecutionProvider::Tensorrt => vec![
+            ep::TensorRT::default()
+                .with_device_id(options.device_id)
+                .with_fp16(options.fp16)
+                .with_engine_cache(true)
+                .build()
+                .error_on_failure(),
+            ep::CUDA::default().with_device_id(options.device_id).build(),
+        ],
+    };
+    builder.with_execution_providers(providers).map_err(|e| {
+        Error::unavailable(format!(
+            "the {:?} execution provider could not be registered: {}",
+            options.execution_provider,
+            e.message()
+        ))
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn register_execution_provider(
+    builder: ort::session::builder::SessionBuilder,
+    options: &OnnxOptions,
+) -> Result<ort::session::builder::SessionBuilder> {
+    match options.execution_provider {
+        ExecutionProvider::Cpu => Ok(builder),
+        other => Err(Error::unavailable(format!(
+            "execution_provider = {other:?} needs sluice built with the `cuda` feature (cargo build --features cuda)"
+        ))),
+    }
+}
+
+/// The signature ONNX Runtime reports for the model: names, dtypes and
+/// shapes, with -1 for dynamic dimensions.
+fn signature_of(session: &Session) -> Result<Signature> {
+    let spec = |role: &str, outlet: &ort::value::Outlet| -> Result<TensorSpec> {
+        let ValueType::Tensor { ty, shape, .. } = outlet.dtype() else {
+            return Err(Error::invalid_argument(format!(
+                "model {role} '{}' is a {}, and sluice serves tensors only",
+                outlet.name(),
+                outlet.dtype()
+            )));
+        };
+        let dtype = DType::from_ort(*ty).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "model {role} '{}' has element type {ty:?}, which sluice does not serve",
+                outlet.name()
+            ))
+        })?;
+        Ok(TensorSpec {
+            name: outlet.name().to_string(),
+            dtype,
+            shape: shape.iter().map(|&d| if d < 0 { -1 } else { d }).collect(),
+        })
+    };
+    Ok(Signature {
+        inputs: session.inputs().iter().map(|o| spec("input", o)).collect::<Result<_>>()?,
+        outputs: session.outputs().iter().map(|o| spec("output", o)).collect::<Result<_>>()?,
+    })
+}
+
+fn inference_thread(mut session: Session, queue: async_channel::Receiver<Job>, runs: Arc<AtomicU64>) {
+    while let Ok(job) = queue.recv_blocking() {
+        if job.reply.is_closed() {
+            // Everyone waiting for this batch has gone (cancelled or timed out).
+            continue;
+        }
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| run_batch(&mut session, &job.batch)))
+            .unwrap_or_else(|_| Err(Error::internal("ONNX Runtime panicked while running the model")));
+        runs.fetch_add(1, Ordering::Relaxed);
+        let _ = job.reply.send(result);
+    }
+}
+
+fn run_batch(session: &mut Session, batch: &Batch) -> Result<Vec<Tensor>> {
+    let inputs = batch.requests.first().map_or(0, Vec::len);
+    let mut values: Vec<SessionInputValue<'_>> = Vec::with_capacity(inputs);
+    for i in 0..inputs {
+        let value = match batch.requests.as_slice() {
+            [only] if only[i].rows() == batch.padded_rows || only[i].shape().is_empty() => convert::to_value(&only[i])?,
+            requests => {
+                let parts: Vec<&Tensor> = requests.iter().map(|r| &r[i]).collect();
+                batch::join_to_value(&parts, batch.padded_rows)?
+            }
+        };
+        values.push(value.into());
+    }
+    let outputs = session.run(values.as_slice()).map_err(convert::ort_error)?;
+    (0..outputs.len()).map(|i| convert::from_value(&outputs[i])).collect()
+}

@@ -1,0 +1,270 @@
+//! A model's signature — its inputs and outputs with dtypes and shapes — and
+//! the check that turns a client's tensors into inputs the model accepts.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use super::super::tensor::{format_shape, DType, Tensor};
+use crate::error::{Error, Result};
+
+/// The signature key TF Serving clients use by default.
+pub const DEFAULT_SIGNATURE: &str = "serving_default";
+
+/// The method name TF Serving reports for predict signatures.
+pub const PREDICT_METHOD: &str = "tensorflow/serving/predict";
+
+/// One input or output of a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Name clients use in `inputs` / `outputs`.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions; -1 where any size is accepted.
+    pub shape: Vec<i64>,
+}
+
+impl fmt::Display for TensorSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {}", self.name, self.dtype, format_shape(&self.shape))
+    }
+}
+
+/// The inputs and outputs of a model (or of a pipeline's entry point).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signature {
+    /// Inputs, in the order the engine takes them.
+    pub inputs: Vec<TensorSpec>,
+    /// Outputs, in the order the engine returns them.
+    pub outputs: Vec<TensorSpec>,
+}
+
+impl Signature {
+    /// True when every input and output has a dynamic dimension 0: the
+    /// model takes any number of rows, so requests can be batched together.
+    pub fn is_batched(&self) -> bool {
+        self.inputs.iter().chain(&self.outputs).all(|spec| spec.shape.first() == Some(&-1))
+    }
+
+    /// Index of the output called `name`.
+    pub fn output_index(&self, name: &str) -> Option<usize> {
+        self.outputs.iter().position(|o| o.name == name)
+    }
+
+    fn input_names(&self) -> String {
+        let names: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
+        format!("[{}]", names.join(", "))
+    }
+
+    fn output_names(&self) -> String {
+        let names: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
+        format!("[{}]", names.join(", "))
+    }
+
+    /// Checks that the request names exactly this signature's inputs, before
+    /// any of them is decoded. `owner` names the model in messages.
+    pub fn check_input_names<'a>(
+        &self,
+        owner: &dyn fmt::Display,
+        names: impl Iterator<Item = &'a String> + Clone,
+    ) -> Result<()> {
+        if names.clone().next().is_none() {
+            return Err(Error::invalid_argument(format!(
+                "the request has no inputs; {owner} expects {}",
+                self.input_names()
+            )));
+        }
+        for name in names.clone() {
+            if !self.inputs.iter().any(|i| &i.name == name) {
+                return Err(Error::invalid_argument(format!(
+                    "unexpected input '{name}'; {owner} expects {}",
+                    self.input_names()
+                )));
+            }
+        }
+        for spec in &self.inputs {
+            if !names.clone().any(|n| n == &spec.name) {
+                return Err(Error::invalid_argument(format!(
+                    "missing input '{}' ({} {}); {owner} expects {}",
+                    spec.name,
+                    spec.dtype,
+                    format_shape(&spec.shape),
+                    self.input_names()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Orders decoded inputs as the signature does and checks each one's
+    /// dtype, rank and fixed dimensions, and that batched inputs agree on
+    /// their number of rows.
+    pub fn bind_inputs(&self, owner: &dyn fmt::Display, mut inputs: HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
+        let mut bound = Vec::with_capacity(self.inputs.len());
+        for spec in &self.inputs {
+            let tensor = inputs.remove(&spec.name).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "missing input '{}'; {owner} expects {}",
+                    spec.name,
+                    self.input_names()
+                ))
+            })?;
+            check_tensor(owner, "input", spec, &tensor)?;
+            bound.push(tensor);
+        }
+        if let Some(name) = inputs.keys().next() {
+            return Err(Error::invalid_argument(format!(
+                "unexpected input '{name}'; {owner} expects {}",
+                self.input_names()
+            )));
+        }
+        if self.is_batched() {
+            check_rows(owner, &self.inputs, &bound)?;
+        }
+        Ok(bound)
+    }
+
+    /// Resolves an `output_filter` to output indexes; empty means all.
+    pub fn resolve_output_filter(&self, owner: &dyn fmt::Display, filter: &[String]) -> Result<Vec<usize>> {
+        if filter.is_empty() {
+            return Ok((0..self.outputs.len()).collect());
+        }
+        let mut indexes = Vec::with_capacity(filter.len());
+        for name in filter {
+            let index = self.output_index(name).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "output_filter names '{name}', which is not an output of {owner}; outputs are {}",
+                    self.output_names()
+                ))
+            })?;
+            if indexes.contains(&index) {
+                return Err(Error::invalid_argument(format!("output_filter names '{name}' twice")));
+            }
+            indexes.push(index);
+        }
+        Ok(indexes)
+    }
+}
+
+/// Checks one tensor against its spec: dtype, rank, fixed dimensions.
+pub fn check_tensor(owner: &dyn fmt::Display, role: &str, spec: &TensorSpec, tensor: &Tensor) -> Result<()> {
+    if tensor.dtype() != spec.dtype {
+        return Err(Error::invalid_argument(format!(
+            "{role} '{}' has dtype {}, but {owner} expects {}",
+            spec.name,
+            tensor.dtype(),
+            spec.dtype
+        )));
+    }
+    let shape = tensor.shape();
+    if shape.len() != spec.shape.len() {
+        return Err(Error::invalid_argument(format!(
+            "{role} '{}' has shape {} (rank {}), but {owner} expects rank {}: {}",
+            spec.name,
+            format_shape(shape),
+            shape.len(),
+            spec.shape.len(),
+            format_shape(&spec.shape)
+        )));
+    }
+    for (axis, (&got, &want)) in shape.iter().zip(&spec.shape).enumerate() {
+        if want >= 0 && got != want {
+            return Err(Error::invalid_argument(format!(
+                "{role} '{}' has dimension {axis} = {got} (shape {}), but {owner} expects {want} (shape {})",
+                spec.name,
+                format_shape(shape),
+                format_shape(&spec.shape)
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_rows(owner: &dyn fmt::Display, specs: &[TensorSpec], tensors: &[Tensor]) -> Result<()> {
+    let Some(first) = tensors.first() else { return Ok(()) };
+    let rows = first.rows();
+    if rows == 0 {
+        return Err(Error::invalid_argument(format!(
+            "input '{}' has 0 rows (shape {}); a request must carry at least one row",
+            specs[0].name,
+            format_shape(first.shape())
+        )));
+    }
+    for (spec, tensor) in specs.iter().zip(tensors).skip(1) {
+        if tensor.rows() != rows {
+            return Err(Error::invalid_argument(format!(
+                "input '{}' has {} rows but input '{}' has {rows}; every input of {owner} shares dimension 0 (the batch)",
+                spec.name,
+                tensor.rows(),
+                specs[0].name
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig() -> Signature {
+        Signature {
+            inputs: vec![
+                TensorSpec { name: "dense".into(), dtype: DType::F32, shape: vec![-1, 3] },
+                TensorSpec { name: "ids".into(), dtype: DType::I64, shape: vec![-1, 2] },
+            ],
+            outputs: vec![TensorSpec { name: "score".into(), dtype: DType::F32, shape: vec![-1, 1] }],
+        }
+    }
+
+    fn inputs(dense_rows: i64, ids_rows: i64) -> HashMap<String, Tensor> {
+        let dense = Tensor::from_values(vec![dense_rows, 3], &vec![0f32; dense_rows as usize * 3]);
+        let ids = Tensor::from_values(vec![ids_rows, 2], &vec![0i64; ids_rows as usize * 2]);
+        HashMap::from([("dense".to_string(), dense), ("ids".to_string(), ids)])
+    }
+
+    #[test]
+    fn binds_in_signature_order() {
+        let bound = sig().bind_inputs(&"model 'rec'", inputs(2, 2)).unwrap();
+        assert_eq!(bound[0].dtype(), DType::F32);
+        assert_eq!(bound[1].dtype(), DType::I64);
+    }
+
+    #[test]
+    fn mismatched_rows_dims_and_dtypes_are_named() {
+        let err = sig().bind_inputs(&"model 'rec'", inputs(2, 3)).unwrap_err();
+        assert!(err.message().contains("input 'ids' has 3 rows"), "{err}");
+
+        let mut bad = inputs(1, 1);
+        bad.insert("dense".into(), Tensor::from_values(vec![1, 4], &[0f32; 4]));
+        let err = sig().bind_inputs(&"model 'rec'", bad).unwrap_err();
+        assert!(err.message().contains("dimension 1 = 4"), "{err}");
+        assert!(err.message().contains("expects 3"), "{err}");
+
+        let mut bad = inputs(1, 1);
+        bad.insert("ids".into(), Tensor::from_values(vec![1, 2], &[0i32; 2]));
+        let err = sig().bind_inputs(&"model 'rec'", bad).unwrap_err();
+        assert!(err.message().contains("dtype DT_INT32"), "{err}");
+        assert!(err.message().contains("expects DT_INT64"), "{err}");
+    }
+
+    #[test]
+    fn names_are_checked_before_decoding() {
+        let s = sig();
+        let none: Vec<String> = vec![];
+        assert!(s.check_input_names(&"m", none.iter()).unwrap_err().message().contains("no inputs"));
+        let extra = ["dense".to_string(), "ids".to_string(), "zzz".to_string()];
+        assert!(s.check_input_names(&"m", extra.iter()).unwrap_err().message().contains("unexpected input 'zzz'"));
+        let missing = ["dense".to_string()];
+        assert!(s.check_input_names(&"m", missing.iter()).unwrap_err().message().contains("missing input 'ids'"));
+    }
+
+    #[test]
+    fn output_filter_resolves_and_rejects_unknown_and_duplicates() {
+        let s = sig();
+        assert_eq!(s.resolve_output_filter(&"m", &[]).unwrap(), vec![0]);
+        assert_eq!(s.resolve_output_filter(&"m", &["score".into()]).unwrap(), vec![0]);
+        assert!(s.resolve_output_filter(&"m", &["nope".into()]).is_err());
+        assert!(s.resolve_output_filter(&"m", &["score".into(), "score".into()]).is_err());
+    }
+}

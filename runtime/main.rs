@@ -1,0 +1,203 @@
+//! The `sluice` binary: command-line parsing, logging, and the subcommands.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use sluice::config::{Config, ModelConfig};
+use sluice::tensor::proto::OutputEncoding;
+
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// sluice: a model-serving runtime with a TF-Serving-compatible API.
+#[derive(Parser)]
+#[command(name = "sluice", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+
+    /// Log filter, e.g. `info` or `sluice=debug,info` (RUST_LOG syntax).
+    /// ONNX Runtime's own log is kept to warnings unless named.
+    #[arg(long, global = true, env = "SLUICE_LOG", default_value = "info,ort=warn")]
+    log_level: String,
+
+    /// Log format: text for people, json for log pipelines.
+    #[arg(long, global = true, env = "SLUICE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve models over TF Serving's gRPC API.
+    Serve(ServeArgs),
+}
+
+/// Flags named as TF Serving names them, so its users feel at home. Flags
+/// override the config file.
+#[derive(Args)]
+struct ServeArgs {
+    /// gRPC port (PredictionService, ModelService). 0 picks a free port;
+    /// the bound address is printed on stdout.
+    #[arg(long, env = "SLUICE_PORT")]
+    port: Option<u16>,
+
+    /// Address to bind.
+    #[arg(long, env = "SLUICE_HOST")]
+    host: Option<String>,
+
+    /// Name of a single model to serve (with --model_base_path).
+    #[arg(long = "model_name", requires = "model_base_path")]
+    model_name: Option<String>,
+
+    /// Directory of the single model: one subdirectory per version holding
+    /// model.onnx (BASE/1/model.onnx, BASE/2/model.onnx, …). The highest
+    /// version is served.
+    #[arg(long = "model_base_path", requires = "model_name")]
+    model_base_path: Option<PathBuf>,
+
+    /// TOML file describing the server and every model it serves
+    /// (see examples/sluice.toml).
+    #[arg(long = "model_config_file", conflicts_with = "model_name")]
+    model_config_file: Option<PathBuf>,
+
+    /// Path of libonnxruntime.so.*; by default looked for in .ort/ (installed
+    /// by scripts/setup), $ORT_DYLIB_PATH and the system library directories.
+    #[arg(long = "onnxruntime_library", env = "ORT_DYLIB_PATH")]
+    onnxruntime_library: Option<PathBuf>,
+
+    /// How numeric outputs are written: typed fields (float_val, …; TF
+    /// Serving's default) or packed tensor_content (faster).
+    #[arg(long = "output_encoding", value_enum)]
+    output_encoding: Option<OutputEncoding>,
+
+    /// ONNX Runtime sessions (inference threads) per model version, for the
+    /// model given by --model_name.
+    #[arg(long = "sessions")]
+    sessions: Option<usize>,
+
+    /// Threads inside one ONNX Runtime run, for the model given by --model_name.
+    #[arg(long = "intra_op_threads")]
+    intra_op_threads: Option<usize>,
+
+    /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C.
+    #[arg(long = "drain_timeout", env = "SLUICE_DRAIN_TIMEOUT")]
+    drain_timeout: Option<u64>,
+}
+
+impl ServeArgs {
+    fn into_config(self) -> anyhow::Result<Config> {
+        let mut config = match &self.model_config_file {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        if let (Some(name), Some(base_path)) = (self.model_name, self.model_base_path) {
+            let mut model = ModelConfig::from_flags(name, base_path);
+            if let Some(sessions) = self.sessions {
+                model.onnx.sessions = sessions;
+            }
+            if let Some(threads) = self.intra_op_threads {
+                model.onnx.intra_op_threads = threads;
+            }
+            config.models.push(model);
+        }
+        if let Some(port) = self.port {
+            config.server.port = port;
+        }
+        if let Some(host) = self.host {
+            config.server.host = host;
+        }
+        if let Some(library) = self.onnxruntime_library {
+            config.onnxruntime.library = Some(library);
+        }
+        if let Some(encoding) = self.output_encoding {
+            config.server.output_encoding = encoding;
+        }
+        if let Some(drain) = self.drain_timeout {
+            config.server.drain_timeout_secs = drain;
+        }
+        config.check().map_err(|message| anyhow::anyhow!("command line: {message}"))?;
+        if config.models.is_empty() {
+            anyhow::bail!("nothing to serve: pass --model_name and --model_base_path, or --model_config_file");
+        }
+        Ok(config)
+    }
+}
+
+fn init_logging(filter: &str, format: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).with_context(|| format!("--log_level {filter}"))?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!("cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("Ctrl-C received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = args.into_config()?;
+    sluice::server::serve(config, shutdown_signal(), |addresses| {
+        // A line on stdout that scripts and tests wait for.
+        println!("sluice: serving gRPC on {}", addresses.grpc);
+    })
+    .await?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = init_logging(&cli.log_level, &cli.log_format) {
+        eprintln!("sluice: {e:#}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("sluice: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("sluice: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The models being served: loading them from their repositories, warming
+//! them up, and resolving a client's model spec (name, version or label) to
+//! one loaded version.
+
+pub mod repository;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::infer::onnx::OnnxBackend;
+use crate::infer::{Backend, Batch, Signature};
+use crate::pipeline::admission::Admission;
+use crate::pipeline::deadline::Deadline;
+use crate::tensor::Tensor;
+
+/// Which version a request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionChoice<'a> {
+    /// The highest version loaded.
+    Latest,
+    /// A version number.
+    Number(i64),
+    /// A version label from the config.
+    Label(&'a str),
+}
+
+/// One loaded version of a model.
+pub struct ModelVersion {
+    model: String,
+    version: i64,
+    backend: Arc<dyn Backend>,
+    admission: Admission,
+}
+
+impl fmt::Display for ModelVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "model '{}' version {}", self.model, self.version)
+    }
+}
+
+impl ModelVersion {
+    /// Wraps a loaded backend; at most `max_in_flight` requests are
+    /// admitted at once.
+    pub fn new(
+        model: impl Into<String>,
+        version: i64,
+        backend: Arc<dyn Backend>,
+        max_in_flight: usize,
+    ) -> ModelVersion {
+        let model = model.into();
+        let admission =
+            Admission::new(format!("the request queue of model '{model}' version {version}"), max_in_flight);
+        ModelVersion { model, version, backend, admission }
+    }
+
+    /// Runs one request's inputs (validated against the signature) through
+    /// the model: admission, the deadline check, then the backend.
+    pub async fn predict(&self, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
+        let _permit = self.admission.try_admit()?;
+        deadline.check("before inference")?;
+        deadline.run("during inference", self.backend.run(Batch::single(inputs))).await
+    }
+
+    /// The admission bound of this version.
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// The model's name.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The version number.
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+
+    /// Inputs and outputs.
+    pub fn signature(&self) -> &Signature {
+        self.backend.signature()
+    }
+
+    /// The backend that runs this version.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Runs zeros of batch 1 through the model, so the first client request
+    /// does not pay for ONNX Runtime's lazy initialisation.
+    async fn warm_up(&self) -> Result<()> {
+        let inputs = self
+            .signature()
+            .inputs
+            .iter()
+            .map(|spec| {
+                let shape = spec.shape.iter().map(|&d| if d < 0 { 1 } else { d }).collect();
+                Tensor::zeros(spec.dtype, shape)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let started = Instant::now();
+        self.backend
+            .run(Batch::single(inputs))
+            .await
+            .map_err(|e| e.context(format_args!("warm-up of {self} failed")))?;
+        tracing::info!(model = %self.model, version = self.version, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "warmed up");
+        Ok(())
+    }
+}
+
+/// A model and its loaded versions.
+pub struct ServedModel {
+    name: String,
+    versions: BTreeMap<i64, Arc<ModelVersion>>,
+    labels: BTreeMap<String, i64>,
+}
+
+impl ServedModel {
+    /// The model's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Loaded versions, lowest first.
+    pub fn versions(&self) -> impl Iterator<Item = &Arc<ModelVersion>> {
+        self.versions.values()
+    }
+
+    /// The version a request asks for.
+    pub fn resolve(&self, choice: VersionChoice<'_>) -> Result<&Arc<ModelVersion>> {
+        let loaded = || self.versions.keys().map(i64::to_string).collect::<Vec<_>>().join(", ");
+        match choice {
+            VersionChoice::Latest => self
+                .versions
+                .values()
+                .next_back()
+                .ok_or_else(|| Error::not_found(format!("model '{}' has no version loaded", self.name))),
+            VersionChoice::Number(v) => self.versions.get(&v).ok_or_else(|| {
+                Error::not_found(format!(
+                    "model '{}' has no version {v} loaded; loaded versions: {}",
+                    self.name,
+                    loaded()
+                ))
+            }),
+            VersionChoice::Label(label) => {
+                let v = self.labels.get(label).ok_or_else(|| {
+                    let labels: Vec<&str> = self.labels.keys().map(String::as_str).collect();
+                    Error::not_found(format!(
+                        "model '{}' has no version label '{label}'; labels: [{}]",
+                        self.name,
+                        labels.join(", ")
+                    ))
+                })?;
+                self.versions.get(v).ok_or_else(|| {
+                    Error::not_found(format!(
+                        "label '{label}' of model '{}' points at version {v}, which is not loaded",
+                        self.name
+                    ))
+                })
+            }
+        }
+    }
+}
+
+/// Every model the server serves, by name.
+#[derive(Default)]
+pub struct ModelRegistry {
+    models: BTreeMap<String, Arc<ServedModel>>,
+}
+
+impl ModelRegistry {
+    /// Loads every configured model and warms each version up. Any failure
+    /// stops the start: a server that silently lacks a model is worse than
+    /// one that does not start.
+    pub async fn load(configs: &[ModelConfig], library: Option<&Path>) -> Result<ModelRegistry> {
+        let mut models = BTreeMap::new();
+        for config in configs {
+            let model = load_model(config, library).await?;
+            models.insert(config.name.clone(), Arc::new(model));
+        }
+        Ok(ModelRegistry { models })
+    }
+
+    /// The model called `name`.
+    pub fn get(&self, name: &str) -> Result<&Arc<ServedModel>> {
+        self.models.get(name).ok_or_else(|| {
+            let names: Vec<&str> = self.models.keys().map(String::as_str).collect();
+            Error::not_found(format!("model '{name}' is not served; served models: [{}]", names.join(", ")))
+        })
+    }
+
+    /// Every model, by name.
+    pub fn models(&self) -> impl Iterator<Item = &Arc<ServedModel>> {
+        self.models.values()
+    }
+}
+
+async fn load_model(config: &ModelConfig, library: Option<&Path>) -> Result<ServedModel> {
+    let context = |e: Error| e.context(format_args!("model '{}'", config.name));
+    let found = repository::discover(&config.base_path).map_err(context)?;
+    let chosen = repository::select(&found, &config.version_policy, &config.base_path).map_err(context)?;
+    let mut versions = BTreeMap::new();
+    for (version, path) in chosen {
+        let label = format!("model '{}' version {version}", config.name);
+        let options = config.onnx.clone();
+        let library = library.map(Path::to_path_buf);
+        let started = Instant::now();
+        // Session creation parses and optimises the graph: blocking work.
+        let backend =
+            tokio::task::spawn_blocking(move || OnnxBackend::load(&path, &label, &options, library.as_deref()))
+                .await
+                .map_err(|e| Error::internal(format!("loading task failed: {e}")))??;
+        let loaded = ModelVersion::new(config.name.clone(), version, Arc::new(backend), config.max_in_flight);
+        tracing::info!(model = %config.name, version, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "loaded");
+        loaded.warm_up().await?;
+        versions.insert(version, Arc::new(loaded));
+    }
+    for (label, version) in &config.version_labels {
+        if !versions.contains_key(version) {
+            let loaded: Vec<String> = versions.keys().map(i64::to_string).collect();
+            return Err(Error::invalid_argument(format!(
+                "model '{}': version_labels.{label} = {version}, but version {version} is not loaded (loaded: {})",
+                config.name,
+                loaded.join(", ")
+            )));
+        }
+    }
+    Ok(ServedModel { name: config.name.clone(), versions, labels: config.version_labels.clone() })
+}

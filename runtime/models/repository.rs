@@ -1,0 +1,113 @@
+//! Model discovery on disk in TF Serving's layout, `BASE/VERSION/model.onnx`,
+//! and the version policy that picks which versions to load.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::config::VersionPolicy;
+use crate::error::{Error, Result};
+
+/// The file each version directory holds.
+pub const MODEL_FILE: &str = "model.onnx";
+
+/// The versions found under `base_path`: each numeric subdirectory that
+/// holds a `model.onnx`. Other entries (temporary directories of an upload
+/// in progress, say) are ignored.
+pub fn discover(base_path: &Path) -> Result<BTreeMap<i64, PathBuf>> {
+    let entries = std::fs::read_dir(base_path)
+        .map_err(|e| Error::not_found(format!("cannot read model base path {}: {e}", base_path.display())))?;
+    let mut versions = BTreeMap::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::internal(format!("reading {}: {e}", base_path.display())))?;
+        let name = entry.file_name();
+        let Some(version) = name.to_str().and_then(|n| n.parse::<i64>().ok()).filter(|v| *v >= 0) else {
+            continue;
+        };
+        let file = entry.path().join(MODEL_FILE);
+        if file.is_file() {
+            versions.insert(version, file);
+        } else {
+            tracing::warn!(path = %entry.path().display(), "version directory without {MODEL_FILE}; skipped");
+        }
+    }
+    Ok(versions)
+}
+
+/// The versions to load under `policy`, from those found.
+pub fn select(
+    found: &BTreeMap<i64, PathBuf>,
+    policy: &VersionPolicy,
+    base_path: &Path,
+) -> Result<BTreeMap<i64, PathBuf>> {
+    if found.is_empty() {
+        return Err(Error::not_found(format!(
+            "no versions under {}: expected {}/<version>/{MODEL_FILE}",
+            base_path.display(),
+            base_path.display()
+        )));
+    }
+    Ok(match policy {
+        VersionPolicy::All => found.clone(),
+        VersionPolicy::Latest(n) => found.iter().rev().take(*n).map(|(v, p)| (*v, p.clone())).collect(),
+        VersionPolicy::Specific(wanted) => {
+            let mut chosen = BTreeMap::new();
+            for v in wanted {
+                let path = found.get(v).ok_or_else(|| {
+                    let have: Vec<String> = found.keys().map(i64::to_string).collect();
+                    Error::not_found(format!(
+                        "version {v} is not under {} (found: {})",
+                        base_path.display(),
+                        have.join(", ")
+                    ))
+                })?;
+                chosen.insert(*v, path.clone());
+            }
+            chosen
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(versions: &[&str]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for v in versions {
+            std::fs::create_dir_all(dir.path().join(v)).unwrap();
+            std::fs::write(dir.path().join(v).join(MODEL_FILE), b"x").unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("7")).unwrap(); // no model file
+        std::fs::create_dir_all(dir.path().join("tmp-upload")).unwrap();
+        dir
+    }
+
+    #[test]
+    fn discovers_numeric_versions_with_a_model_file() {
+        let dir = layout(&["1", "2", "10"]);
+        let found = discover(dir.path()).unwrap();
+        assert_eq!(found.keys().copied().collect::<Vec<_>>(), vec![1, 2, 10]);
+    }
+
+    #[test]
+    fn policies_choose_versions() {
+        let dir = layout(&["1", "2", "10"]);
+        let found = discover(dir.path()).unwrap();
+        let keys = |p: VersionPolicy| select(&found, &p, dir.path()).unwrap().keys().copied().collect::<Vec<_>>();
+        assert_eq!(keys(VersionPolicy::Latest(1)), vec![10]);
+        assert_eq!(keys(VersionPolicy::Latest(2)), vec![2, 10]);
+        assert_eq!(keys(VersionPolicy::All), vec![1, 2, 10]);
+        assert_eq!(keys(VersionPolicy::Specific(vec![1])), vec![1]);
+        let err = select(&found, &VersionPolicy::Specific(vec![3]), dir.path()).unwrap_err();
+        assert!(err.message().contains("version 3"), "{err}");
+        assert!(err.message().contains("1, 2, 10"), "{err}");
+    }
+
+    #[test]
+    fn empty_or_missing_base_path_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let found = discover(dir.path()).unwrap();
+        assert!(select(&found, &VersionPolicy::All, dir.path()).unwrap_err().message().contains("no versions"));
+        assert!(discover(&dir.path().join("nope")).is_err());
+    }
+}

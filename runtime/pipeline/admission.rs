@@ -1,0 +1,86 @@
+//! Admission: the bound on how many requests a queue holds at once.
+//!
+//! Backpressure is a type here: a request gets an [`AdmissionPermit`] or a
+//! RESOURCE_EXHAUSTED error naming the queue, at once, never a wait. The
+//! permit is released when the request is answered (or dropped), so the
+//! bound covers waiting and running requests alike.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::{Error, Result};
+
+/// A bounded entrance to a queue.
+pub struct Admission {
+    name: String,
+    capacity: usize,
+    permits: Arc<Semaphore>,
+    rejected: AtomicU64,
+}
+
+/// Proof that a request was admitted; dropping it frees the place.
+#[derive(Debug)]
+pub struct AdmissionPermit {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Admission {
+    /// An entrance for `capacity` requests at once; `name` appears in the
+    /// error a refused request gets ("batch queue of model 'cnn' version 1").
+    pub fn new(name: impl Into<String>, capacity: usize) -> Admission {
+        Admission {
+            name: name.into(),
+            capacity,
+            permits: Arc::new(Semaphore::new(capacity)),
+            rejected: AtomicU64::new(0),
+        }
+    }
+
+    /// Admits a request, or refuses it at once when the queue is full.
+    pub fn try_admit(&self) -> Result<AdmissionPermit> {
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => Ok(AdmissionPermit { _permit: permit }),
+            Err(_) => {
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+                Err(Error::queue_full(&self.name, self.capacity))
+            }
+        }
+    }
+
+    /// Requests admitted and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.capacity - self.permits.available_permits()
+    }
+
+    /// Requests refused so far.
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
+    }
+
+    /// The most requests admitted at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Code;
+
+    #[test]
+    fn refuses_beyond_capacity_and_frees_on_drop() {
+        let admission = Admission::new("queue of model 'm'", 2);
+        let a = admission.try_admit().unwrap();
+        let _b = admission.try_admit().unwrap();
+        let err = admission.try_admit().unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted);
+        assert!(err.message().contains("queue of model 'm'"), "{err}");
+        assert_eq!(admission.rejected(), 1);
+        assert_eq!(admission.in_flight(), 2);
+        drop(a);
+        assert!(admission.try_admit().is_ok());
+    }
+}

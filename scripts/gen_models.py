@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Generates the example ONNX models served by sluice's quickstart and tests.
+
+Run through `scripts/gen-models`, which provides the pinned `onnx` and
+`numpy` packages. Weights come from fixed seeds, so running it again
+reproduces the committed files byte for byte.
+
+Layout is TF Serving's: BASE/NAME/VERSION/model.onnx.
+"""
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8
+
+
+def save(model, base, name, version):
+    onnx.checker.check_model(model)
+    path = os.path.join(base, name, str(version), "model.onnx")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    onnx.save(model, path)
+    print(f"wrote {path} ({os.path.getsize(path)} bytes)")
+
+
+def make_model(graph):
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="sluice-gen-models",
+    )
+    model.ir_version = IR_VERSION
+    return model
+
+
+def init(name, array):
+    return numpy_helper.from_array(array, name=name)
+
+
+def mlp(seed):
+    """[batch,64] f32 -> Gemm 64x32 -> Relu -> Gemm 32x10 -> [batch,10]."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((64, 32)) * 0.2).astype(np.float32)
+    b1 = (rng.standard_normal(32) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((32, 10)) * 0.2).astype(np.float32)
+    b2 = (rng.standard_normal(10) * 0.1).astype(np.float32)
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["a1"]),
+        helper.make_node("Gemm", ["a1", "w2", "b2"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [init("w1", w1), init("b1", b1), init("w2", w2), init("b2", b2)],
+    )
+    return make_model(graph)
+
+
+def cnn(seed):
+    """[batch,3,32,32] f32 -> 2x(Conv3x3 + Relu + MaxPool2) -> Gemm -> [batch,10].
+
+    Large enough (about 5.6 M multiply-adds per image) that compute, not
+    serving overhead, dominates at batch 32.
+    """
+    rng = np.random.default_rng(seed)
+    c1 = (rng.standard_normal((32, 3, 3, 3)) * 0.2).astype(np.float32)
+    c1b = (rng.standard_normal(32) * 0.05).astype(np.float32)
+    c2 = (rng.standard_normal((64, 32, 3, 3)) * 0.06).astype(np.float32)
+    c2b = (rng.standard_normal(64) * 0.05).astype(np.float32)
+    fc = (rng.standard_normal((64 * 8 * 8, 10)) * 0.02).astype(np.float32)
+    fcb = (rng.standard_normal(10) * 0.05).astype(np.float32)
+    conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    pool = dict(kernel_shape=[2, 2], strides=[2, 2])
+    nodes = [
+        helper.make_node("Conv", ["image", "c1", "c1b"], ["x1"], **conv),
+        helper.make_node("Relu", ["x1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], **pool),
+        helper.make_node("Conv", ["p1", "c2", "c2b"], ["x2"], **conv),
+        helper.make_node("Relu", ["x2"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["p2"], **pool),
+        helper.make_node("Flatten", ["p2"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "fc", "fcb"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [init("c1", c1), init("c1b", c1b), init("c2", c2), init("c2b", c2b),
+         init("fc", fc), init("fcb", fcb)],
+    )
+    return make_model(graph)
+
+
+def recommender(seed):
+    """Two inputs of two dtypes: dense [batch,13] f32 and ids [batch,4] int64.
+
+    ids index an embedding table of 1000 rows x 8 (Gather); the embeddings
+    are flattened, joined with the dense features and scored by a small MLP
+    ending in a sigmoid: score [batch,1].
+    """
+    rng = np.random.default_rng(seed)
+    table = (rng.standard_normal((1000, 8)) * 0.3).astype(np.float32)
+    w1 = (rng.standard_normal((13 + 32, 16)) * 0.2).astype(np.float32)
+    b1 = (rng.standard_normal(16) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((16, 1)) * 0.3).astype(np.float32)
+    b2 = np.zeros(1, dtype=np.float32)
+    flat_shape = np.array([0, 32], dtype=np.int64)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),
+        helper.make_node("Reshape", ["emb", "flat_shape"], ["emb_flat"]),
+        helper.make_node("Concat", ["dense", "emb_flat"], ["joined"], axis=1),
+        helper.make_node("Gemm", ["joined", "w1", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["a1"]),
+        helper.make_node("Gemm", ["a1", "w2", "b2"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], ["score"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "recommender",
+        [
+            helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["batch", 13]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 4]),
+        ],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])],
+        [init("table", table), init("w1", w1), init("b1", b1), init("w2", w2),
+         init("b2", b2), init("flat_shape", flat_shape)],
+    )
+    return make_model(graph)
+
+
+DTYPES = [
+    ("f32", TensorProto.FLOAT),
+    ("f64", TensorProto.DOUBLE),
+    ("f16", TensorProto.FLOAT16),
+    ("i8", TensorProto.INT8),
+    ("i16", TensorProto.INT16),
+    ("i32", TensorProto.INT32),
+    ("i64", TensorProto.INT64),
+    ("u8", TensorProto.UINT8),
+    ("u16", TensorProto.UINT16),
+    ("u32", TensorProto.UINT32),
+    ("u64", TensorProto.UINT64),
+    ("b", TensorProto.BOOL),
+    ("s", TensorProto.STRING),
+]
+
+
+def dtypes():
+    """Identity for one input of every dtype ONNX Runtime serves: in_X -> out_X.
+
+    A test fixture: it proves each dtype survives TensorProto -> ONNX Runtime
+    -> TensorProto unchanged.
+    """
+    nodes, inputs, outputs = [], [], []
+    for suffix, dtype in DTYPES:
+        nodes.append(helper.make_node("Identity", [f"in_{suffix}"], [f"out_{suffix}"]))
+        inputs.append(helper.make_tensor_value_info(f"in_{suffix}", dtype, ["batch", "n"]))
+        outputs.append(helper.make_tensor_value_info(f"out_{suffix}", dtype, ["batch", "n"]))
+    return make_model(helper.make_graph(nodes, "dtypes", inputs, outputs))
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    examples = os.path.join(root, "examples", "models")
+    fixtures = os.path.join(root, "tests", "fixtures", "models")
+    save(mlp(1), examples, "mlp", 1)
+    save(mlp(2), examples, "mlp", 2)
+    save(cnn(3), examples, "cnn", 1)
+    save(recommender(4), examples, "recommender", 1)
+    save(dtypes(), fixtures, "dtypes", 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
