@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::infer::onnx::OnnxOptions;
+use crate::pipeline::batching::BatchingParameters;
+use crate::pipeline::builtin::{ImageNormalizeConfig, ReduceConfig, TopKConfig};
+use crate::pipeline::Mode;
 use crate::tensor::proto::OutputEncoding;
 
 /// A configuration error: which file and what is wrong in it.
@@ -45,6 +48,59 @@ pub struct Config {
     /// The models served; each is reachable under its own name.
     #[serde(default)]
     pub models: Vec<ModelConfig>,
+    /// Pipelines: names clients call that run stages around a model.
+    #[serde(default)]
+    pub pipelines: Vec<PipelineConfig>,
+}
+
+/// A pipeline: the name clients call, its model, and its stages.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// The name clients put in `model_spec.name`. It may be a model's name,
+    /// which the pipeline then replaces for clients.
+    pub name: String,
+    /// The model it runs.
+    pub model: String,
+    /// `pipelined` (stages on their own threads) or `sequential`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// Requests admitted at once; more are refused with RESOURCE_EXHAUSTED.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// The stage before the model.
+    pub preprocess: Option<StageConfig>,
+    /// The stage after the model.
+    pub postprocess: Option<StageConfig>,
+}
+
+/// One stage: its workers, its queue, and what it does (exactly one of the
+/// built-ins).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageConfig {
+    /// Worker threads.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// Requests that may wait for a worker; more are refused.
+    #[serde(default = "default_stage_queue")]
+    pub queue_capacity: usize,
+    /// Preprocess: u8 images to the model's normalised f32 input.
+    pub image_normalize: Option<ImageNormalizeConfig>,
+    /// Postprocess: softmax over classes.
+    pub softmax: Option<ReduceConfig>,
+    /// Postprocess: the best class per row.
+    pub argmax: Option<ReduceConfig>,
+    /// Postprocess: the k best classes per row, with scores and labels.
+    pub top_k: Option<TopKConfig>,
+}
+
+fn default_workers() -> usize {
+    1
+}
+
+fn default_stage_queue() -> usize {
+    256
 }
 
 /// Listening addresses and protocol limits.
@@ -55,6 +111,9 @@ pub struct ServerConfig {
     pub host: String,
     /// gRPC port (TF Serving's `--port`); 0 picks a free one.
     pub port: u16,
+    /// HTTP port for metrics (TF Serving's `--rest_api_port`); 0 picks a
+    /// free one.
+    pub rest_api_port: u16,
     /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: usize,
     /// How numeric outputs are written in Predict responses.
@@ -68,6 +127,7 @@ impl Default for ServerConfig {
         ServerConfig {
             host: "0.0.0.0".to_string(),
             port: 8500,
+            rest_api_port: 8501,
             max_message_bytes: 64 << 20,
             output_encoding: OutputEncoding::TypedFields,
             drain_timeout_secs: 30,
@@ -146,6 +206,8 @@ pub struct ModelConfig {
     /// ONNX Runtime session settings.
     #[serde(default)]
     pub onnx: OnnxOptions,
+    /// Dynamic batching; off when absent.
+    pub batching: Option<BatchingParameters>,
 }
 
 fn default_max_in_flight() -> usize {
@@ -162,6 +224,7 @@ impl ModelConfig {
             version_labels: BTreeMap::new(),
             max_in_flight: default_max_in_flight(),
             onnx: OnnxOptions::default(),
+            batching: None,
         }
     }
 }
@@ -183,6 +246,15 @@ impl Config {
         for model in &mut config.models {
             if model.base_path.is_relative() {
                 model.base_path = base.join(&model.base_path);
+            }
+        }
+        for pipeline in &mut config.pipelines {
+            for stage in [&mut pipeline.preprocess, &mut pipeline.postprocess].into_iter().flatten() {
+                if let Some(labels) = stage.top_k.as_mut().and_then(|t| t.labels.as_mut()) {
+                    if labels.is_relative() {
+                        *labels = base.join(&*labels);
+                    }
+                }
             }
         }
         if let Some(library) = &mut config.onnxruntime.library {
@@ -222,6 +294,47 @@ impl Config {
                 if *version < 0 {
                     return Err(format!("{key}.version_labels.{label} = {version}: versions are >= 0"));
                 }
+            }
+        }
+        let mut endpoint_names = HashSet::new();
+        for (i, pipeline) in self.pipelines.iter().enumerate() {
+            let key = format!("pipelines[{i}]");
+            check_name(&format!("{key}.name"), &pipeline.name)?;
+            if !endpoint_names.insert(pipeline.name.as_str()) {
+                return Err(format!("{key}.name = \"{}\": another pipeline has the same name", pipeline.name));
+            }
+            if !names.contains(pipeline.model.as_str()) {
+                let models: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+                return Err(format!("{key}.model = \"{}\": no such model; models: {models:?}", pipeline.model));
+            }
+            if pipeline.max_in_flight == 0 {
+                return Err(format!("{key}.max_in_flight = 0: must be at least 1"));
+            }
+            for (role, stage) in [("preprocess", &pipeline.preprocess), ("postprocess", &pipeline.postprocess)] {
+                let Some(stage) = stage else { continue };
+                if stage.workers == 0 {
+                    return Err(format!("{key}.{role}.workers = 0: must be at least 1"));
+                }
+                if stage.queue_capacity == 0 {
+                    return Err(format!("{key}.{role}.queue_capacity = 0: must be at least 1"));
+                }
+                let set = [
+                    ("image_normalize", stage.image_normalize.is_some()),
+                    ("softmax", stage.softmax.is_some()),
+                    ("argmax", stage.argmax.is_some()),
+                    ("top_k", stage.top_k.is_some()),
+                ];
+                let allowed: &[&str] =
+                    if role == "preprocess" { &["image_normalize"] } else { &["softmax", "argmax", "top_k"] };
+                let chosen: Vec<&str> = set.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect();
+                if chosen.len() != 1 || !allowed.contains(&chosen[0]) {
+                    return Err(format!("{key}.{role}: set exactly one of {allowed:?} (found {chosen:?})"));
+                }
+            }
+        }
+        for (i, model) in self.models.iter().enumerate() {
+            if let Some(batching) = &model.batching {
+                batching.check(&format!("models[{i}].batching"))?;
             }
         }
         if self.server.max_message_bytes < 1024 {

@@ -8,6 +8,7 @@
 //! return.
 
 pub mod api;
+pub mod bench;
 pub mod config;
 pub mod error;
 pub mod infer;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use sluice::config::{Config, ModelConfig};
+use sluice::pipeline::batching::BatchingParameters;
 use sluice::tensor::proto::OutputEncoding;
 
 #[global_allocator]
@@ -32,6 +33,9 @@ struct Cli {
 enum Command {
     /// Serve models over TF Serving's gRPC API.
     Serve(ServeArgs),
+    /// Load a Predict endpoint (sluice or TF Serving) and report throughput
+    /// and latency percentiles.
+    Bench(sluice::bench::BenchArgs),
 }
 
 /// Flags named as TF Serving names them, so its users feel at home. Flags
@@ -42,6 +46,11 @@ struct ServeArgs {
     /// the bound address is printed on stdout.
     #[arg(long, env = "SLUICE_PORT")]
     port: Option<u16>,
+
+    /// HTTP port for Prometheus metrics (/monitoring/prometheus/metrics,
+    /// /metrics). 0 picks a free port; the bound address is printed on stdout.
+    #[arg(long = "rest_api_port", env = "SLUICE_REST_API_PORT")]
+    rest_api_port: Option<u16>,
 
     /// Address to bind.
     #[arg(long, env = "SLUICE_HOST")]
@@ -61,6 +70,16 @@ struct ServeArgs {
     /// (see examples/sluice.toml).
     #[arg(long = "model_config_file", conflicts_with = "model_name")]
     model_config_file: Option<PathBuf>,
+
+    /// Batch requests to every model that has no batching of its own in the
+    /// config file, with --batching_parameters_file or the defaults.
+    #[arg(long = "enable_batching")]
+    enable_batching: bool,
+
+    /// Batching parameters: TF Serving's text format file (max_batch_size
+    /// { value: 32 } …) or, ending in .toml, the TOML form.
+    #[arg(long = "batching_parameters_file", requires = "enable_batching")]
+    batching_parameters_file: Option<PathBuf>,
 
     /// Path of libonnxruntime.so.*; by default looked for in .ort/ (installed
     /// by scripts/setup), $ORT_DYLIB_PATH and the system library directories.
@@ -102,8 +121,20 @@ impl ServeArgs {
             }
             config.models.push(model);
         }
+        if self.enable_batching {
+            let params = match &self.batching_parameters_file {
+                Some(path) => BatchingParameters::from_file(path).map_err(anyhow::Error::msg)?,
+                None => BatchingParameters::default(),
+            };
+            for model in config.models.iter_mut().filter(|m| m.batching.is_none()) {
+                model.batching = Some(params.clone());
+            }
+        }
         if let Some(port) = self.port {
             config.server.port = port;
+        }
+        if let Some(port) = self.rest_api_port {
+            config.server.rest_api_port = port;
         }
         if let Some(host) = self.host {
             config.server.host = host;
@@ -167,7 +198,8 @@ async fn shutdown_signal() {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.into_config()?;
     sluice::server::serve(config, shutdown_signal(), |addresses| {
-        // A line on stdout that scripts and tests wait for.
+        // Lines on stdout that scripts and tests wait for.
+        println!("sluice: serving HTTP on {}", addresses.http);
         println!("sluice: serving gRPC on {}", addresses.grpc);
     })
     .await?;
@@ -190,6 +222,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
+            Command::Bench(args) => sluice::bench::run(args).await.map_err(anyhow::Error::msg),
         }
     });
     match result {

@@ -49,7 +49,4 @@ pub trait Backend: Send + Sync + 'static {
     /// whole (padded) batch. Waits for a free worker when all are busy: the
     /// queues in front of the backend are where requests are refused.
     fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>>;
-
-    /// How many batches this backend has run (for metrics and tests).
-    fn runs(&self) -> u64;
 }

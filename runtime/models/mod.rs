@@ -10,11 +10,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::api::metrics::Metrics;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::infer::onnx::OnnxBackend;
 use crate::infer::{Backend, Batch, Signature};
-use crate::pipeline::admission::Admission;
+use crate::pipeline::batcher::Batcher;
 use crate::pipeline::deadline::Deadline;
 use crate::tensor::Tensor;
 
@@ -34,7 +35,8 @@ pub struct ModelVersion {
     model: String,
     version: i64,
     backend: Arc<dyn Backend>,
-    admission: Admission,
+    /// Present when batching is on for the model.
+    batcher: Option<Batcher>,
 }
 
 impl fmt::Display for ModelVersion {
@@ -44,31 +46,26 @@ impl fmt::Display for ModelVersion {
 }
 
 impl ModelVersion {
-    /// Wraps a loaded backend; at most `max_in_flight` requests are
-    /// admitted at once.
+    /// Wraps a loaded backend, with a batcher in front of it or not.
     pub fn new(
         model: impl Into<String>,
         version: i64,
         backend: Arc<dyn Backend>,
-        max_in_flight: usize,
+        batcher: Option<Batcher>,
     ) -> ModelVersion {
-        let model = model.into();
-        let admission =
-            Admission::new(format!("the request queue of model '{model}' version {version}"), max_in_flight);
-        ModelVersion { model, version, backend, admission }
+        ModelVersion { model: model.into(), version, backend, batcher }
     }
 
-    /// Runs one request's inputs (validated against the signature) through
-    /// the model: admission, the deadline check, then the backend.
-    pub async fn predict(&self, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
-        let _permit = self.admission.try_admit()?;
-        deadline.check("before inference")?;
-        deadline.run("during inference", self.backend.run(Batch::single(inputs))).await
-    }
-
-    /// The admission bound of this version.
-    pub fn admission(&self) -> &Admission {
-        &self.admission
+    /// Runs one request's inputs (validated against the signature, in its
+    /// order) through the model: batched with others when batching is on.
+    pub async fn infer(&self, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
+        match &self.batcher {
+            Some(batcher) => batcher.run(inputs, deadline).await,
+            None => {
+                deadline.check("before inference")?;
+                deadline.run("during inference", self.backend.run(Batch::single(inputs))).await
+            }
+        }
     }
 
     /// The model's name.
@@ -131,6 +128,11 @@ impl ServedModel {
         self.versions.values()
     }
 
+    /// The highest loaded version.
+    pub fn latest(&self) -> Result<&Arc<ModelVersion>> {
+        self.resolve(VersionChoice::Latest)
+    }
+
     /// The version a request asks for.
     pub fn resolve(&self, choice: VersionChoice<'_>) -> Result<&Arc<ModelVersion>> {
         let loaded = || self.versions.keys().map(i64::to_string).collect::<Vec<_>>().join(", ");
@@ -177,10 +179,10 @@ impl ModelRegistry {
     /// Loads every configured model and warms each version up. Any failure
     /// stops the start: a server that silently lacks a model is worse than
     /// one that does not start.
-    pub async fn load(configs: &[ModelConfig], library: Option<&Path>) -> Result<ModelRegistry> {
+    pub async fn load(configs: &[ModelConfig], library: Option<&Path>, metrics: &Metrics) -> Result<ModelRegistry> {
         let mut models = BTreeMap::new();
         for config in configs {
-            let model = load_model(config, library).await?;
+            let model = load_model(config, library, metrics).await?;
             models.insert(config.name.clone(), Arc::new(model));
         }
         Ok(ModelRegistry { models })
@@ -200,7 +202,7 @@ impl ModelRegistry {
     }
 }
 
-async fn load_model(config: &ModelConfig, library: Option<&Path>) -> Result<ServedModel> {
+async fn load_model(config: &ModelConfig, library: Option<&Path>, metrics: &Metrics) -> Result<ServedModel> {
     let context = |e: Error| e.context(format_args!("model '{}'", config.name));
     let found = repository::discover(&config.base_path).map_err(context)?;
     let chosen = repository::select(&found, &config.version_policy, &config.base_path).map_err(context)?;
@@ -210,12 +212,39 @@ async fn load_model(config: &ModelConfig, library: Option<&Path>) -> Result<Serv
         let options = config.onnx.clone();
         let library = library.map(Path::to_path_buf);
         let started = Instant::now();
+        let model_metrics = metrics.model(&config.name, version);
         // Session creation parses and optimises the graph: blocking work.
-        let backend =
-            tokio::task::spawn_blocking(move || OnnxBackend::load(&path, &label, &options, library.as_deref()))
-                .await
-                .map_err(|e| Error::internal(format!("loading task failed: {e}")))??;
-        let loaded = ModelVersion::new(config.name.clone(), version, Arc::new(backend), config.max_in_flight);
+        let backend: Arc<dyn Backend> = Arc::new(
+            tokio::task::spawn_blocking(move || {
+                OnnxBackend::load(&path, &label, &options, library.as_deref(), model_metrics)
+            })
+            .await
+            .map_err(|e| Error::internal(format!("loading task failed: {e}")))??,
+        );
+        let batcher = match &config.batching {
+            None => None,
+            Some(params) => {
+                if !backend.signature().is_batched() {
+                    return Err(Error::invalid_argument(format!(
+                        "model '{}' version {version} cannot be batched: every input and output needs a dynamic \
+                         dimension 0 (the batch), and its signature is {:?}",
+                        config.name,
+                        backend.signature()
+                    )));
+                }
+                let threads =
+                    if params.num_batch_threads == 0 { config.onnx.sessions } else { params.num_batch_threads };
+                Some(Batcher::start(
+                    backend.clone(),
+                    params.clone(),
+                    threads,
+                    format!("the batch queue of model '{}' version {version}", config.name),
+                    metrics.queue(&format!("{}/{version}/batch", config.name)),
+                    metrics.model(&config.name, version),
+                ))
+            }
+        };
+        let loaded = ModelVersion::new(config.name.clone(), version, backend, batcher);
         tracing::info!(model = %config.name, version, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "loaded");
         loaded.warm_up().await?;
         versions.insert(version, Arc::new(loaded));

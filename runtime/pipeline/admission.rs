@@ -5,9 +5,9 @@
 //! permit is released when the request is answered (or dropped), so the
 //! bound covers waiting and running requests alike.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
@@ -17,7 +17,7 @@ pub struct Admission {
     name: String,
     capacity: usize,
     permits: Arc<Semaphore>,
-    rejected: AtomicU64,
+    rejected: Counter,
 }
 
 /// Proof that a request was admitted; dropping it frees the place.
@@ -28,14 +28,10 @@ pub struct AdmissionPermit {
 
 impl Admission {
     /// An entrance for `capacity` requests at once; `name` appears in the
-    /// error a refused request gets ("batch queue of model 'cnn' version 1").
-    pub fn new(name: impl Into<String>, capacity: usize) -> Admission {
-        Admission {
-            name: name.into(),
-            capacity,
-            permits: Arc::new(Semaphore::new(capacity)),
-            rejected: AtomicU64::new(0),
-        }
+    /// error a refused request gets ("the request queue of model 'cnn'");
+    /// `rejected` counts the refusals.
+    pub fn new(name: impl Into<String>, capacity: usize, rejected: Counter) -> Admission {
+        Admission { name: name.into(), capacity, permits: Arc::new(Semaphore::new(capacity)), rejected }
     }
 
     /// Admits a request, or refuses it at once when the queue is full.
@@ -43,7 +39,7 @@ impl Admission {
         match self.permits.clone().try_acquire_owned() {
             Ok(permit) => Ok(AdmissionPermit { _permit: permit }),
             Err(_) => {
-                self.rejected.fetch_add(1, Ordering::Relaxed);
+                self.rejected.inc();
                 Err(Error::queue_full(&self.name, self.capacity))
             }
         }
@@ -56,7 +52,7 @@ impl Admission {
 
     /// Requests refused so far.
     pub fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::Relaxed)
+        self.rejected.get()
     }
 
     /// The most requests admitted at once.
@@ -72,7 +68,7 @@ mod tests {
 
     #[test]
     fn refuses_beyond_capacity_and_frees_on_drop() {
-        let admission = Admission::new("queue of model 'm'", 2);
+        let admission = Admission::new("queue of model 'm'", 2, Counter::default());
         let a = admission.try_admit().unwrap();
         let _b = admission.try_admit().unwrap();
         let err = admission.try_admit().unwrap_err();

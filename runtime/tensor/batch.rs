@@ -88,6 +88,43 @@ pub fn split_rows(tensor: &Tensor, rows: &[usize], name: &str) -> Result<Vec<Ten
     Ok(pieces)
 }
 
+/// Joins tensors of the same dtype and inner dimensions along dimension 0
+/// into one (one copy): the reassembly of a request that was split across
+/// batches.
+pub fn concat_rows(parts: &[Tensor]) -> Result<Tensor> {
+    let first = parts.first().ok_or_else(|| Error::internal("concat of zero tensors, this is a bug"))?;
+    if parts.len() == 1 {
+        return Ok(first.clone());
+    }
+    let inner = first.shape().get(1..).unwrap_or(&[]);
+    let mut rows = 0i64;
+    for part in parts {
+        if part.dtype() != first.dtype() || part.shape().get(1..).unwrap_or(&[]) != inner || part.shape().is_empty() {
+            return Err(Error::internal(format!(
+                "parts of a split request disagree: {:?} vs {:?}, this is a bug",
+                first.shape(),
+                part.shape()
+            )));
+        }
+        rows += part.shape()[0];
+    }
+    let mut shape = first.shape().to_vec();
+    shape[0] = rows;
+    let data = match first.data() {
+        TensorData::Fixed(_) => {
+            let mut bytes = Vec::with_capacity(parts.iter().filter_map(|p| p.bytes()).map(|b| b.len()).sum());
+            for part in parts.iter().filter_map(|p| p.bytes()) {
+                bytes.extend_from_slice(part);
+            }
+            TensorData::Fixed(bytes.into())
+        }
+        TensorData::Strings(_) => {
+            TensorData::Strings(parts.iter().filter_map(|p| p.strings()).flatten().cloned().collect())
+        }
+    };
+    Ok(Tensor::from_parts_unchecked(first.dtype(), shape, data))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +139,15 @@ mod tests {
         assert_eq!(pieces[1].to_vec::<i32>().unwrap(), vec![3, 4, 5, 6]);
         let base = t.bytes().unwrap().as_ptr();
         assert_eq!(pieces[1].bytes().unwrap().as_ptr(), base.wrapping_add(8));
+    }
+
+    #[test]
+    fn concat_undoes_split() {
+        let t = Tensor::from_values(vec![5, 2], &[1u16, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let pieces = split_rows(&t, &[2, 2, 1], "y").unwrap();
+        assert_eq!(concat_rows(&pieces).unwrap(), t);
+        let s = Tensor::from_strings(vec![3], vec!["a".into(), "b".into(), "c".into()]).unwrap();
+        assert_eq!(concat_rows(&split_rows(&s, &[1, 2], "s").unwrap()).unwrap(), s);
     }
 
     #[test]

@@ -8,10 +8,12 @@
 //!
 //! Submodules convert to and from the wire and the engine:
 //! [`proto`] (TensorFlow's `TensorProto`), [`onnx`] (ONNX Runtime values),
-//! [`batch`] (joining requests into a batch and splitting it again).
+//! [`batch`] (joining requests into a batch and splitting it again),
+//! [`json`] (TF Serving's REST form).
 
 pub mod batch;
 mod dtype;
+pub mod json;
 pub mod onnx;
 pub mod proto;
 

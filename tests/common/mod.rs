@@ -4,14 +4,13 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
+use sluice::bench::process::ServerProcess;
 use sluice::proto::tensorflow::serving::model_service_client::ModelServiceClient;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use sluice::proto::tensorflow::serving::{model_spec, ModelSpec, PredictRequest};
@@ -30,10 +29,11 @@ pub fn example_model(name: &str, version: i64) -> PathBuf {
 
 /// A running `sluice serve`, killed when dropped.
 pub struct Server {
-    child: Child,
+    process: ServerProcess,
     /// The gRPC address it printed.
     pub grpc: SocketAddr,
-    stderr: mpsc::Receiver<String>,
+    /// The HTTP address it printed.
+    pub http: SocketAddr,
 }
 
 impl Server {
@@ -43,40 +43,28 @@ impl Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
         command
             .arg("serve")
-            .args(["--host", "127.0.0.1", "--port", "0"])
+            .args(["--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0"])
             .args(args)
-            .current_dir(root())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        unsafe_kill_with_parent(&mut command);
-        let mut child = command.spawn().expect("spawn sluice");
-        let stdout = child.stdout.take().expect("stdout");
-        let stderr = child.stderr.take().expect("stderr");
-        let (err_tx, err_rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[sluice] {line}");
-                let _ = err_tx.send(line);
-            }
-        });
-        let (ready_tx, ready_rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix("sluice: serving gRPC on ") {
-                    let _ = ready_tx.send(addr.trim().to_string());
-                }
-            }
-        });
-        let addr = match ready_rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(addr) => addr,
-            Err(_) => {
-                let _ = child.kill();
-                let status = child.wait().ok();
-                let log: Vec<String> = err_rx.try_iter().collect();
-                panic!("sluice did not become ready (exit: {status:?}); stderr:\n{}", log.join("\n"));
-            }
-        };
-        Server { child, grpc: addr.parse().expect("address"), stderr: err_rx }
+            .current_dir(root());
+        let process =
+            ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true)
+                .unwrap_or_else(|e| panic!("{e}"));
+        let http = process
+            .stdout_after("sluice: serving HTTP on ")
+            .and_then(|a| a.parse().ok())
+            .expect("the HTTP address is printed before the gRPC one");
+        Server { grpc: process.addr, http, process }
+    }
+
+    /// Serves the config `text` (written to a temporary file; relative
+    /// paths in it are taken from the repository root).
+    pub fn with_config(text: &str) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(&path, text.replace("$ROOT", &root().display().to_string())).expect("write config");
+        let server = Server::start(&["--model_config_file", path.to_str().expect("utf-8 path")]);
+        drop(dir);
+        server
     }
 
     /// Serves the three example models, every version.
@@ -86,7 +74,7 @@ impl Server {
 
     /// `http://ADDR` of the gRPC port.
     pub fn grpc_url(&self) -> String {
-        format!("http://{}", self.grpc)
+        self.process.url()
     }
 
     /// A new Predict client on its own connection.
@@ -105,45 +93,105 @@ impl Server {
 
     /// The process id, for sending signals.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// Waits for the process to exit and returns its status.
     pub fn wait(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let until = std::time::Instant::now() + timeout;
-        while std::time::Instant::now() < until {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        self.process.wait(timeout)
     }
 
-    /// Log lines written so far.
+    /// The Prometheus text of the metrics endpoint.
+    pub async fn metrics(&self) -> String {
+        http_get(self.http, "/metrics").await
+    }
+
+    /// The value of the metric line starting with `series` (name and
+    /// labels exactly), or 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        metric_value(&self.metrics().await, series)
+    }
+
+    /// Log lines written since the last call.
     pub fn log(&self) -> Vec<String> {
-        self.stderr.try_iter().collect()
+        self.process.log()
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// Calls a gRPC method over a bare HTTP/2 connection, with extra headers
+/// (such as `grpc-timeout`), without any client-side deadline: the answer
+/// is exactly what the server sent. Returns the grpc-status code and
+/// message.
+pub async fn raw_grpc_call(addr: SocketAddr, path: &str, message: &[u8], headers: &[(&str, &str)]) -> (i32, String) {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut framed = Vec::with_capacity(message.len() + 5);
+    framed.push(0u8);
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(message);
+    let mut request = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
     }
+    let request = request.body(http_body_util::Full::new(Bytes::from(framed))).expect("request");
+    let response = sender.send_request(request).await.expect("send");
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await.expect("body");
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    // A trailers-only answer carries the status in the headers.
+    let status = trailers.get("grpc-status").or(parts.headers.get("grpc-status"));
+    let message = trailers.get("grpc-message").or(parts.headers.get("grpc-message"));
+    let code = status.and_then(|v| v.to_str().ok()?.parse().ok()).expect("grpc-status");
+    let message = message.and_then(|v| v.to_str().ok()).map(percent_decode).unwrap_or_default();
+    (code, message)
 }
 
-/// Makes the child die with the test process, even when a test aborts
-/// without unwinding.
-fn unsafe_kill_with_parent(command: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe, as pre_exec requires.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
     }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A plain HTTP/1.1 GET on loopback, returning the body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect http");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").expect("http response");
+    assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
+    body.to_string()
+}
+
+/// The value of the series `series` (e.g. `sluice_model_runs_total{model="cnn",version="1"}`)
+/// in Prometheus text, or 0 when absent.
+pub fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.trim().split(' ').next()?.parse().ok()))
+        .unwrap_or(0.0)
 }
 
 /// A shape proto.
@@ -201,6 +249,13 @@ pub fn spec(name: &str, version: Option<i64>) -> Option<ModelSpec> {
         version_choice: version.map(model_spec::VersionChoice::Version),
         signature_name: String::new(),
     })
+}
+
+/// A Predict request with a deadline (the `grpc-timeout` header).
+pub fn with_timeout<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
 }
 
 /// A Predict request.

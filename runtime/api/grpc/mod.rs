@@ -13,16 +13,17 @@ pub use self::model_service::ModelStatusApi;
 pub use self::prediction::{served_spec, signature_def, PredictionApi};
 use crate::error::{Error, Result};
 use crate::infer::DEFAULT_SIGNATURE;
-use crate::models::{ModelRegistry, ModelVersion, VersionChoice};
+use crate::models::{ModelVersion, VersionChoice};
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::{Endpoints, Pipeline};
 use crate::proto::tensorflow::serving::{model_spec, ModelSpec};
 use crate::tensor::proto::OutputEncoding;
 
 /// What the gRPC services share.
 #[derive(Clone)]
 pub struct ServingState {
-    /// The models served.
-    pub registry: Arc<ModelRegistry>,
+    /// Every name clients can call.
+    pub endpoints: Arc<Endpoints>,
     /// How numeric outputs are written.
     pub output_encoding: OutputEncoding,
 }
@@ -41,18 +42,20 @@ pub fn version_choice(spec: &ModelSpec) -> VersionChoice<'_> {
     }
 }
 
-/// The loaded version a model spec names; checks the signature name too.
-pub fn resolve_version(registry: &ModelRegistry, spec: Option<&ModelSpec>) -> Result<Arc<ModelVersion>> {
+/// The pipeline and loaded version a model spec names; checks the
+/// signature name too.
+pub fn resolve(endpoints: &Endpoints, spec: Option<&ModelSpec>) -> Result<(Arc<Pipeline>, Arc<ModelVersion>)> {
     let spec = spec.ok_or_else(|| Error::invalid_argument("model_spec is missing; set model_spec.name"))?;
     if spec.name.is_empty() {
         return Err(Error::invalid_argument("model_spec.name is empty; name the model to use"));
     }
-    let version = registry.get(&spec.name)?.resolve(version_choice(spec))?;
+    let pipeline = endpoints.get(&spec.name)?;
+    let version = pipeline.model().resolve(version_choice(spec))?;
     if !spec.signature_name.is_empty() && spec.signature_name != DEFAULT_SIGNATURE {
         return Err(Error::failed_precondition(format!(
             "{version} has no signature '{}'; signatures: [{DEFAULT_SIGNATURE}]",
             spec.signature_name
         )));
     }
-    Ok(version.clone())
+    Ok((pipeline.clone(), version.clone()))
 }

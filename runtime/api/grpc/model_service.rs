@@ -34,7 +34,7 @@ impl ModelService for ModelStatusApi {
         if spec.name.is_empty() {
             return Err(Error::invalid_argument("model_spec.name is empty; name the model to use").into());
         }
-        let model = self.state.registry.get(&spec.name)?;
+        let model = self.state.endpoints.get(&spec.name)?.model();
         let versions: Vec<_> = match version_choice(&spec) {
             // Without a version, every loaded version.
             VersionChoice::Latest => model.versions().cloned().collect(),

@@ -11,9 +11,11 @@ use std::collections::HashMap;
 
 use tonic::{Request, Response, Status};
 
-use super::{deadline_of, resolve_version, ServingState};
+use super::{deadline_of, resolve, ServingState};
 use crate::error::Error;
 use crate::infer::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
+use crate::models::ModelVersion;
+use crate::pipeline::Pipeline;
 use crate::proto::tensorflow::serving::prediction_service_server::PredictionService;
 use crate::proto::tensorflow::serving::{
     model_spec, GetModelMetadataRequest, GetModelMetadataResponse, ModelSpec, PredictRequest, PredictResponse,
@@ -37,6 +39,22 @@ impl PredictionApi {
     }
 }
 
+/// What a request runs on, as messages name it.
+struct Target<'a> {
+    pipeline: &'a Pipeline,
+    version: &'a ModelVersion,
+}
+
+impl std::fmt::Display for Target<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.pipeline.name() == self.version.model() && !self.pipeline.has_stages() {
+            write!(f, "{}", self.version)
+        } else {
+            write!(f, "pipeline '{}' ({})", self.pipeline.name(), self.version)
+        }
+    }
+}
+
 /// The `model_spec` of a response: the name asked for, the version that
 /// served, the signature used.
 pub fn served_spec(name: &str, version: i64) -> ModelSpec {
@@ -52,9 +70,10 @@ impl PredictionService for PredictionApi {
     async fn predict(&self, request: Request<PredictRequest>) -> Result<Response<PredictResponse>, Status> {
         let deadline = deadline_of(request.metadata());
         let request = request.into_inner();
-        let version = resolve_version(&self.state.registry, request.model_spec.as_ref())?;
-        let owner: &(dyn std::fmt::Display + Sync) = &*version;
-        let signature = version.signature();
+        let (pipeline, version) = resolve(&self.state.endpoints, request.model_spec.as_ref())?;
+        let target = Target { pipeline: &pipeline, version: &version };
+        let owner: &(dyn std::fmt::Display + Sync) = &target;
+        let signature = pipeline.signature(&version)?;
         let selected = signature.resolve_output_filter(owner, &request.output_filter)?;
         signature.check_input_names(owner, request.inputs.keys())?;
         let mut decoded = HashMap::with_capacity(request.inputs.len());
@@ -63,7 +82,10 @@ impl PredictionService for PredictionApi {
             decoded.insert(name, tensor);
         }
         let inputs = signature.bind_inputs(owner, decoded)?;
-        let outputs = version.predict(inputs, deadline).await?;
+        // Bounding the whole wait by the deadline also drops the request
+        // from whatever queue it is in: the queues skip requests whose
+        // caller has gone.
+        let outputs = deadline.run("while queued or running", pipeline.predict(&version, inputs, deadline)).await?;
         if outputs.len() != signature.outputs.len() {
             return Err(Error::internal(format!(
                 "{owner} returned {} outputs, but its signature has {}",
@@ -76,7 +98,7 @@ impl PredictionService for PredictionApi {
         let outputs =
             selected.into_iter().map(|i| (signature.outputs[i].name.clone(), encode(&outputs[i], encoding))).collect();
         Ok(Response::new(PredictResponse {
-            model_spec: Some(served_spec(version.model(), version.version())),
+            model_spec: Some(served_spec(pipeline.name(), version.version())),
             outputs,
         }))
     }
@@ -86,7 +108,7 @@ impl PredictionService for PredictionApi {
         request: Request<GetModelMetadataRequest>,
     ) -> Result<Response<GetModelMetadataResponse>, Status> {
         let request = request.into_inner();
-        let version = resolve_version(&self.state.registry, request.model_spec.as_ref())?;
+        let (pipeline, version) = resolve(&self.state.endpoints, request.model_spec.as_ref())?;
         if request.metadata_field.is_empty() {
             return Err(
                 Error::invalid_argument(format!("metadata_field is empty; ask for \"{SIGNATURE_DEF_FIELD}\"")).into()
@@ -99,14 +121,17 @@ impl PredictionService for PredictionApi {
             .into());
         }
         let signatures = SignatureDefMap {
-            signature_def: HashMap::from([(DEFAULT_SIGNATURE.to_string(), signature_def(version.signature()))]),
+            signature_def: HashMap::from([(
+                DEFAULT_SIGNATURE.to_string(),
+                signature_def(pipeline.signature(&version)?),
+            )]),
         };
         let any = prost_types::Any {
             type_url: "type.googleapis.com/tensorflow.serving.SignatureDefMap".to_string(),
             value: prost::Message::encode_to_vec(&signatures),
         };
         Ok(Response::new(GetModelMetadataResponse {
-            model_spec: Some(served_spec(version.model(), version.version())),
+            model_spec: Some(served_spec(pipeline.name(), version.version())),
             metadata: HashMap::from([(SIGNATURE_DEF_FIELD.to_string(), any)]),
         }))
     }

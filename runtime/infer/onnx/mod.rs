@@ -12,8 +12,7 @@ pub mod library;
 
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::time::Instant;
 
 use futures::future::BoxFuture;
 use ort::session::builder::GraphOptimizationLevel;
@@ -23,6 +22,7 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 
 use super::{Backend, Batch, Signature, TensorSpec};
+use crate::api::metrics::ModelMetrics;
 use crate::error::{Error, Result};
 use crate::tensor::{batch, onnx as convert, DType, Tensor};
 
@@ -81,14 +81,19 @@ struct Job {
 pub struct OnnxBackend {
     signature: Signature,
     jobs: async_channel::Sender<Job>,
-    runs: Arc<AtomicU64>,
 }
 
 impl OnnxBackend {
     /// Loads `path` into `options.sessions` sessions and starts their
     /// threads. `label` names the model version in thread names, logs and
-    /// errors.
-    pub fn load(path: &Path, label: &str, options: &OnnxOptions, library: Option<&Path>) -> Result<OnnxBackend> {
+    /// errors; `metrics` counts and times the runs.
+    pub fn load(
+        path: &Path,
+        label: &str,
+        options: &OnnxOptions,
+        library: Option<&Path>,
+        metrics: ModelMetrics,
+    ) -> Result<OnnxBackend> {
         let environment = library::environment(library)?;
         if options.sessions == 0 || options.intra_op_threads == 0 {
             return Err(Error::invalid_argument(format!(
@@ -102,16 +107,15 @@ impl OnnxBackend {
         }
         let signature = signature_of(&sessions[0]).map_err(|e| e.context(label))?;
         let (jobs, queue) = async_channel::bounded::<Job>(options.sessions);
-        let runs = Arc::new(AtomicU64::new(0));
         for (i, session) in sessions.into_iter().enumerate() {
             let queue = queue.clone();
-            let runs = runs.clone();
+            let metrics = metrics.clone();
             std::thread::Builder::new()
                 .name(format!("infer-{i}"))
-                .spawn(move || inference_thread(session, queue, runs))
+                .spawn(move || inference_thread(session, queue, metrics))
                 .map_err(|e| Error::internal(format!("{label}: starting an inference thread failed: {e}")))?;
         }
-        Ok(OnnxBackend { signature, jobs, runs })
+        Ok(OnnxBackend { signature, jobs })
     }
 }
 
@@ -138,10 +142,6 @@ impl Backend for OnnxBackend {
                 .map_err(|_| Error::unavailable("the model version is being unloaded"))?;
             answer.await.map_err(|_| Error::internal("the inference thread stopped before answering"))?
         })
-    }
-
-    fn runs(&self) -> u64 {
-        self.runs.load(Ordering::Relaxed)
     }
 }
 
@@ -237,15 +237,17 @@ fn signature_of(session: &Session) -> Result<Signature> {
     })
 }
 
-fn inference_thread(mut session: Session, queue: async_channel::Receiver<Job>, runs: Arc<AtomicU64>) {
+fn inference_thread(mut session: Session, queue: async_channel::Receiver<Job>, metrics: ModelMetrics) {
     while let Ok(job) = queue.recv_blocking() {
         if job.reply.is_closed() {
             // Everyone waiting for this batch has gone (cancelled or timed out).
             continue;
         }
+        let started = Instant::now();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| run_batch(&mut session, &job.batch)))
             .unwrap_or_else(|_| Err(Error::internal("ONNX Runtime panicked while running the model")));
-        runs.fetch_add(1, Ordering::Relaxed);
+        metrics.runs.inc();
+        metrics.seconds.observe(started.elapsed().as_secs_f64());
         let _ = job.reply.send(result);
     }
 }

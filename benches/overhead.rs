@@ -1,0 +1,137 @@
+//! What sluice adds to one unbatched request, measured side by side in one
+//! run: the MLP at batch 1, one request in flight, over loopback.
+//!
+//! - sluice: the release binary serving the MLP;
+//! - floor: `floor-server`, a bare tonic server answering the same request
+//!   with a fixed response of the same shape (the transport's cost);
+//! - raw: `Session::run` on the same model, in process.
+//!
+//! The same client and the same request bytes go to both servers, in
+//! alternating rounds so that drift on a noisy machine hits both alike.
+//! Overhead = p50(sluice) − p50(floor) − p50(raw).
+//!
+//! ```text
+//! cargo bench --bench overhead [-- --requests 5000 --rounds 6]
+//! ```
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sluice::bench::process::ServerProcess;
+use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
+use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
+use sluice::proto::tensorflow::{DataType, TensorProto};
+use sluice::tensor::proto::encode_shape;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn main() {
+    let requests = arg("--requests", 5000);
+    let rounds = arg("--rounds", 6);
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let model_dir = root.join("examples/models/mlp");
+    let ready = Duration::from_secs(120);
+
+    let mut sluice = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    sluice
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--log_level", "warn", "--model_name", "mlp"])
+        .arg("--model_base_path")
+        .arg(&model_dir)
+        .current_dir(&root);
+    let sluice = ServerProcess::spawn(sluice, "sluice", "sluice: serving gRPC on ", ready, true).expect("sluice");
+    let mut floor = Command::new(env!("CARGO_BIN_EXE_floor-server"));
+    floor.args(["--rows", "1", "--cols", "10"]);
+    let floor = ServerProcess::spawn(floor, "floor", "floor-server: serving gRPC on ", ready, true).expect("floor");
+
+    let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+    let request = PredictRequest {
+        model_spec: Some(ModelSpec { name: "mlp".into(), ..Default::default() }),
+        inputs: [(
+            "x".to_string(),
+            TensorProto {
+                dtype: DataType::DtFloat as i32,
+                tensor_shape: Some(encode_shape(&[1, 64])),
+                tensor_content: bytes::Bytes::copy_from_slice(bytemuck::cast_slice(&x)),
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect(),
+        output_filter: vec![],
+    };
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let (sluice_times, floor_times) = runtime.block_on(async {
+        let mut to_sluice = PredictionServiceClient::connect(sluice.url()).await.expect("connect sluice");
+        let mut to_floor = PredictionServiceClient::connect(floor.url()).await.expect("connect floor");
+        for _ in 0..1000 {
+            to_sluice.predict(request.clone()).await.expect("sluice predict");
+            to_floor.predict(request.clone()).await.expect("floor predict");
+        }
+        let mut sluice_times = Vec::with_capacity(requests * rounds);
+        let mut floor_times = Vec::with_capacity(requests * rounds);
+        for _ in 0..rounds {
+            for _ in 0..requests {
+                let started = Instant::now();
+                to_sluice.predict(request.clone()).await.expect("sluice predict");
+                sluice_times.push(started.elapsed());
+            }
+            for _ in 0..requests {
+                let started = Instant::now();
+                to_floor.predict(request.clone()).await.expect("floor predict");
+                floor_times.push(started.elapsed());
+            }
+        }
+        (sluice_times, floor_times)
+    });
+
+    let environment = sluice::infer::onnx::library::environment(None).expect("ONNX Runtime (run scripts/setup)");
+    let mut session = ort::session::Session::builder(environment)
+        .expect("builder")
+        .with_intra_threads(1)
+        .expect("threads")
+        .commit_from_file(model_dir.join("2/model.onnx"))
+        .expect("session");
+    let input = ort::value::Tensor::from_array(([1usize, 64], x.clone())).expect("input");
+    for _ in 0..1000 {
+        session.run(ort::inputs!["x" => &input]).expect("run");
+    }
+    let mut raw_times = Vec::with_capacity(requests * rounds);
+    for _ in 0..requests * rounds {
+        let started = Instant::now();
+        let outputs = session.run(ort::inputs!["x" => &input]).expect("run");
+        drop(outputs);
+        raw_times.push(started.elapsed());
+    }
+
+    let mut rows = Vec::new();
+    for (name, mut times) in
+        [("sluice", sluice_times), ("floor (bare tonic)", floor_times), ("raw session.run", raw_times)]
+    {
+        times.sort();
+        rows.push((name, percentile(&times, 0.5), percentile(&times, 0.9), percentile(&times, 0.99)));
+    }
+    println!(
+        "\nMLP batch 1, one request in flight, {} requests each ({rounds} alternating rounds)\n",
+        requests * rounds
+    );
+    println!("| path | p50 µs | p90 µs | p99 µs |");
+    println!("|---|---|---|---|");
+    for (name, p50, p90, p99) in &rows {
+        println!("| {name} | {:.1} | {:.1} | {:.1} |", micros(*p50), micros(*p90), micros(*p99));
+    }
+    let overhead = micros(rows[0].1) - micros(rows[1].1) - micros(rows[2].1);
+    println!("\noverhead = p50 sluice − p50 floor − p50 raw = {overhead:.1} µs (target ≤ 50 µs)");
+}

@@ -1,0 +1,208 @@
+//! The metrics registry: every counter, gauge and histogram sluice exports,
+//! in Prometheus form, with names prefixed `sluice_` and few label values.
+//!
+//! Components take their handles once, when they are built (`Family` lookups
+//! hash and lock), and update them on the hot path with atomics only.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Labels of a queue: where requests wait.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    /// `pipeline/stage`, `model/batch`, …
+    pub queue: String,
+}
+
+/// Labels of a refusal.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    /// Where the request was refused.
+    pub queue: String,
+    /// `queue_full`, `deadline`, `cancelled`.
+    pub reason: String,
+}
+
+/// Labels of a model version.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// Model name.
+    pub model: String,
+    /// Version number.
+    pub version: String,
+}
+
+/// Histogram buckets for durations: 10 µs to about 42 s.
+#[derive(Clone)]
+pub struct SecondsBuckets;
+
+impl MetricConstructor<Histogram> for SecondsBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(exponential_buckets(1e-5, 2.0, 22))
+    }
+}
+
+/// Histogram buckets for batch sizes: 1 to 1024 rows.
+#[derive(Clone)]
+pub struct RowsBuckets;
+
+impl MetricConstructor<Histogram> for RowsBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(exponential_buckets(1.0, 2.0, 11))
+    }
+}
+
+/// Every metric family, and the registry that exports them.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests waiting in a queue now.
+    pub queue_depth: Family<QueueLabels, Gauge>,
+    /// Time requests waited in a queue before a worker took them.
+    pub queue_wait_seconds: Family<QueueLabels, Histogram, SecondsBuckets>,
+    /// Time a stage spent on a request.
+    pub stage_seconds: Family<QueueLabels, Histogram, SecondsBuckets>,
+    /// Requests refused, by queue and reason.
+    pub rejections: Family<RejectionLabels, Counter>,
+    /// Rows per batch run (without padding).
+    pub batch_rows: Family<ModelLabels, Histogram, RowsBuckets>,
+    /// Padding rows added to reach an allowed batch size.
+    pub padding_rows: Family<ModelLabels, Counter>,
+    /// Batches run by the model.
+    pub model_runs: Family<ModelLabels, Counter>,
+    /// Time the model took per batch.
+    pub inference_seconds: Family<ModelLabels, Histogram, SecondsBuckets>,
+}
+
+impl Metrics {
+    /// A registry with every family registered.
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::default();
+        let metrics = Metrics {
+            queue_depth: Family::default(),
+            queue_wait_seconds: Family::new_with_constructor(SecondsBuckets),
+            stage_seconds: Family::new_with_constructor(SecondsBuckets),
+            rejections: Family::default(),
+            batch_rows: Family::new_with_constructor(RowsBuckets),
+            padding_rows: Family::default(),
+            model_runs: Family::default(),
+            inference_seconds: Family::new_with_constructor(SecondsBuckets),
+            registry: Registry::default(),
+        };
+        registry.register("sluice_queue_depth", "Requests waiting in a queue", metrics.queue_depth.clone());
+        registry.register(
+            "sluice_queue_wait_seconds",
+            "Time requests waited in a queue before a worker took them",
+            metrics.queue_wait_seconds.clone(),
+        );
+        registry.register(
+            "sluice_stage_seconds",
+            "Time a pipeline stage spent on a request",
+            metrics.stage_seconds.clone(),
+        );
+        registry.register("sluice_rejections", "Requests refused, by queue and reason", metrics.rejections.clone());
+        registry.register("sluice_batch_rows", "Rows per batch run, without padding", metrics.batch_rows.clone());
+        registry.register("sluice_padding_rows", "Rows of padding added to batches", metrics.padding_rows.clone());
+        registry.register("sluice_model_runs", "Batches run by a model version", metrics.model_runs.clone());
+        registry.register(
+            "sluice_inference_seconds",
+            "Time a model version took per batch",
+            metrics.inference_seconds.clone(),
+        );
+        Arc::new(Metrics { registry, ..metrics })
+    }
+
+    /// The registry, to add more families or to encode.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Everything in Prometheus' text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// The handles of one queue.
+    pub fn queue(&self, queue: &str) -> QueueMetrics {
+        let labels = QueueLabels { queue: queue.to_string() };
+        let rejection = |reason: &str| {
+            self.rejections
+                .get_or_create_owned(&RejectionLabels { queue: queue.to_string(), reason: reason.to_string() })
+        };
+        QueueMetrics {
+            depth: self.queue_depth.get_or_create_owned(&labels),
+            wait: self.queue_wait_seconds.get_or_create_owned(&labels),
+            busy: self.stage_seconds.get_or_create_owned(&labels),
+            full: rejection("queue_full"),
+            expired: rejection("deadline"),
+            cancelled: rejection("cancelled"),
+        }
+    }
+
+    /// The handles of one model version.
+    pub fn model(&self, model: &str, version: i64) -> ModelMetrics {
+        let labels = ModelLabels { model: model.to_string(), version: version.to_string() };
+        ModelMetrics {
+            runs: self.model_runs.get_or_create_owned(&labels),
+            seconds: self.inference_seconds.get_or_create_owned(&labels),
+            batch_rows: self.batch_rows.get_or_create_owned(&labels),
+            padding_rows: self.padding_rows.get_or_create_owned(&labels),
+        }
+    }
+}
+
+/// The metrics of one queue, resolved once.
+#[derive(Clone)]
+pub struct QueueMetrics {
+    /// Requests waiting now.
+    pub depth: Gauge,
+    /// Time waited before a worker took the request.
+    pub wait: Histogram,
+    /// Time the worker spent on it.
+    pub busy: Histogram,
+    /// Refused because the queue was full.
+    pub full: Counter,
+    /// Dropped because the deadline passed while waiting.
+    pub expired: Counter,
+    /// Dropped because the client went away while waiting.
+    pub cancelled: Counter,
+}
+
+/// The metrics of one model version, resolved once.
+#[derive(Clone)]
+pub struct ModelMetrics {
+    /// Batches run.
+    pub runs: Counter,
+    /// Time per batch.
+    pub seconds: Histogram,
+    /// Rows per batch.
+    pub batch_rows: Histogram,
+    /// Padding rows added.
+    pub padding_rows: Counter,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_update_the_exported_text() {
+        let metrics = Metrics::new();
+        let queue = metrics.queue("cnn/batch");
+        queue.full.inc();
+        queue.depth.set(3);
+        metrics.model("cnn", 1).runs.inc_by(2);
+        let text = metrics.encode();
+        assert!(text.contains("sluice_rejections_total{queue=\"cnn/batch\",reason=\"queue_full\"} 1"), "{text}");
+        assert!(text.contains("sluice_queue_depth{queue=\"cnn/batch\"} 3"), "{text}");
+        assert!(text.contains("sluice_model_runs_total{model=\"cnn\",version=\"1\"} 2"), "{text}");
+    }
+}

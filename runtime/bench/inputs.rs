@@ -1,0 +1,173 @@
+//! The requests the load generator sends: read from a JSON file in TF
+//! Serving's REST form, or made up from the model's signature
+//! (GetModelMetadata) as a pool of distinct random inputs.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use bytes::Bytes;
+use prost::Message;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+use crate::infer::TensorSpec;
+use crate::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
+use crate::proto::tensorflow::serving::{GetModelMetadataRequest, ModelSpec, PredictRequest, SignatureDefMap};
+use crate::proto::tensorflow::TensorProto;
+use crate::tensor::json::tensor_from_json;
+use crate::tensor::proto::{encode, OutputEncoding};
+use crate::tensor::{element_count, DType, Tensor};
+
+/// Encoded requests to send, and the rows each carries.
+pub struct RequestPool {
+    /// Encoded `PredictRequest`s, sent round-robin.
+    pub requests: Vec<Bytes>,
+    /// Rows per request (dimension 0 of the first input).
+    pub rows: u64,
+}
+
+/// The model's input signature, from GetModelMetadata.
+pub async fn input_specs(target: &str, spec: &ModelSpec) -> Result<Vec<TensorSpec>, String> {
+    let mut client = PredictionServiceClient::connect(target.to_string())
+        .await
+        .map_err(|e| format!("cannot connect to {target}: {e}"))?;
+    let response = client
+        .get_model_metadata(GetModelMetadataRequest {
+            model_spec: Some(spec.clone()),
+            metadata_field: vec!["signature_def".into()],
+        })
+        .await
+        .map_err(|e| format!("GetModelMetadata failed: {}: {}", e.code(), e.message()))?
+        .into_inner();
+    let any = response.metadata.get("signature_def").ok_or("the metadata has no signature_def")?;
+    let map = SignatureDefMap::decode(any.value.as_slice()).map_err(|e| format!("bad signature_def: {e}"))?;
+    let def = map.signature_def.get("serving_default").ok_or("no serving_default signature")?;
+    let mut specs = Vec::new();
+    for (name, info) in &def.inputs {
+        let dtype = DType::from_tf(info.dtype).map_err(|e| format!("input {name}: {e}"))?;
+        let shape = info.tensor_shape.as_ref().map(|s| s.dim.iter().map(|d| d.size).collect()).unwrap_or_default();
+        specs.push(TensorSpec { name: name.clone(), dtype, shape });
+    }
+    specs.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(specs)
+}
+
+fn encode_request(spec: &ModelSpec, inputs: HashMap<String, TensorProto>) -> Bytes {
+    Bytes::from(PredictRequest { model_spec: Some(spec.clone()), inputs, output_filter: vec![] }.encode_to_vec())
+}
+
+/// `pool` distinct requests of `rows` rows with random values (dynamic
+/// dimensions other than the first are 1). Integers are drawn from 0..10,
+/// which any embedding table or class index accepts.
+pub fn random_pool(
+    specs: &[TensorSpec],
+    spec: &ModelSpec,
+    rows: i64,
+    pool: usize,
+    seed: u64,
+) -> Result<RequestPool, String> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut requests = Vec::with_capacity(pool);
+    for _ in 0..pool.max(1) {
+        let mut inputs = HashMap::new();
+        for input in specs {
+            let shape: Vec<i64> = input
+                .shape
+                .iter()
+                .enumerate()
+                .map(|(axis, &d)| {
+                    if d >= 0 {
+                        d
+                    } else if axis == 0 {
+                        rows
+                    } else {
+                        1
+                    }
+                })
+                .collect();
+            let n = element_count(&shape).map_err(|e| format!("input {}: {e}", input.name))?;
+            let tensor = random_tensor(input.dtype, shape, n, &mut rng);
+            inputs.insert(input.name.clone(), encode(&tensor, OutputEncoding::TensorContent));
+        }
+        requests.push(encode_request(spec, inputs));
+    }
+    Ok(RequestPool { requests, rows: rows.max(1) as u64 })
+}
+
+fn random_tensor(dtype: DType, shape: Vec<i64>, n: usize, rng: &mut impl Rng) -> Tensor {
+    macro_rules! ints {
+        ($ty:ty) => {
+            Tensor::from_values(shape, &(0..n).map(|_| rng.random_range(0..10) as $ty).collect::<Vec<$ty>>())
+        };
+    }
+    match dtype {
+        DType::F32 => Tensor::from_values(shape, &(0..n).map(|_| rng.random_range(-1.0..1.0f32)).collect::<Vec<_>>()),
+        DType::F64 => Tensor::from_values(shape, &(0..n).map(|_| rng.random_range(-1.0..1.0f64)).collect::<Vec<_>>()),
+        DType::F16 => Tensor::from_values(
+            shape,
+            &(0..n).map(|_| half::f16::from_f32(rng.random_range(-1.0..1.0))).collect::<Vec<_>>(),
+        ),
+        DType::BF16 => Tensor::from_values(
+            shape,
+            &(0..n).map(|_| half::bf16::from_f32(rng.random_range(-1.0..1.0))).collect::<Vec<_>>(),
+        ),
+        DType::I8 => ints!(i8),
+        DType::I16 => ints!(i16),
+        DType::I32 => ints!(i32),
+        DType::I64 => ints!(i64),
+        DType::U8 => Tensor::from_values(shape, &(0..n).map(|_| rng.random::<u8>()).collect::<Vec<_>>()),
+        DType::U16 => ints!(u16),
+        DType::U32 => ints!(u32),
+        DType::U64 => ints!(u64),
+        DType::Bool => Tensor::from_bools(shape, &(0..n).map(|_| rng.random::<bool>()).collect::<Vec<_>>()),
+        DType::String => {
+            let strings = (0..n).map(|_| Bytes::from(format!("s{}", rng.random_range(0..1000)))).collect();
+            Tensor::from_strings(shape, strings).expect("n strings for a shape of n elements")
+        }
+    }
+}
+
+/// One request from a JSON file in TF Serving's REST form: columnar
+/// (`{"inputs": {"x": [[…]]}}`, or a bare array for a one-input model) or
+/// row (`{"instances": [{"x": […]}, …]}`, or bare rows).
+pub fn from_json_file(path: &Path, specs: &[TensorSpec], spec: &ModelSpec) -> Result<RequestPool, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let body: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    let columns: Vec<(String, Value)> = if let Some(inputs) = body.get("inputs") {
+        match inputs {
+            Value::Object(map) => map.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            other => match specs {
+                [only] => vec![(only.name.clone(), other.clone())],
+                _ => return Err("\"inputs\" is not an object, and the model has several inputs".into()),
+            },
+        }
+    } else if let Some(Value::Array(instances)) = body.get("instances") {
+        specs
+            .iter()
+            .map(|input| {
+                let column = instances
+                    .iter()
+                    .map(|row| match row {
+                        Value::Object(map) => {
+                            map.get(&input.name).cloned().ok_or(format!("an instance lacks '{}'", input.name))
+                        }
+                        bare if specs.len() == 1 => Ok(bare.clone()),
+                        _ => Err("instances must be objects when the model has several inputs".to_string()),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok((input.name.clone(), Value::Array(column)))
+            })
+            .collect::<Result<_, String>>()?
+    } else {
+        return Err(format!("{}: expected {{\"inputs\": …}} or {{\"instances\": […]}}", path.display()));
+    };
+    let mut inputs = HashMap::new();
+    let mut rows = 1;
+    for (name, value) in columns {
+        let input = specs.iter().find(|s| s.name == name).ok_or(format!("the model has no input '{name}'"))?;
+        let tensor = tensor_from_json(&value, input.dtype, &format!("input '{name}'")).map_err(|e| e.to_string())?;
+        rows = tensor.rows() as u64;
+        inputs.insert(name, encode(&tensor, OutputEncoding::TensorContent));
+    }
+    Ok(RequestPool { requests: vec![encode_request(spec, inputs)], rows })
+}

@@ -1,0 +1,169 @@
+//! Generating load: a closed loop (each of N workers sends its next request
+//! when the last one is answered) or an open loop (requests start at a
+//! constant rate whatever the server does, and latency counts from the
+//! moment a request was due, so a slow server cannot hide queueing by
+//! slowing the client down — no coordinated omission).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+
+use super::client::RawPredictClient;
+use super::stats::{code_name, Recorder, Summary};
+
+/// How to load the target.
+#[derive(Debug, Clone)]
+pub struct LoadPlan {
+    /// `http://host:port`.
+    pub target: String,
+    /// HTTP/2 connections, shared round-robin by the workers.
+    pub connections: usize,
+    /// Closed loop: workers; open loop: the most requests in flight.
+    pub concurrency: usize,
+    /// Open loop at this many requests per second; closed loop when unset.
+    pub rps: Option<f64>,
+    /// Measured time.
+    pub duration: Duration,
+    /// Load before measuring starts, not counted.
+    pub warmup: Duration,
+    /// Deadline sent with each request (`grpc-timeout`).
+    pub timeout: Option<Duration>,
+    /// Print a progress line each second on stderr.
+    pub progress: bool,
+}
+
+struct Shared {
+    requests: Vec<Bytes>,
+    rows: u64,
+    timeout: Option<Duration>,
+    /// When counting starts (after the warm-up) and stops.
+    measure_from: Instant,
+    until: Instant,
+    total: Mutex<Recorder>,
+    /// Since the last progress line.
+    interval: Mutex<Recorder>,
+}
+
+impl Shared {
+    fn record(&self, due: Instant, result: Result<Bytes, tonic::Status>) {
+        if due < self.measure_from {
+            return;
+        }
+        let latency = due.elapsed();
+        let failed = result.err().map(|status| code_name(status.code()));
+        for recorder in [&self.total, &self.interval] {
+            if let Ok(mut recorder) = recorder.lock() {
+                match failed {
+                    None => recorder.ok(latency, self.rows),
+                    Some(code) => recorder.error(code),
+                }
+            }
+        }
+    }
+}
+
+/// Runs `plan` with the encoded `requests` (sent round-robin, each of
+/// `rows` rows) and returns what was measured.
+pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> Result<Summary, String> {
+    if requests.is_empty() {
+        return Err("no requests to send".into());
+    }
+    let mut clients = Vec::with_capacity(plan.connections.max(1));
+    for _ in 0..plan.connections.max(1) {
+        clients.push(RawPredictClient::connect(&plan.target).await?);
+    }
+    let start = Instant::now();
+    let shared = Arc::new(Shared {
+        requests,
+        rows,
+        timeout: plan.timeout,
+        measure_from: start + plan.warmup,
+        until: start + plan.warmup + plan.duration,
+        total: Mutex::new(Recorder::default()),
+        interval: Mutex::new(Recorder::default()),
+    });
+    let progress = plan.progress.then(|| tokio::spawn(progress_lines(shared.clone())));
+    match plan.rps {
+        None => closed_loop(plan, &shared, clients).await,
+        Some(rps) => open_loop(plan, &shared, clients, rps).await,
+    }
+    if let Some(progress) = progress {
+        progress.abort();
+        eprintln!();
+    }
+    let total = shared.total.lock().map_err(|_| "a worker panicked")?.clone();
+    Ok(total.summary(plan.duration))
+}
+
+async fn closed_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<RawPredictClient>) {
+    let mut workers = Vec::with_capacity(plan.concurrency);
+    for worker in 0..plan.concurrency.max(1) {
+        let mut client = clients[worker % clients.len()].clone();
+        let shared = shared.clone();
+        workers.push(tokio::spawn(async move {
+            let mut next = worker;
+            while Instant::now() < shared.until {
+                let request = shared.requests[next % shared.requests.len()].clone();
+                next += 1;
+                let due = Instant::now();
+                let result = client.predict(request, shared.timeout).await;
+                shared.record(due, result);
+            }
+        }));
+    }
+    for worker in workers {
+        let _ = worker.await;
+    }
+}
+
+async fn open_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<RawPredictClient>, rps: f64) {
+    let interval = Duration::from_secs_f64(1.0 / rps.max(1e-3));
+    let in_flight = Arc::new(Semaphore::new(plan.concurrency.max(1)));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0u64.. {
+        let due = start + interval.mul_f64(i as f64);
+        if due >= shared.until {
+            break;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        // When the limit of requests in flight is reached, the wait counts
+        // in the latency: the request was due at `due`.
+        let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
+        let mut client = clients[i as usize % clients.len()].clone();
+        let shared = shared.clone();
+        tasks.spawn(async move {
+            let request = shared.requests[i as usize % shared.requests.len()].clone();
+            let result = client.predict(request, shared.timeout).await;
+            shared.record(due, result);
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn progress_lines(shared: Arc<Shared>) {
+    let start = Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        let interval = match shared.interval.lock() {
+            Ok(mut recorder) => std::mem::take(&mut *recorder),
+            Err(_) => return,
+        };
+        let s = interval.summary(Duration::from_secs(1));
+        let phase = if Instant::now() < shared.measure_from { " (warm-up)" } else { "" };
+        eprint!(
+            "\r[{:>4.0} s{phase}] {:>9.1} req/s  p50 {:>8.3} ms  p99 {:>8.3} ms  errors {:<6}",
+            start.elapsed().as_secs_f64(),
+            s.requests_per_second,
+            s.p50_ms,
+            s.p99_ms,
+            s.requests - s.ok
+        );
+    }
+}

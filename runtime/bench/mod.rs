@@ -1,0 +1,212 @@
+//! `sluice bench`: a load generator for any TF Serving Predict endpoint, in
+//! the spirit of ghz.
+//!
+//! It loads a target in a closed loop (`--concurrency` workers) or an open
+//! loop (`--rps`, latency counted from when each request was due), or in
+//! steps of rising rate until the error rate or p99 crosses a limit — the
+//! knee. Requests come from a JSON file or are made up from the model's
+//! signature; they are encoded once and sent as bytes ([`client`]).
+//! [`process`] runs servers as child processes for the benchmarks and the
+//! integration tests.
+
+pub mod client;
+pub mod inputs;
+pub mod load;
+pub mod process;
+pub mod report;
+pub mod stats;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use self::load::LoadPlan;
+use self::report::Step;
+use crate::proto::tensorflow::serving::{model_spec, ModelSpec};
+
+/// The flags of `sluice bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// The server's gRPC address.
+    #[arg(long, default_value = "http://127.0.0.1:8500")]
+    pub target: String,
+    /// The model (or pipeline) to call.
+    #[arg(long)]
+    pub model: String,
+    /// A model version to ask for.
+    #[arg(long)]
+    pub version: Option<i64>,
+    /// Closed loop: concurrent workers. Open loop: most requests in flight.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// HTTP/2 connections the workers share.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Open loop: requests per second, whatever the server does.
+    #[arg(long)]
+    pub rps: Option<f64>,
+    /// Measured time, e.g. 10s, 500ms, 2m.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Load before measuring, not counted.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Deadline sent with each request.
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Request from a JSON file in TF Serving's REST form ({"inputs": …} or {"instances": …}).
+    #[arg(long)]
+    pub input: Option<PathBuf>,
+    /// Without --input: rows per random request.
+    #[arg(long, default_value_t = 1)]
+    pub batch: i64,
+    /// Without --input: distinct random requests, sent in turn.
+    #[arg(long, default_value_t = 16)]
+    pub pool: usize,
+    /// Step mode: start at --step-start-rps and raise the rate by
+    /// --step-percent every --step-duration until a limit is crossed.
+    #[arg(long)]
+    pub step: bool,
+    /// Step mode: the first rate.
+    #[arg(long, default_value_t = 100.0)]
+    pub step_start_rps: f64,
+    /// Step mode: rate increase per step, in percent.
+    #[arg(long, default_value_t = 25.0)]
+    pub step_percent: f64,
+    /// Step mode: the time of each step.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub step_duration: Duration,
+    /// Step mode: stop when the share of failed requests exceeds this.
+    #[arg(long, default_value_t = 0.01)]
+    pub max_error_rate: f64,
+    /// Step mode: stop when p99 exceeds this many milliseconds.
+    #[arg(long)]
+    pub max_p99_ms: Option<f64>,
+    /// Step mode: the most steps.
+    #[arg(long, default_value_t = 30)]
+    pub max_steps: usize,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Step mode: write an HTML report with the throughput/latency chart.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+}
+
+/// `10s`, `500ms`, `2m`, `250us`, or plain seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("'{text}' is not a duration like 10s, 500ms or 2m"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1e3,
+        "us" | "µs" => value / 1e6,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("unknown unit '{other}' in '{text}'; use h, m, s, ms or us")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("'{text}': {e}"))
+}
+
+/// Runs `sluice bench` and prints its result.
+pub async fn run(args: BenchArgs) -> Result<(), String> {
+    let spec = ModelSpec {
+        name: args.model.clone(),
+        version_choice: args.version.map(model_spec::VersionChoice::Version),
+        signature_name: String::new(),
+    };
+    let specs = inputs::input_specs(&args.target, &spec).await?;
+    let pool = match &args.input {
+        Some(path) => inputs::from_json_file(path, &specs, &spec)?,
+        None => inputs::random_pool(&specs, &spec, args.batch, args.pool, 42)?,
+    };
+    let plan = LoadPlan {
+        target: args.target.clone(),
+        connections: args.connections,
+        concurrency: args.concurrency,
+        rps: args.rps,
+        duration: args.duration,
+        warmup: args.warmup,
+        timeout: args.timeout,
+        progress: !args.json,
+    };
+    if !args.step {
+        let summary = load::run(&plan, pool.requests, pool.rows).await?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+        } else {
+            print!("{}", summary.text());
+        }
+        return Ok(());
+    }
+    let mut steps: Vec<Step> = Vec::new();
+    let mut rate = args.step_start_rps;
+    for index in 0..args.max_steps {
+        let step_plan = LoadPlan {
+            rps: Some(rate),
+            duration: args.step_duration,
+            warmup: if index == 0 { args.warmup } else { Duration::ZERO },
+            ..plan.clone()
+        };
+        let summary = load::run(&step_plan, pool.requests.clone(), pool.rows).await?;
+        let within_limits =
+            summary.error_rate <= args.max_error_rate && args.max_p99_ms.is_none_or(|limit| summary.p99_ms <= limit);
+        if !args.json {
+            println!(
+                "step {:>2}: offered {:>9.1} req/s  achieved {:>9.1} req/s  p50 {:>8.3} ms  p99 {:>8.3} ms  errors {:.2}%{}",
+                index + 1,
+                rate,
+                summary.requests_per_second,
+                summary.p50_ms,
+                summary.p99_ms,
+                summary.error_rate * 100.0,
+                if within_limits { "" } else { "  <- limit crossed" }
+            );
+        }
+        steps.push(Step { offered_rps: rate, summary, within_limits });
+        if !within_limits {
+            break;
+        }
+        rate *= 1.0 + args.step_percent / 100.0;
+    }
+    let knee = steps.iter().rev().find(|s| s.within_limits);
+    if args.json {
+        let out = serde_json::json!({ "steps": steps, "knee": knee });
+        println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+    } else {
+        match knee {
+            Some(k) => println!(
+                "knee: {:.1} req/s achieved at p99 {:.3} ms (the highest step within the limits)",
+                k.summary.requests_per_second, k.summary.p99_ms
+            ),
+            None => println!("knee: even the first step crossed a limit; start lower"),
+        }
+    }
+    if let Some(path) = &args.report {
+        let title = format!("sluice bench: {} at {}", args.model, args.target);
+        std::fs::write(path, report::html(&title, &steps, args.max_p99_ms))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        if !args.json {
+            println!("report: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
+    }
+}

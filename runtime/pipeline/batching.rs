@@ -1,0 +1,301 @@
+//! Batching parameters, as TF Serving names them, read from TOML or from
+//! TF Serving's own `--batching_parameters_file` (protobuf text format), so
+//! a TF Serving user can bring their file unchanged.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// How requests to one model version are batched.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchingParameters {
+    /// Most rows in one batch; larger requests are split.
+    pub max_batch_size: usize,
+    /// How long the first request of a batch waits for others, when a
+    /// batch thread is free. 0: take what is there.
+    pub batch_timeout_micros: u64,
+    /// Batches' worth of rows that may wait; beyond that, requests are
+    /// refused with RESOURCE_EXHAUSTED.
+    pub max_enqueued_batches: usize,
+    /// Batches run at once. 0: one per ONNX Runtime session.
+    pub num_batch_threads: usize,
+    /// Batch sizes the model runs at; a batch is padded up to the next one.
+    /// Empty: any size. When set, must increase and end at max_batch_size.
+    pub allowed_batch_sizes: Vec<usize>,
+}
+
+impl Default for BatchingParameters {
+    fn default() -> Self {
+        BatchingParameters {
+            max_batch_size: 32,
+            batch_timeout_micros: 1000,
+            max_enqueued_batches: 16,
+            num_batch_threads: 0,
+            allowed_batch_sizes: Vec::new(),
+        }
+    }
+}
+
+/// The keys of TF Serving's BatchingParameters that sluice reads.
+const KEYS: &[&str] =
+    &["max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads", "allowed_batch_sizes"];
+
+/// Keys TF Serving knows that change nothing here, accepted so its files
+/// load as they are.
+const IGNORED_KEYS: &[&str] = &["thread_pool_name", "pad_variable_length_inputs", "enable_large_batch_splitting"];
+
+impl BatchingParameters {
+    /// Checks ranges and the allowed sizes; `key` prefixes the messages.
+    pub fn check(&self, key: &str) -> Result<(), String> {
+        if self.max_batch_size == 0 {
+            return Err(format!("{key}.max_batch_size = 0: must be at least 1"));
+        }
+        if self.max_enqueued_batches == 0 {
+            return Err(format!("{key}.max_enqueued_batches = 0: must be at least 1"));
+        }
+        if let Some(&last) = self.allowed_batch_sizes.last() {
+            if self.allowed_batch_sizes.windows(2).any(|w| w[0] >= w[1]) || self.allowed_batch_sizes[0] == 0 {
+                return Err(format!(
+                    "{key}.allowed_batch_sizes = {:?}: sizes must be positive and strictly increasing",
+                    self.allowed_batch_sizes
+                ));
+            }
+            if last != self.max_batch_size {
+                return Err(format!(
+                    "{key}.allowed_batch_sizes = {:?}: the last size must equal max_batch_size ({})",
+                    self.allowed_batch_sizes, self.max_batch_size
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The batch size to run `rows` at: the next allowed size, or `rows`.
+    pub fn padded_size(&self, rows: usize) -> usize {
+        self.allowed_batch_sizes.iter().copied().find(|&s| s >= rows).unwrap_or(rows)
+    }
+
+    /// Reads a parameters file: TOML when it ends in `.toml`, otherwise TF
+    /// Serving's text format. Errors name the file, the key and what is
+    /// allowed.
+    pub fn from_file(path: &Path) -> Result<BatchingParameters, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let source = path.display().to_string();
+        let params = if path.extension().is_some_and(|e| e == "toml") {
+            toml::from_str::<BatchingParameters>(&text)
+                .map_err(|e| format!("{source}: {}", e.to_string().trim_end()))?
+        } else {
+            BatchingParameters::from_text_format(&text).map_err(|e| format!("{source}: {e}"))?
+        };
+        params.check("batching").map_err(|e| format!("{source}: {e}"))?;
+        Ok(params)
+    }
+
+    /// Parses TF Serving's text format:
+    ///
+    /// ```text
+    /// max_batch_size { value: 32 }
+    /// batch_timeout_micros { value: 1000 }
+    /// allowed_batch_sizes: 8
+    /// allowed_batch_sizes: 32
+    /// ```
+    pub fn from_text_format(text: &str) -> Result<BatchingParameters, String> {
+        let mut params = BatchingParameters::default();
+        let mut allowed = Vec::new();
+        let mut tokens = Tokens::new(text);
+        while let Some((line, key)) = tokens.next_token()? {
+            let Token::Ident(key) = key else {
+                return Err(format!("line {line}: expected a field name, found {key}"));
+            };
+            if IGNORED_KEYS.contains(&key.as_str()) {
+                tokens.skip_value(line, &key)?;
+                continue;
+            }
+            if !KEYS.contains(&key.as_str()) {
+                return Err(format!(
+                    "line {line}: unknown key '{key}'; allowed keys: {} (and, ignored: {})",
+                    KEYS.join(", "),
+                    IGNORED_KEYS.join(", ")
+                ));
+            }
+            let value = tokens.value(line, &key)?;
+            let number = |what: &str| -> Result<u64, String> {
+                value.parse::<u64>().map_err(|_| format!("line {line}: {key} = {value:?}: expected {what}"))
+            };
+            match key.as_str() {
+                "max_batch_size" => params.max_batch_size = number("a positive integer")? as usize,
+                "batch_timeout_micros" => params.batch_timeout_micros = number("microseconds, an integer >= 0")?,
+                "max_enqueued_batches" => params.max_enqueued_batches = number("a positive integer")? as usize,
+                "num_batch_threads" => params.num_batch_threads = number("an integer >= 0")? as usize,
+                "allowed_batch_sizes" => allowed.push(number("a positive integer")? as usize),
+                _ => unreachable!("key checked against KEYS above"),
+            }
+        }
+        params.allowed_batch_sizes = allowed;
+        Ok(params)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Token {
+    Ident(String),
+    Scalar(String),
+    Colon,
+    Open,
+    Close,
+}
+
+impl std::fmt::Display for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Token::Ident(s) | Token::Scalar(s) => write!(f, "'{s}'"),
+            Token::Colon => f.write_str("':'"),
+            Token::Open => f.write_str("'{'"),
+            Token::Close => f.write_str("'}'"),
+        }
+    }
+}
+
+/// A tokenizer for the small part of protobuf text format the parameters
+/// file uses: `key: scalar`, `key { value: scalar }`, `#` comments.
+struct Tokens<'a> {
+    rest: &'a str,
+    line: usize,
+}
+
+impl<'a> Tokens<'a> {
+    fn new(text: &'a str) -> Self {
+        Tokens { rest: text, line: 1 }
+    }
+
+    fn next_token(&mut self) -> Result<Option<(usize, Token)>, String> {
+        loop {
+            let trimmed = self.rest.trim_start_matches([' ', '\t', '\r', ',', ';']);
+            self.rest = trimmed;
+            if let Some(after) = self.rest.strip_prefix('\n') {
+                self.line += 1;
+                self.rest = after;
+            } else if self.rest.starts_with('#') {
+                let end = self.rest.find('\n').unwrap_or(self.rest.len());
+                self.rest = &self.rest[end..];
+            } else {
+                break;
+            }
+        }
+        let line = self.line;
+        let Some(c) = self.rest.chars().next() else { return Ok(None) };
+        let (token, len) = match c {
+            ':' => (Token::Colon, 1),
+            '{' => (Token::Open, 1),
+            '}' => (Token::Close, 1),
+            '"' | '\'' => {
+                let end = self.rest[1..].find(c).ok_or_else(|| format!("line {line}: unterminated string"))?;
+                (Token::Scalar(self.rest[1..=end].to_string()), end + 2)
+            }
+            c if c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.' => {
+                let len = self
+                    .rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.'))
+                    .unwrap_or(self.rest.len());
+                let word = &self.rest[..len];
+                let token = if c.is_ascii_alphabetic() || c == '_' {
+                    Token::Ident(word.to_string())
+                } else {
+                    Token::Scalar(word.to_string())
+                };
+                (token, len)
+            }
+            other => return Err(format!("line {line}: unexpected character {other:?}")),
+        };
+        self.rest = &self.rest[len..];
+        Ok(Some((line, token)))
+    }
+
+    fn expect_next(&mut self, line: usize, key: &str) -> Result<Token, String> {
+        self.next_token()?.map(|(_, t)| t).ok_or_else(|| format!("line {line}: {key} has no value"))
+    }
+
+    /// The scalar of `key: scalar` or `key [:] { value: scalar }`.
+    fn value(&mut self, line: usize, key: &str) -> Result<String, String> {
+        let mut token = self.expect_next(line, key)?;
+        if token == Token::Colon {
+            token = self.expect_next(line, key)?;
+        }
+        match token {
+            Token::Scalar(s) | Token::Ident(s) => Ok(s),
+            Token::Open => {
+                let inner = self.expect_next(line, key)?;
+                if inner != Token::Ident("value".into()) {
+                    return Err(format!("line {line}: {key} {{ … }} must hold 'value: N', found {inner}"));
+                }
+                let value = self.value(line, key)?;
+                match self.expect_next(line, key)? {
+                    Token::Close => Ok(value),
+                    other => Err(format!("line {line}: expected '}}' after {key}'s value, found {other}")),
+                }
+            }
+            other => Err(format!("line {line}: {key}: expected a value, found {other}")),
+        }
+    }
+
+    fn skip_value(&mut self, line: usize, key: &str) -> Result<(), String> {
+        self.value(line, key).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_tf_serving_text_format() {
+        let text = r#"
+            # from a TF Serving deployment
+            max_batch_size { value: 64 }
+            batch_timeout_micros { value: 500 }
+            max_enqueued_batches { value: 100 }
+            num_batch_threads { value: 4 }
+            thread_pool_name { value: "batch_pool" }
+            allowed_batch_sizes: 16
+            allowed_batch_sizes: 32
+            allowed_batch_sizes: 64
+            pad_variable_length_inputs: false
+        "#;
+        let params = BatchingParameters::from_text_format(text).unwrap();
+        assert_eq!(
+            params,
+            BatchingParameters {
+                max_batch_size: 64,
+                batch_timeout_micros: 500,
+                max_enqueued_batches: 100,
+                num_batch_threads: 4,
+                allowed_batch_sizes: vec![16, 32, 64],
+            }
+        );
+        assert!(params.check("batching").is_ok());
+        assert_eq!(params.padded_size(1), 16);
+        assert_eq!(params.padded_size(17), 32);
+        assert_eq!(params.padded_size(64), 64);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let err = BatchingParameters::from_text_format("max_batch_sise { value: 8 }").unwrap_err();
+        assert!(err.contains("unknown key 'max_batch_sise'"), "{err}");
+        assert!(err.contains("max_batch_size, batch_timeout_micros"), "{err}");
+        let err = BatchingParameters::from_text_format("max_batch_size { value: -3 }").unwrap_err();
+        assert!(err.contains("max_batch_size"), "{err}");
+        assert!(err.contains("positive integer"), "{err}");
+        let err = BatchingParameters::from_text_format("max_batch_size { size: 3 }").unwrap_err();
+        assert!(err.contains("value: N"), "{err}");
+    }
+
+    #[test]
+    fn allowed_sizes_must_increase_and_end_at_the_maximum() {
+        let mut params = BatchingParameters { allowed_batch_sizes: vec![8, 4, 32], ..Default::default() };
+        assert!(params.check("b").unwrap_err().contains("strictly increasing"));
+        params.allowed_batch_sizes = vec![8, 16];
+        assert!(params.check("b").unwrap_err().contains("must equal max_batch_size (32)"));
+    }
+}
