@@ -21,11 +21,11 @@ struct Cli {
 
     /// Log filter, e.g. `info` or `sluice=debug,info` (RUST_LOG syntax).
     /// ONNX Runtime's own log is kept to warnings unless named.
-    #[arg(long, global = true, env = "SLUICE_LOG", default_value = "info,ort=warn")]
+    #[arg(long = "log_level", alias = "log-level", global = true, env = "SLUICE_LOG", default_value = "info,ort=warn")]
     log_level: String,
 
     /// Log format: text for people, json for log pipelines.
-    #[arg(long, global = true, env = "SLUICE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    #[arg(long = "log_format", alias = "log-format", global = true, env = "SLUICE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
 }
 
@@ -158,7 +158,11 @@ impl ServeArgs {
 
 fn init_logging(filter: &str, format: &str) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).with_context(|| format!("--log_level {filter}"))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     if format == "json" {
         builder.json().init();
     } else {

@@ -56,13 +56,15 @@ fn encode_request(spec: &ModelSpec, inputs: HashMap<String, TensorProto>) -> Byt
     Bytes::from(PredictRequest { model_spec: Some(spec.clone()), inputs, output_filter: vec![] }.encode_to_vec())
 }
 
-/// `pool` distinct requests of `rows` rows with random values (dynamic
-/// dimensions other than the first are 1). Integers are drawn from 0..10,
-/// which any embedding table or class index accepts.
+/// `pool` distinct requests of `rows` rows with random values. Dynamic
+/// dimensions other than the first are 1 unless `shapes` gives an input's
+/// whole shape. Integers are drawn from 0..10, which any embedding table or
+/// class index accepts.
 pub fn random_pool(
     specs: &[TensorSpec],
     spec: &ModelSpec,
     rows: i64,
+    shapes: &HashMap<String, Vec<i64>>,
     pool: usize,
     seed: u64,
 ) -> Result<RequestPool, String> {
@@ -71,26 +73,34 @@ pub fn random_pool(
     for _ in 0..pool.max(1) {
         let mut inputs = HashMap::new();
         for input in specs {
-            let shape: Vec<i64> = input
-                .shape
-                .iter()
-                .enumerate()
-                .map(|(axis, &d)| {
-                    if d >= 0 {
-                        d
-                    } else if axis == 0 {
-                        rows
-                    } else {
-                        1
-                    }
-                })
-                .collect();
+            let shape: Vec<i64> = match shapes.get(&input.name) {
+                Some(shape) => shape.clone(),
+                None => input
+                    .shape
+                    .iter()
+                    .enumerate()
+                    .map(|(axis, &d)| {
+                        if d >= 0 {
+                            d
+                        } else if axis == 0 {
+                            rows
+                        } else {
+                            1
+                        }
+                    })
+                    .collect(),
+            };
             let n = element_count(&shape).map_err(|e| format!("input {}: {e}", input.name))?;
             let tensor = random_tensor(input.dtype, shape, n, &mut rng);
             inputs.insert(input.name.clone(), encode(&tensor, OutputEncoding::TensorContent));
         }
         requests.push(encode_request(spec, inputs));
     }
+    let rows = specs
+        .first()
+        .and_then(|first| shapes.get(&first.name))
+        .and_then(|shape| shape.first().copied())
+        .unwrap_or(rows);
     Ok(RequestPool { requests, rows: rows.max(1) as u64 })
 }
 

@@ -57,7 +57,7 @@ impl Shared {
             if let Ok(mut recorder) = recorder.lock() {
                 match failed {
                     None => recorder.ok(latency, self.rows),
-                    Some(code) => recorder.error(code),
+                    Some(code) => recorder.error(code, latency),
                 }
             }
         }

@@ -61,6 +61,11 @@ pub struct BenchArgs {
     /// Without --input: rows per random request.
     #[arg(long, default_value_t = 1)]
     pub batch: i64,
+    /// Without --input: the whole shape of an input, as NAME=1x224x224x3
+    /// (repeatable); other inputs get --batch rows and 1 for other dynamic
+    /// dimensions.
+    #[arg(long = "shape", value_parser = parse_shape)]
+    pub shapes: Vec<(String, Vec<i64>)>,
     /// Without --input: distinct random requests, sent in turn.
     #[arg(long, default_value_t = 16)]
     pub pool: usize,
@@ -94,6 +99,17 @@ pub struct BenchArgs {
     pub report: Option<PathBuf>,
 }
 
+/// `NAME=1x224x224x3`.
+pub fn parse_shape(text: &str) -> Result<(String, Vec<i64>), String> {
+    let (name, dims) = text.split_once('=').ok_or_else(|| format!("'{text}' is not NAME=DIMxDIM…"))?;
+    let dims = dims
+        .split('x')
+        .map(|d| d.trim().parse::<i64>().ok().filter(|d| *d >= 0))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| format!("'{text}': dimensions are non-negative integers joined by 'x'"))?;
+    Ok((name.to_string(), dims))
+}
+
 /// `10s`, `500ms`, `2m`, `250us`, or plain seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -121,7 +137,10 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let specs = inputs::input_specs(&args.target, &spec).await?;
     let pool = match &args.input {
         Some(path) => inputs::from_json_file(path, &specs, &spec)?,
-        None => inputs::random_pool(&specs, &spec, args.batch, args.pool, 42)?,
+        None => {
+            let shapes = args.shapes.iter().cloned().collect();
+            inputs::random_pool(&specs, &spec, args.batch, &shapes, args.pool, 42)?
+        }
     };
     let plan = LoadPlan {
         target: args.target.clone(),
@@ -208,5 +227,7 @@ mod tests {
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
+        assert_eq!(parse_shape("image=1x224x224x3"), Ok(("image".into(), vec![1, 224, 224, 3])));
+        assert!(parse_shape("image=1x-2").is_err());
     }
 }

@@ -35,6 +35,8 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 #[derive(Clone)]
 pub struct Recorder {
     latency: Histogram<u64>,
+    /// How long failed requests took to fail: a refusal should be fast.
+    error_latency: Histogram<u64>,
     ok: u64,
     rows: u64,
     errors: BTreeMap<String, u64>,
@@ -45,6 +47,7 @@ impl Default for Recorder {
         Recorder {
             // 1 µs to 10 min, 3 significant digits.
             latency: Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds"),
+            error_latency: Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds"),
             ok: 0,
             rows: 0,
             errors: BTreeMap::new(),
@@ -60,14 +63,16 @@ impl Recorder {
         self.rows += rows;
     }
 
-    /// A failed request, by gRPC code name.
-    pub fn error(&mut self, code: &str) {
+    /// A failed request, by gRPC code name, that took `latency` to fail.
+    pub fn error(&mut self, code: &str, latency: Duration) {
+        self.error_latency.saturating_record(latency.as_micros().max(1) as u64);
         *self.errors.entry(code.to_string()).or_insert(0) += 1;
     }
 
     /// Adds another recorder's counts.
     pub fn merge(&mut self, other: &Recorder) {
         let _ = self.latency.add(&other.latency);
+        let _ = self.error_latency.add(&other.error_latency);
         self.ok += other.ok;
         self.rows += other.rows;
         for (code, n) in &other.errors {
@@ -99,6 +104,8 @@ impl Recorder {
             p999_ms: ms(0.999),
             max_ms: self.latency.max() as f64 / 1000.0,
             mean_ms: self.latency.mean() / 1000.0,
+            error_p50_ms: self.error_latency.value_at_quantile(0.5) as f64 / 1000.0,
+            error_p99_ms: self.error_latency.value_at_quantile(0.99) as f64 / 1000.0,
         }
     }
 }
@@ -132,6 +139,10 @@ pub struct Summary {
     pub max_ms: f64,
     /// Mean.
     pub mean_ms: f64,
+    /// Median time a failed request took to fail.
+    pub error_p50_ms: f64,
+    /// 99th percentile of the time failed requests took to fail.
+    pub error_p99_ms: f64,
 }
 
 impl Summary {
@@ -154,7 +165,13 @@ impl Summary {
             out.push_str("errors: none\n");
         } else {
             let list: Vec<String> = self.errors.iter().map(|(code, n)| format!("{code} {n}")).collect();
-            out.push_str(&format!("errors ({:.2}%): {}\n", self.error_rate * 100.0, list.join(", ")));
+            out.push_str(&format!(
+                "errors ({:.2}%): {}; answered in p50 {:.3} ms, p99 {:.3} ms\n",
+                self.error_rate * 100.0,
+                list.join(", "),
+                self.error_p50_ms,
+                self.error_p99_ms
+            ));
         }
         out
     }
@@ -170,7 +187,7 @@ mod tests {
         for ms in 1..=100u64 {
             r.ok(Duration::from_millis(ms), 2);
         }
-        r.error("RESOURCE_EXHAUSTED");
+        r.error("RESOURCE_EXHAUSTED", Duration::from_micros(300));
         let s = r.summary(Duration::from_secs(2));
         assert_eq!(s.requests, 101);
         assert_eq!(s.ok, 100);
@@ -180,5 +197,6 @@ mod tests {
         assert!((s.p99_ms - 99.0).abs() < 0.1, "{}", s.p99_ms);
         assert_eq!(s.errors["RESOURCE_EXHAUSTED"], 1);
         assert!(s.text().contains("RESOURCE_EXHAUSTED 1"));
+        assert!((s.error_p99_ms - 0.3).abs() < 0.01, "{}", s.error_p99_ms);
     }
 }

@@ -1,0 +1,342 @@
+//! Throughput, batching, pipelining and overload, measured side by side in
+//! one run on this machine; every figure is a ratio against a baseline
+//! measured in the same run.
+//!
+//! - raw: ONNX Runtime in process, one session per thread, batch 32, as many
+//!   threads as the server's sessions.
+//! - sluice: the release binary, loaded over loopback by `sluice bench`'s
+//!   load generator (the same encoded requests for every target).
+//! - floor: `floor-server`, a bare tonic server answering a fixed response.
+//!
+//! ```text
+//! cargo bench --bench throughput [-- --duration 8 --only cnn,mlp,pipeline,latency,overload]
+//! ```
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sluice::bench::inputs::{input_specs, random_pool, RequestPool};
+use sluice::bench::load::{self, LoadPlan};
+use sluice::bench::process::ServerProcess;
+use sluice::bench::stats::Summary;
+use sluice::proto::tensorflow::serving::ModelSpec;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+/// The server's sessions, and the raw baseline's threads.
+const SESSIONS: usize = 2;
+
+fn config(root: &Path) -> String {
+    let models = root.join("examples/models");
+    let m = |name: &str| models.join(name).display().to_string();
+    format!(
+        r#"
+[server]
+drain_timeout_secs = 1
+
+[[models]]
+name = "cnn"
+base_path = "{cnn}"
+onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
+
+[[models]]
+name = "cnn_batched"
+base_path = "{cnn}"
+onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
+batching = {{ max_batch_size = 32, batch_timeout_micros = 2000, max_enqueued_batches = 64 }}
+
+# Overload: a model whose capacity in requests per second is low enough
+# for the load generator on the same two cores to offer twice as much.
+[[models]]
+name = "cnn_guarded"
+base_path = "{cnn}"
+max_in_flight = 4
+onnx = {{ sessions = 1, intra_op_threads = 1 }}
+
+[[models]]
+name = "mlp"
+base_path = "{mlp}"
+onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
+
+[[models]]
+name = "mlp_batched"
+base_path = "{mlp}"
+onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
+batching = {{ max_batch_size = 64, batch_timeout_micros = 500 }}
+
+[[pipelines]]
+name = "cnn_pixels_pipelined"
+model = "cnn_batched"
+mode = "pipelined"
+[pipelines.preprocess]
+workers = 2
+image_normalize = {{ input = "pixels", mean = [0.5, 0.5, 0.5], std = [0.25, 0.25, 0.25] }}
+
+[[pipelines]]
+name = "cnn_pixels_sequential"
+model = "cnn_batched"
+mode = "sequential"
+[pipelines.preprocess]
+image_normalize = {{ input = "pixels", mean = [0.5, 0.5, 0.5], std = [0.25, 0.25, 0.25] }}
+"#,
+        cnn = m("cnn"),
+        mlp = m("mlp"),
+    )
+}
+
+/// ONNX Runtime in process: `threads` threads, each with its own session,
+/// running `batch` rows back to back for `duration`. Rows per second.
+fn raw_rows_per_second(
+    model: &Path,
+    input: &str,
+    row_shape: &[usize],
+    batch: usize,
+    threads: usize,
+    duration: Duration,
+) -> f64 {
+    let environment = sluice::infer::onnx::library::environment(None).expect("ONNX Runtime (run scripts/setup)");
+    let total: usize = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut session = ort::session::Session::builder(environment)
+                        .expect("builder")
+                        .with_intra_threads(1)
+                        .expect("threads")
+                        .commit_from_file(model)
+                        .expect("session");
+                    let mut shape = vec![batch];
+                    shape.extend_from_slice(row_shape);
+                    let n: usize = shape.iter().product();
+                    let values: Vec<f32> = (0..n).map(|i| ((i * 7 + t) % 13) as f32 / 13.0).collect();
+                    let tensor = ort::value::Tensor::from_array((shape, values)).expect("input");
+                    for _ in 0..3 {
+                        session.run(ort::inputs![input => &tensor]).expect("run");
+                    }
+                    let start = Instant::now();
+                    let mut rows = 0;
+                    while start.elapsed() < duration {
+                        session.run(ort::inputs![input => &tensor]).expect("run");
+                        rows += batch;
+                    }
+                    rows
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().expect("raw worker")).sum()
+    });
+    total as f64 / duration.as_secs_f64()
+}
+
+struct Bench {
+    runtime: tokio::runtime::Runtime,
+    duration: Duration,
+    rows: Vec<String>,
+}
+
+impl Bench {
+    fn pool(&self, target: &str, model: &str, shapes: &[(&str, Vec<i64>)], batch: i64) -> RequestPool {
+        self.runtime.block_on(async {
+            let spec = ModelSpec { name: model.to_string(), ..Default::default() };
+            let specs = input_specs(target, &spec).await.expect("metadata");
+            let shapes: HashMap<String, Vec<i64>> = shapes.iter().map(|(n, s)| (n.to_string(), s.clone())).collect();
+            random_pool(&specs, &spec, batch, &shapes, 16, 7).expect("pool")
+        })
+    }
+
+    fn load(&self, target: &str, pool: &RequestPool, concurrency: usize, rps: Option<f64>) -> Summary {
+        let plan = LoadPlan {
+            target: target.to_string(),
+            connections: 4,
+            concurrency,
+            rps,
+            duration: self.duration,
+            warmup: Duration::from_secs(2),
+            timeout: None,
+            progress: false,
+        };
+        let summary = self.runtime.block_on(load::run(&plan, pool.requests.clone(), pool.rows)).expect("load");
+        eprintln!("  {}", summary.text().replace('\n', "\n  "));
+        summary
+    }
+
+    fn row(&mut self, what: &str, measured: String, against: String, ratio: f64, target: &str) {
+        eprintln!("=> {what}: {measured} vs {against}: {ratio:.2}× (target {target})");
+        self.rows.push(format!("| {what} | {measured} | {against} | {ratio:.2}× | {target} |"));
+    }
+}
+
+fn main() {
+    let duration = Duration::from_secs(arg("--duration").and_then(|d| d.parse().ok()).unwrap_or(8));
+    let only = arg("--only").unwrap_or_else(|| "cnn,mlp,pipeline,latency,overload".to_string());
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config_path = dir.path().join("bench.toml");
+    std::fs::write(&config_path, config(&root)).expect("write config");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
+        .arg("--model_config_file")
+        .arg(&config_path);
+    let ready = Duration::from_secs(120);
+    let server = ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", ready, true).expect("sluice");
+    let target = server.url();
+    let mut bench = Bench {
+        runtime: tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime"),
+        duration,
+        rows: Vec::new(),
+    };
+    let cnn_file = root.join("examples/models/cnn/1/model.onnx");
+    let image = [3usize, 32, 32];
+    let mut cnn_batched_rows = None;
+
+    if only.contains("cnn") {
+        eprintln!("raw ONNX Runtime, CNN batch 32, {SESSIONS} threads");
+        let raw = raw_rows_per_second(&cnn_file, "image", &image, 32, SESSIONS, duration);
+        eprintln!("  {raw:.1} rows/s");
+        eprintln!("sluice CNN, batch-1 requests, 64 streams, dynamic batching to 32");
+        let ones = bench.pool(&target, "cnn_batched", &[], 1);
+        let batched = bench.load(&target, &ones, 64, None);
+        eprintln!("sluice CNN, batch-1 requests, 64 streams, no batching");
+        let unbatched = bench.load(&target, &bench.pool(&target, "cnn", &[], 1), 64, None);
+        eprintln!("sluice CNN, batch-32 requests, 4 streams, no batching");
+        let thirty_two = bench.load(&target, &bench.pool(&target, "cnn", &[], 32), 4, None);
+        let rows = |s: &Summary| format!("{:.0} rows/s", s.rows_per_second);
+        bench.row(
+            "CNN batch-1 × 64 streams, batched to 32",
+            rows(&batched),
+            format!("raw ORT batch 32: {raw:.0} rows/s"),
+            batched.rows_per_second / raw,
+            "≥ 0.7×",
+        );
+        bench.row(
+            "CNN batch-1 × 64 streams, batched to 32",
+            rows(&batched),
+            format!("sluice without batching: {}", rows(&unbatched)),
+            batched.rows_per_second / unbatched.rows_per_second,
+            "the gain",
+        );
+        bench.row(
+            "CNN batch-32 requests × 4 streams",
+            rows(&thirty_two),
+            format!("raw ORT batch 32: {raw:.0} rows/s"),
+            thirty_two.rows_per_second / raw,
+            "≥ 0.9×",
+        );
+        cnn_batched_rows = Some(batched.rows_per_second);
+    }
+
+    if only.contains("mlp") {
+        let mut floor_command = Command::new(env!("CARGO_BIN_EXE_floor-server"));
+        floor_command.args(["--rows", "1", "--cols", "10"]);
+        let floor =
+            ServerProcess::spawn(floor_command, "floor", "floor-server: serving gRPC on ", ready, true).expect("floor");
+        let pool = bench.pool(&target, "mlp", &[], 1);
+        eprintln!("floor server, MLP-shaped batch-1 requests, 64 streams");
+        let floor_summary = bench.load(&floor.url(), &pool, 64, None);
+        eprintln!("sluice MLP, batch-1 requests, 64 streams, no batching");
+        let mlp = bench.load(&target, &pool, 64, None);
+        eprintln!("sluice MLP, batch-1 requests, 64 streams, dynamic batching to 64");
+        let mlp_batched = bench.load(&target, &bench.pool(&target, "mlp_batched", &[], 1), 64, None);
+        let rps = |s: &Summary| format!("{:.0} req/s", s.requests_per_second);
+        let floor_text = format!("floor: {}", rps(&floor_summary));
+        bench.row(
+            "MLP batch-1 × 64 streams, no batching",
+            rps(&mlp),
+            floor_text.clone(),
+            mlp.requests_per_second / floor_summary.requests_per_second,
+            "≥ 0.7×",
+        );
+        bench.row(
+            "MLP batch-1 × 64 streams, batched to 64",
+            rps(&mlp_batched),
+            floor_text,
+            mlp_batched.requests_per_second / floor_summary.requests_per_second,
+            "≥ 0.7×",
+        );
+    }
+
+    if only.contains("pipeline") {
+        let shapes = [("pixels", vec![1i64, 224, 224, 3])];
+        eprintln!("pipelined: 224×224 u8 images → image_normalize (resize + normalise) → CNN, 64 streams");
+        let pipelined = bench.load(&target, &bench.pool(&target, "cnn_pixels_pipelined", &shapes, 1), 64, None);
+        eprintln!("sequential: the same stages in the caller's task");
+        let sequential = bench.load(&target, &bench.pool(&target, "cnn_pixels_sequential", &shapes, 1), 64, None);
+        bench.row(
+            "224×224 images → preprocess → CNN, pipelined",
+            format!("{:.0} req/s", pipelined.requests_per_second),
+            format!("sequential: {:.0} req/s", sequential.requests_per_second),
+            pipelined.requests_per_second / sequential.requests_per_second,
+            "≥ 1.3×",
+        );
+    }
+
+    if only.contains("latency") {
+        let capacity = match cnn_batched_rows {
+            Some(rows) => rows,
+            None => {
+                eprintln!("capacity: sluice CNN, batch-1 requests, 64 streams, batched");
+                bench.load(&target, &bench.pool(&target, "cnn_batched", &[], 1), 64, None).requests_per_second
+            }
+        };
+        let rate = 0.8 * capacity;
+        eprintln!("open loop at 80% of capacity: {rate:.0} req/s");
+        let at80 = bench.load(&target, &bench.pool(&target, "cnn_batched", &[], 1), 1024, Some(rate));
+        bench.row(
+            &format!("CNN batched, open loop at 80% of capacity ({rate:.0} req/s)"),
+            format!("p99 {:.2} ms", at80.p99_ms),
+            format!("p50 {:.2} ms", at80.p50_ms),
+            at80.p99_ms / at80.p50_ms,
+            "≤ 3×",
+        );
+    }
+
+    if only.contains("overload") {
+        // 8-row requests, one session, at most 4 in flight: capacity is a
+        // few hundred requests per second.
+        let pool = bench.pool(&target, "cnn_guarded", &[], 8);
+        eprintln!("capacity: CNN 8-row requests, 4 streams (= max_in_flight), one session");
+        let at_capacity = bench.load(&target, &pool, 4, None);
+        let rate = 2.0 * at_capacity.requests_per_second;
+        let rss_before = server.rss_bytes().unwrap_or(0);
+        eprintln!("open loop at 2× capacity: {rate:.0} req/s");
+        let first = bench.load(&target, &pool, 4096, Some(rate));
+        let rss_middle = server.rss_bytes().unwrap_or(0);
+        let second = bench.load(&target, &pool, 4096, Some(rate));
+        let rss_after = server.rss_bytes().unwrap_or(0);
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        bench.row(
+            &format!("CNN at 2× capacity ({rate:.0} req/s): refusals"),
+            format!("p99 {:.2} ms to refuse ({:.0}% refused)", second.error_p99_ms, second.error_rate * 100.0),
+            "5 ms".to_string(),
+            second.error_p99_ms / 5.0,
+            "< 1× (p99 < 5 ms)",
+        );
+        bench.row(
+            &format!("CNN at 2× capacity ({rate:.0} req/s): accepted"),
+            format!("p99 {:.2} ms", second.p99_ms),
+            format!("p99 at capacity, closed loop: {:.2} ms", at_capacity.p99_ms),
+            second.p99_ms / at_capacity.p99_ms,
+            "bounded",
+        );
+        bench.row(
+            "CNN at 2× capacity: server memory",
+            format!("RSS {:.1} MiB after two runs", mib(rss_after)),
+            format!("after one: {:.1} MiB (before: {:.1} MiB)", mib(rss_middle), mib(rss_before)),
+            rss_after as f64 / rss_middle.max(1) as f64,
+            "flat (≈ 1×)",
+        );
+        drop(first);
+    }
+
+    println!("\n| scenario | measured | compared with | ratio | target |");
+    println!("|---|---|---|---|---|");
+    for row in &bench.rows {
+        println!("{row}");
+    }
+}
