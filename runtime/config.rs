@@ -16,6 +16,7 @@ use crate::infer::onnx::OnnxOptions;
 use crate::pipeline::batching::BatchingParameters;
 use crate::pipeline::builtin::{ImageNormalizeConfig, ReduceConfig, TopKConfig};
 use crate::pipeline::Mode;
+use crate::plugin::PluginsConfig;
 use crate::tensor::proto::OutputEncoding;
 
 /// A configuration error: which file and what is wrong in it.
@@ -51,6 +52,9 @@ pub struct Config {
     /// Pipelines: names clients call that run stages around a model.
     #[serde(default)]
     pub pipelines: Vec<PipelineConfig>,
+    /// WebAssembly plugins: where they are and their limits.
+    #[serde(default)]
+    pub plugins: PluginsConfig,
 }
 
 /// A pipeline: the name clients call, its model, and its stages.
@@ -93,6 +97,9 @@ pub struct StageConfig {
     pub argmax: Option<ReduceConfig>,
     /// Postprocess: the k best classes per row, with scores and labels.
     pub top_k: Option<TopKConfig>,
+    /// Pre- or postprocess: a WebAssembly plugin, by name (`NAME.wasm` in
+    /// `[plugins] dir`).
+    pub plugin: Option<String>,
 }
 
 fn default_workers() -> usize {
@@ -257,6 +264,11 @@ impl Config {
                 }
             }
         }
+        for dir in [&mut config.plugins.dir, &mut config.plugins.cache_dir].into_iter().flatten() {
+            if dir.is_relative() {
+                *dir = base.join(&*dir);
+            }
+        }
         if let Some(library) = &mut config.onnxruntime.library {
             if library.is_relative() {
                 *library = base.join(&*library);
@@ -323,9 +335,21 @@ impl Config {
                     ("softmax", stage.softmax.is_some()),
                     ("argmax", stage.argmax.is_some()),
                     ("top_k", stage.top_k.is_some()),
+                    ("plugin", stage.plugin.is_some()),
                 ];
-                let allowed: &[&str] =
-                    if role == "preprocess" { &["image_normalize"] } else { &["softmax", "argmax", "top_k"] };
+                let allowed: &[&str] = if role == "preprocess" {
+                    &["image_normalize", "plugin"]
+                } else {
+                    &["softmax", "argmax", "top_k", "plugin"]
+                };
+                if let Some(plugin) = &stage.plugin {
+                    check_name(&format!("{key}.{role}.plugin"), plugin)?;
+                    if self.plugins.dir.is_none() {
+                        return Err(format!(
+                            "{key}.{role}.plugin = \"{plugin}\": set [plugins] dir, where NAME.wasm files are"
+                        ));
+                    }
+                }
                 let chosen: Vec<&str> = set.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect();
                 if chosen.len() != 1 || !allowed.contains(&chosen[0]) {
                     return Err(format!("{key}.{role}: set exactly one of {allowed:?} (found {chosen:?})"));
@@ -336,6 +360,24 @@ impl Config {
             if let Some(batching) = &model.batching {
                 batching.check(&format!("models[{i}].batching"))?;
             }
+        }
+        for (name, limits) in &self.plugins.limits {
+            let key = format!("plugins.limits.{name}");
+            if limits.timeout_ms == 0 {
+                return Err(format!("{key}.timeout_ms = 0: must be at least 1"));
+            }
+            if limits.memory_mib == 0 || limits.memory_mib > self.plugins.max_memory_mib {
+                return Err(format!(
+                    "{key}.memory_mib = {}: must be between 1 and plugins.max_memory_mib ({})",
+                    limits.memory_mib, self.plugins.max_memory_mib
+                ));
+            }
+            if limits.fuel.is_some() && !self.plugins.fuel {
+                return Err(format!("{key}.fuel is set, but fuel metering is off; set plugins.fuel = true"));
+            }
+        }
+        if self.plugins.max_instances == 0 {
+            return Err("plugins.max_instances = 0: must be at least 1".to_string());
         }
         if self.server.max_message_bytes < 1024 {
             return Err(format!("server.max_message_bytes = {}: must be at least 1024", self.server.max_message_bytes));

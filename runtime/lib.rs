@@ -14,6 +14,7 @@ pub mod error;
 pub mod infer;
 pub mod models;
 pub mod pipeline;
+pub mod plugin;
 pub mod proto;
 pub mod server;
 pub mod tensor;

@@ -36,6 +36,16 @@ enum Command {
     /// Load a Predict endpoint (sluice or TF Serving) and report throughput
     /// and latency percentiles.
     Bench(sluice::bench::BenchArgs),
+    /// Work with WebAssembly plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Load a plugin as the server would, print what it declares, and run a
+    /// sample under the real limits, with its time and peak memory.
+    Check(sluice::plugin::check::CheckArgs),
 }
 
 /// Flags named as TF Serving names them, so its users feel at home. Flags
@@ -227,6 +237,13 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve(args).await,
             Command::Bench(args) => sluice::bench::run(args).await.map_err(anyhow::Error::msg),
+            Command::Plugin(PluginCommand::Check(args)) => {
+                let report = tokio::task::spawn_blocking(move || sluice::plugin::check::run(&args))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("the check panicked: {e}"))??;
+                print!("{report}");
+                Ok(())
+            }
         }
     });
     match result {

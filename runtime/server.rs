@@ -18,7 +18,8 @@ use crate::api::metrics::Metrics;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::models::ModelRegistry;
-use crate::pipeline::Endpoints;
+use crate::pipeline::{Endpoints, StageContext};
+use crate::plugin::PluginEngine;
 use crate::proto::tensorflow::serving::model_service_server::ModelServiceServer;
 use crate::proto::tensorflow::serving::prediction_service_server::PredictionServiceServer;
 
@@ -42,7 +43,13 @@ pub async fn serve(
     let metrics = Metrics::new();
     let registry =
         Arc::new(ModelRegistry::load(&config.models, config.onnxruntime.library.as_deref(), &metrics).await?);
-    let endpoints = Arc::new(Endpoints::build(&config, registry, &metrics)?);
+    let uses_plugins = config
+        .pipelines
+        .iter()
+        .any(|p| [&p.preprocess, &p.postprocess].into_iter().flatten().any(|stage| stage.plugin.is_some()));
+    let plugin_engine = if uses_plugins { Some(Arc::new(PluginEngine::new(&config.plugins)?)) } else { None };
+    let stages = StageContext { plugins: &config.plugins, engine: plugin_engine.as_ref(), metrics: &metrics };
+    let endpoints = Arc::new(Endpoints::build(&config, registry, &stages)?);
     let state = ServingState { endpoints: endpoints.clone(), output_encoding: config.server.output_encoding };
 
     let grpc_listener = bind(&config.server.host, config.server.port).await?;

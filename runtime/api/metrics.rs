@@ -38,6 +38,23 @@ pub struct ModelLabels {
     pub version: String,
 }
 
+/// Labels of a plugin call.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginCallLabels {
+    /// `name version`.
+    pub plugin: String,
+    /// `ok`, `invalid_input`, `plugin_error`, `bad_output`, `timeout`,
+    /// `out_of_memory`, `out_of_fuel`, `stack_overflow`, `trap`.
+    pub outcome: String,
+}
+
+/// Labels of a plugin.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabels {
+    /// `name version`.
+    pub plugin: String,
+}
+
 /// Histogram buckets for durations: 10 µs to about 42 s.
 #[derive(Clone)]
 pub struct SecondsBuckets;
@@ -77,6 +94,10 @@ pub struct Metrics {
     pub model_runs: Family<ModelLabels, Counter>,
     /// Time the model took per batch.
     pub inference_seconds: Family<ModelLabels, Histogram, SecondsBuckets>,
+    /// Plugin calls by outcome.
+    pub plugin_calls: Family<PluginCallLabels, Counter>,
+    /// Time per plugin call, instantiation included.
+    pub plugin_seconds: Family<PluginLabels, Histogram, SecondsBuckets>,
 }
 
 impl Metrics {
@@ -92,6 +113,8 @@ impl Metrics {
             padding_rows: Family::default(),
             model_runs: Family::default(),
             inference_seconds: Family::new_with_constructor(SecondsBuckets),
+            plugin_calls: Family::default(),
+            plugin_seconds: Family::new_with_constructor(SecondsBuckets),
             registry: Registry::default(),
         };
         registry.register("sluice_queue_depth", "Requests waiting in a queue", metrics.queue_depth.clone());
@@ -113,6 +136,12 @@ impl Metrics {
             "sluice_inference_seconds",
             "Time a model version took per batch",
             metrics.inference_seconds.clone(),
+        );
+        registry.register("sluice_plugin_calls", "Plugin calls by outcome", metrics.plugin_calls.clone());
+        registry.register(
+            "sluice_plugin_seconds",
+            "Time per plugin call, instantiation included",
+            metrics.plugin_seconds.clone(),
         );
         Arc::new(Metrics { registry, ..metrics })
     }
@@ -156,6 +185,52 @@ impl Metrics {
             batch_rows: self.batch_rows.get_or_create_owned(&labels),
             padding_rows: self.padding_rows.get_or_create_owned(&labels),
         }
+    }
+}
+
+impl Metrics {
+    /// The handles of one plugin (`name version`).
+    pub fn plugin(&self, plugin: &str) -> PluginMetrics {
+        PluginMetrics {
+            plugin: plugin.to_string(),
+            seconds: self.plugin_seconds.get_or_create_owned(&PluginLabels { plugin: plugin.to_string() }),
+            ok: self
+                .plugin_calls
+                .get_or_create_owned(&PluginCallLabels { plugin: plugin.to_string(), outcome: "ok".to_string() }),
+            calls: self.plugin_calls.clone(),
+        }
+    }
+}
+
+/// The metrics of one plugin.
+#[derive(Clone)]
+pub struct PluginMetrics {
+    plugin: String,
+    /// Time per call.
+    pub seconds: Histogram,
+    /// Successful calls, resolved once: the common case.
+    ok: Counter,
+    calls: Family<PluginCallLabels, Counter>,
+}
+
+impl PluginMetrics {
+    /// Handles that go nowhere, for plugins run outside a server.
+    pub fn detached(plugin: &str) -> PluginMetrics {
+        PluginMetrics {
+            plugin: plugin.to_string(),
+            seconds: SecondsBuckets.new_metric(),
+            ok: Counter::default(),
+            calls: Family::default(),
+        }
+    }
+
+    /// Counts a call with its outcome.
+    pub fn record(&self, outcome: &str) {
+        if outcome == "ok" {
+            self.ok.inc();
+            return;
+        }
+        self.calls.get_or_create(&PluginCallLabels { plugin: self.plugin.clone(), outcome: outcome.to_string() }).inc();
     }
 }
 

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use bytes::Bytes;
 use serde::Deserialize;
 
+use sluice_sdk::transforms::{image_normalize, ImageNormalize as Params};
+
 use super::stage::Stage;
 use crate::error::{Error, Result};
 use crate::infer::{Signature, TensorSpec};
@@ -301,13 +303,10 @@ impl Stage for TopK {
     }
 }
 
-/// u8 images into the model's normalised f32 input.
+/// u8 images into the model's normalised f32 input, with the SDK's
+/// transform (the one the `image-normalize` plugin runs too).
 pub struct ImageNormalize {
-    mean: Vec<f32>,
-    inv_std: Vec<f32>,
-    scale: f32,
-    height: usize,
-    width: usize,
+    params: Params,
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
 }
@@ -346,11 +345,7 @@ impl ImageNormalize {
             return Err(Error::invalid_argument("image_normalize: std and scale must not be 0"));
         }
         Ok(ImageNormalize {
-            inv_std: std.iter().map(|s| 1.0 / s).collect(),
-            mean,
-            scale: config.scale,
-            height: height as usize,
-            width: width as usize,
+            params: Params { height: height as usize, width: width as usize, mean, std, scale: config.scale },
             inputs: vec![TensorSpec {
                 name: config.input.clone(),
                 dtype: DType::U8,
@@ -377,40 +372,15 @@ impl Stage for ImageNormalize {
         let &[rows, in_h, in_w, channels] = image.shape() else {
             return Err(Error::internal("image_normalize: input is not rank 4"));
         };
-        let (rows, in_h, in_w, c) = (rows as usize, in_h as usize, in_w as usize, channels as usize);
         if in_h == 0 || in_w == 0 {
             return Err(Error::invalid_argument(format!(
                 "input '{}' has an empty image ({in_h} × {in_w})",
                 self.inputs[0].name
             )));
         }
-        let (h, w) = (self.height, self.width);
-        let mut out = vec![0f32; rows * c * h * w];
-        let sy = in_h as f32 / h as f32;
-        let sx = in_w as f32 / w as f32;
-        for n in 0..rows {
-            let src = &pixels[n * in_h * in_w * c..(n + 1) * in_h * in_w * c];
-            let dst = &mut out[n * c * h * w..(n + 1) * c * h * w];
-            for y in 0..h {
-                // Bilinear sample at pixel centres, clamped at the edges.
-                let fy = ((y as f32 + 0.5) * sy - 0.5).clamp(0.0, (in_h - 1) as f32);
-                let (y0, ty) = (fy.floor() as usize, fy.fract());
-                let y1 = (y0 + 1).min(in_h - 1);
-                for x in 0..w {
-                    let fx = ((x as f32 + 0.5) * sx - 0.5).clamp(0.0, (in_w - 1) as f32);
-                    let (x0, tx) = (fx.floor() as usize, fx.fract());
-                    let x1 = (x0 + 1).min(in_w - 1);
-                    for ch in 0..c {
-                        let at = |yy: usize, xx: usize| src[(yy * in_w + xx) * c + ch] as f32;
-                        let top = at(y0, x0) + (at(y0, x1) - at(y0, x0)) * tx;
-                        let bottom = at(y1, x0) + (at(y1, x1) - at(y1, x0)) * tx;
-                        let value = top + (bottom - top) * ty;
-                        dst[(ch * h + y) * w + x] = (value / self.scale - self.mean[ch]) * self.inv_std[ch];
-                    }
-                }
-            }
-        }
-        let shape = vec![rows as i64, c as i64, h as i64, w as i64];
+        let out = image_normalize(&self.params, pixels, rows as usize, in_h as usize, in_w as usize);
+        let (h, w) = (self.params.height as i64, self.params.width as i64);
+        let shape = vec![rows, channels, h, w];
         Ok(vec![NamedTensor::new(self.outputs[0].name.clone(), Tensor::from_values(shape, &out))])
     }
 }

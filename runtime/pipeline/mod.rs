@@ -33,6 +33,7 @@ use crate::config::{Config, PipelineConfig, StageConfig};
 use crate::error::{Error, Result};
 use crate::infer::{check_tensor, Signature, TensorSpec};
 use crate::models::{ModelRegistry, ModelVersion, ServedModel};
+use crate::plugin::{Plugin, PluginEngine, PluginStage, PluginsConfig, World};
 use crate::tensor::{format_shape, NamedTensor, Tensor};
 
 /// How a pipeline runs its stages.
@@ -72,7 +73,8 @@ impl Pipeline {
 
     /// A configured pipeline, its stages checked against every loaded
     /// version of its model.
-    pub fn build(config: &PipelineConfig, model: Arc<ServedModel>, metrics: &Metrics) -> Result<Pipeline> {
+    pub fn build(config: &PipelineConfig, model: Arc<ServedModel>, stages: &StageContext<'_>) -> Result<Pipeline> {
+        let metrics = stages.metrics;
         let name = config.name.clone();
         let context = |e: Error| e.context(format_args!("pipeline '{name}'"));
         let latest = model.latest().map_err(context)?.clone();
@@ -88,11 +90,11 @@ impl Pipeline {
         };
         let preprocess = match &config.preprocess {
             None => None,
-            Some(c) => Some(runner("preprocess", c, build_preprocess(c, latest.signature()).map_err(context)?)?),
+            Some(c) => Some(runner("preprocess", c, stages.preprocess(c, latest.signature()).map_err(context)?)?),
         };
         let postprocess = match &config.postprocess {
             None => None,
-            Some(c) => Some(runner("postprocess", c, build_postprocess(c, latest.signature()).map_err(context)?)?),
+            Some(c) => Some(runner("postprocess", c, stages.postprocess(c, latest.signature()).map_err(context)?)?),
         };
         let mut signatures = BTreeMap::new();
         for version in model.versions() {
@@ -158,19 +160,54 @@ impl Pipeline {
     }
 }
 
-fn build_preprocess(config: &StageConfig, model: &Signature) -> Result<Arc<dyn Stage>> {
-    match (&config.image_normalize, config.softmax.is_some() || config.argmax.is_some() || config.top_k.is_some()) {
-        (Some(c), false) => Ok(Arc::new(builtin::ImageNormalize::new(c, model)?)),
-        _ => Err(Error::invalid_argument("preprocess: set exactly one of: image_normalize")),
-    }
+/// What building stages needs besides their own config: the plugin
+/// settings and engine (when any pipeline uses a plugin) and the metrics.
+pub struct StageContext<'a> {
+    /// `[plugins]`.
+    pub plugins: &'a PluginsConfig,
+    /// The engine plugins run on; `None` when no pipeline uses one.
+    pub engine: Option<&'a Arc<PluginEngine>>,
+    /// Where plugins report their calls.
+    pub metrics: &'a Metrics,
 }
 
-fn build_postprocess(config: &StageConfig, model: &Signature) -> Result<Arc<dyn Stage>> {
-    match (&config.softmax, &config.argmax, &config.top_k, &config.image_normalize) {
-        (Some(c), None, None, None) => Ok(Arc::new(builtin::Softmax::new(c, model)?)),
-        (None, Some(c), None, None) => Ok(Arc::new(builtin::Argmax::new(c, model)?)),
-        (None, None, Some(c), None) => Ok(Arc::new(builtin::TopK::new(c, model)?)),
-        _ => Err(Error::invalid_argument("postprocess: set exactly one of: softmax, argmax, top_k")),
+impl StageContext<'_> {
+    /// Loads plugin `name` for a stage that needs a plugin of `world`. Each
+    /// stage gets its own instance of the plugin, so warm instances are
+    /// never shared between pipelines.
+    fn plugin(&self, name: &str, world: World) -> Result<Arc<dyn Stage>> {
+        let engine = self
+            .engine
+            .ok_or_else(|| Error::internal("a plugin stage was built without a plugin engine, this is a bug"))?;
+        let path = self.plugins.path_of(name)?;
+        let plugin = Plugin::load_file(engine, &path, self.plugins.limits_of(name), Some(self.metrics))
+            .map_err(|e| e.context(format_args!("plugin '{name}'")))?;
+        if plugin.world() != world {
+            return Err(Error::invalid_argument(format!(
+                "plugin '{name}' ({}) is a {}, but this stage needs a {world}",
+                path.display(),
+                plugin.world()
+            )));
+        }
+        Ok(Arc::new(PluginStage::new(Arc::new(plugin))))
+    }
+
+    fn preprocess(&self, config: &StageConfig, model: &Signature) -> Result<Arc<dyn Stage>> {
+        match (&config.image_normalize, &config.plugin) {
+            (Some(c), None) => Ok(Arc::new(builtin::ImageNormalize::new(c, model)?)),
+            (None, Some(name)) => self.plugin(name, World::Preprocessor),
+            _ => Err(Error::invalid_argument("preprocess: set exactly one of: image_normalize, plugin")),
+        }
+    }
+
+    fn postprocess(&self, config: &StageConfig, model: &Signature) -> Result<Arc<dyn Stage>> {
+        match (&config.softmax, &config.argmax, &config.top_k, &config.plugin) {
+            (Some(c), None, None, None) => Ok(Arc::new(builtin::Softmax::new(c, model)?)),
+            (None, Some(c), None, None) => Ok(Arc::new(builtin::Argmax::new(c, model)?)),
+            (None, None, Some(c), None) => Ok(Arc::new(builtin::TopK::new(c, model)?)),
+            (None, None, None, Some(name)) => self.plugin(name, World::Postprocessor),
+            _ => Err(Error::invalid_argument("postprocess: set exactly one of: softmax, argmax, top_k, plugin")),
+        }
     }
 }
 
@@ -259,7 +296,8 @@ pub struct Endpoints {
 
 impl Endpoints {
     /// Builds the pipelines of `config` over the loaded models.
-    pub fn build(config: &Config, registry: Arc<ModelRegistry>, metrics: &Metrics) -> Result<Endpoints> {
+    pub fn build(config: &Config, registry: Arc<ModelRegistry>, stages: &StageContext<'_>) -> Result<Endpoints> {
+        let metrics = stages.metrics;
         let mut pipelines = BTreeMap::new();
         for model in &config.models {
             let served = registry.get(&model.name)?.clone();
@@ -267,7 +305,7 @@ impl Endpoints {
         }
         for pipeline in &config.pipelines {
             let served = registry.get(&pipeline.model)?.clone();
-            pipelines.insert(pipeline.name.clone(), Arc::new(Pipeline::build(pipeline, served, metrics)?));
+            pipelines.insert(pipeline.name.clone(), Arc::new(Pipeline::build(pipeline, served, stages)?));
         }
         Ok(Endpoints { registry, pipelines })
     }

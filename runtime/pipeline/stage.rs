@@ -161,7 +161,13 @@ fn run_stage(
 /// A stage's outputs must be exactly what it declared: the same names in
 /// the same order, dtypes and shapes that fit.
 pub fn check_declared(label: &str, declared: &[TensorSpec], outputs: &[NamedTensor]) -> Result<()> {
-    let owner = format!("{label} (as declared)");
+    struct AsDeclared<'a>(&'a str);
+    impl std::fmt::Display for AsDeclared<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{} (as declared)", self.0)
+        }
+    }
+    let owner = AsDeclared(label);
     if outputs.len() != declared.len() || outputs.iter().zip(declared).any(|(o, d)| o.name != d.name) {
         let got: Vec<&str> = outputs.iter().map(|o| o.name.as_str()).collect();
         let want: Vec<&str> = declared.iter().map(|d| d.name.as_str()).collect();

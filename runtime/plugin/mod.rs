@@ -1,0 +1,599 @@
+//! WebAssembly plugins: teams' own preprocessing and postprocessing, run
+//! sandboxed by wasmtime.
+//!
+//! A [`Plugin`] is a component of the `preprocessor` or `postprocessor`
+//! world (`sdk/wit`), compiled once ([`engine`]) and run in a fresh, clean
+//! instance per call by default: a pooled instance from `InstancePre`,
+//! with a new [`state::HostState`] that grants nothing — no files,
+//! environment, arguments, sockets or wall clock — a memory limit, a time
+//! limit (epochs) and optionally fuel. A trap, a timeout or running out of
+//! memory fails that one call with an error naming the plugin, its version
+//! and the cause; the server and every other call carry on.
+//!
+//! [`PluginStage`] puts a plugin into a pipeline as a stage.
+
+pub mod bindings;
+pub mod check;
+pub mod engine;
+mod state;
+pub mod store;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::Deserialize;
+use wasmtime::component::Component;
+use wasmtime::{Store, Trap};
+
+use self::bindings::post::{Postprocessor, PostprocessorPre};
+use self::bindings::pre::{Preprocessor, PreprocessorPre};
+use self::bindings::{Dtype, PluginError};
+pub use self::engine::PluginEngine;
+use self::state::HostState;
+use crate::api::metrics::{Metrics, PluginMetrics};
+use crate::error::{Code, Error, Result};
+use crate::infer::TensorSpec;
+use crate::pipeline::stage::{check_declared, Stage};
+use crate::tensor::{DType, NamedTensor, Tensor, TensorData};
+
+/// The `[plugins]` table: where plugins are and how the engine runs them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsConfig {
+    /// The directory of `NAME.wasm` files that pipelines name.
+    pub dir: Option<PathBuf>,
+    /// Where compiled plugins are cached; none when unset.
+    pub cache_dir: Option<PathBuf>,
+    /// Meter fuel, so that `fuel` limits apply (costs a few percent).
+    pub fuel: bool,
+    /// Plugin instances that may exist at once (the instance pool).
+    pub max_instances: u32,
+    /// The largest `memory_mib` any plugin may be given.
+    pub max_memory_mib: u64,
+    /// Limits per plugin, by name; plugins not named get the defaults.
+    pub limits: BTreeMap<String, PluginLimits>,
+}
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        PluginsConfig {
+            dir: None,
+            cache_dir: None,
+            fuel: false,
+            max_instances: 256,
+            max_memory_mib: 256,
+            limits: BTreeMap::new(),
+        }
+    }
+}
+
+impl PluginsConfig {
+    /// The limits of the plugin called `name`.
+    pub fn limits_of(&self, name: &str) -> PluginLimits {
+        self.limits.get(name).cloned().unwrap_or_default()
+    }
+
+    /// The file of the plugin called `name`.
+    pub fn path_of(&self, name: &str) -> Result<PathBuf> {
+        let dir = self.dir.as_ref().ok_or_else(|| {
+            Error::invalid_argument(format!("plugin '{name}' is named, but [plugins] dir is not set"))
+        })?;
+        Ok(dir.join(format!("{name}.wasm")))
+    }
+}
+
+/// What one call of a plugin may use.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginLimits {
+    /// Wall time per call, in milliseconds.
+    pub timeout_ms: u64,
+    /// Linear memory per instance, in MiB.
+    pub memory_mib: u64,
+    /// Fuel (roughly, instructions) per call; needs `[plugins] fuel = true`.
+    pub fuel: Option<u64>,
+    /// Keep an instance per worker between calls instead of a fresh one
+    /// per call: faster, but state persists between requests of the same
+    /// pipeline. An instance that fails is thrown away.
+    pub reuse_instance: bool,
+}
+
+impl Default for PluginLimits {
+    fn default() -> Self {
+        PluginLimits { timeout_ms: 50, memory_mib: 64, fuel: None, reuse_instance: false }
+    }
+}
+
+/// Which world a plugin implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum World {
+    /// Before the model.
+    Preprocessor,
+    /// After the model.
+    Postprocessor,
+}
+
+impl std::fmt::Display for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            World::Preprocessor => "preprocessor",
+            World::Postprocessor => "postprocessor",
+        })
+    }
+}
+
+/// What a plugin says about itself, in host types.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Description {
+    /// Its name.
+    pub name: String,
+    /// Its version.
+    pub version: String,
+    /// What it takes.
+    pub inputs: Vec<TensorSpec>,
+    /// What it returns.
+    pub outputs: Vec<TensorSpec>,
+    /// The sample it declares, if any.
+    pub sample: Option<Vec<NamedTensor>>,
+}
+
+enum Pre {
+    Preprocessor(PreprocessorPre<HostState>),
+    Postprocessor(PostprocessorPre<HostState>),
+}
+
+enum Instance {
+    Preprocessor(Preprocessor),
+    Postprocessor(Postprocessor),
+}
+
+/// An instance kept between calls (`reuse_instance`).
+struct Warm {
+    store: Store<HostState>,
+    instance: Instance,
+}
+
+/// What one call measured.
+#[derive(Debug, Clone, Copy)]
+pub struct CallStats {
+    /// Wall time of the call, instantiation included.
+    pub elapsed: Duration,
+    /// The most linear memory the instance asked for, in bytes.
+    pub peak_memory: usize,
+}
+
+/// A loaded plugin, ready to be called from any thread.
+pub struct Plugin {
+    engine: Arc<PluginEngine>,
+    pre: Pre,
+    world: World,
+    description: Description,
+    label: Arc<str>,
+    limits: PluginLimits,
+    sha256: String,
+    warm: Mutex<Vec<Warm>>,
+    metrics: PluginMetrics,
+}
+
+impl Plugin {
+    /// Compiles (or loads from the cache) and checks a plugin: it must be a
+    /// component of one of the two worlds, import nothing the host does not
+    /// provide, answer `describe`, and — when it declares one — run its
+    /// sample under its limits.
+    /// `metrics`, when given, receives the plugin's call counts and times
+    /// under `name version`.
+    pub fn load(
+        engine: &Arc<PluginEngine>,
+        wasm: &[u8],
+        limits: PluginLimits,
+        metrics: Option<&Metrics>,
+    ) -> Result<Plugin> {
+        let component = engine.compile(wasm)?;
+        let missing = engine.missing_imports(&component);
+        if !missing.is_empty() {
+            return Err(Error::invalid_argument(format!(
+                "the plugin imports what the host does not provide: {}; a plugin may import only WASI 0.2 \
+                 (every capability off) and sluice:plugin/log",
+                missing.join(", ")
+            )));
+        }
+        let (world, pre) = instantiate_pre(engine, &component)?;
+        let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(wasm));
+        let mut plugin = Plugin {
+            engine: engine.clone(),
+            pre,
+            world,
+            description: Description {
+                name: String::new(),
+                version: String::new(),
+                inputs: vec![],
+                outputs: vec![],
+                sample: None,
+            },
+            label: Arc::from("plugin"),
+            limits,
+            sha256,
+            warm: Mutex::new(Vec::new()),
+            metrics: PluginMetrics::detached("plugin"),
+        };
+        plugin.description = plugin.describe()?;
+        let (name, version) = (&plugin.description.name, &plugin.description.version);
+        plugin.label = Arc::from(format!("plugin '{name}' {version}"));
+        let metric_label = format!("{name} {version}");
+        plugin.metrics = match metrics {
+            Some(metrics) => metrics.plugin(&metric_label),
+            None => PluginMetrics::detached(&metric_label),
+        };
+        if let Some(sample) = plugin.description.sample.clone() {
+            plugin.call(sample).map_err(|e| e.context("its sample failed"))?;
+        }
+        Ok(plugin)
+    }
+
+    /// Reads and loads `path`.
+    pub fn load_file(
+        engine: &Arc<PluginEngine>,
+        path: &Path,
+        limits: PluginLimits,
+        metrics: Option<&Metrics>,
+    ) -> Result<Plugin> {
+        let wasm = std::fs::read(path)
+            .map_err(|e| Error::invalid_argument(format!("cannot read plugin {}: {e}", path.display())))?;
+        Plugin::load(engine, &wasm, limits, metrics).map_err(|e| e.context(path.display()))
+    }
+
+    /// `plugin 'name' version`.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// What it says about itself.
+    pub fn description(&self) -> &Description {
+        &self.description
+    }
+
+    /// Its world.
+    pub fn world(&self) -> World {
+        self.world
+    }
+
+    /// The SHA-256 of its bytes, hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> &PluginLimits {
+        &self.limits
+    }
+
+    fn new_store(&self) -> Store<HostState> {
+        let memory = (self.limits.memory_mib as usize) << 20;
+        let mut store = Store::new(self.engine.engine(), HostState::new(self.label.clone(), memory));
+        store.limiter(|state| &mut state.limiter);
+        store
+    }
+
+    fn arm(&self, store: &mut Store<HostState>) -> Result<()> {
+        let ticks = self.limits.timeout_ms.div_ceil(engine::TICK.as_millis() as u64).max(1);
+        store.set_epoch_deadline(ticks);
+        if self.engine.fuel() {
+            store
+                .set_fuel(self.limits.fuel.unwrap_or(u64::MAX))
+                .map_err(|e| Error::internal(format!("{}: setting fuel failed: {e:#}", self.label)))?;
+        }
+        Ok(())
+    }
+
+    fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Instance> {
+        Ok(match &self.pre {
+            Pre::Preprocessor(pre) => Instance::Preprocessor(pre.instantiate(store)?),
+            Pre::Postprocessor(pre) => Instance::Postprocessor(pre.instantiate(store)?),
+        })
+    }
+
+    fn describe(&self) -> Result<Description> {
+        let mut store = self.new_store();
+        self.arm(&mut store)?;
+        let result = self.instantiate(&mut store).and_then(|instance| match instance {
+            Instance::Preprocessor(i) => i.call_describe(&mut store),
+            Instance::Postprocessor(i) => i.call_describe(&mut store),
+        });
+        let info = result.map_err(|e| self.failure(e, store.data()).0.context("describe"));
+        store.data().flush_output();
+        let info = info?;
+        let spec = |s: bindings::TensorSpec| TensorSpec { name: s.name, dtype: dtype_in(s.dtype), shape: s.shape };
+        let sample = match info.sample {
+            None => None,
+            Some(tensors) => Some(
+                tensors
+                    .into_iter()
+                    .map(tensor_in)
+                    .collect::<Result<Vec<_>>>()
+                    .map_err(|e| e.context("its declared sample is malformed"))?,
+            ),
+        };
+        Ok(Description {
+            name: info.name,
+            version: info.version,
+            inputs: info.inputs.into_iter().map(spec).collect(),
+            outputs: info.outputs.into_iter().map(spec).collect(),
+            sample,
+        })
+    }
+
+    /// Calls the plugin's `preprocess` or `postprocess` on `inputs`.
+    pub fn call(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+        self.call_measured(inputs).map(|(outputs, _)| outputs)
+    }
+
+    /// Like [`Plugin::call`], also returning time and peak memory.
+    pub fn call_measured(&self, inputs: Vec<NamedTensor>) -> Result<(Vec<NamedTensor>, CallStats)> {
+        let started = Instant::now();
+        let wit_inputs: Vec<bindings::Tensor> = inputs.iter().map(tensor_out).collect();
+        drop(inputs);
+        let warm = if self.limits.reuse_instance { self.warm.lock().ok().and_then(|mut w| w.pop()) } else { None };
+        let (mut store, instance) = match warm {
+            Some(Warm { store, instance }) => (store, Ok(instance)),
+            None => {
+                let mut store = self.new_store();
+                self.arm(&mut store)?;
+                let instance = self.instantiate(&mut store);
+                (store, instance)
+            }
+        };
+        self.arm(&mut store)?;
+        let result = instance.and_then(|instance| {
+            let answer = match &instance {
+                Instance::Preprocessor(i) => i.call_preprocess(&mut store, &wit_inputs),
+                Instance::Postprocessor(i) => i.call_postprocess(&mut store, &wit_inputs),
+            };
+            answer.map(|answer| (answer, instance))
+        });
+        let stats = CallStats { elapsed: started.elapsed(), peak_memory: store.data().limiter.peak };
+        self.metrics.seconds.observe(stats.elapsed.as_secs_f64());
+        let (outcome, kind) = match result {
+            Err(trap) => {
+                let (error, kind) = self.failure(trap, store.data());
+                store.data().flush_output();
+                (Err(error), kind)
+            }
+            Ok((Err(PluginError::InvalidInput(message)), instance)) => {
+                store.data().flush_output();
+                self.keep_warm(store, instance);
+                (Err(Error::invalid_argument(format!("{} rejected the input: {message}", self.label))), "invalid_input")
+            }
+            Ok((Err(PluginError::Internal(message)), instance)) => {
+                store.data().flush_output();
+                self.keep_warm(store, instance);
+                (Err(Error::internal(format!("{} failed: {message}", self.label))), "plugin_error")
+            }
+            Ok((Ok(outputs), instance)) => {
+                store.data().flush_output();
+                self.keep_warm(store, instance);
+                let converted = outputs
+                    .into_iter()
+                    .map(tensor_in)
+                    .collect::<Result<Vec<_>>>()
+                    .map_err(|e| {
+                        Error::internal(format!("{} returned a malformed tensor: {}", self.label, e.message()))
+                    })
+                    .and_then(|outputs| {
+                        check_declared(&self.label, &self.description.outputs, &outputs)?;
+                        Ok(outputs)
+                    });
+                let kind = if converted.is_ok() { "ok" } else { "bad_output" };
+                (converted, kind)
+            }
+        };
+        self.metrics.record(kind);
+        outcome.map(|outputs| (outputs, stats))
+    }
+
+    fn keep_warm(&self, store: Store<HostState>, instance: Instance) {
+        if self.limits.reuse_instance {
+            if let Ok(mut warm) = self.warm.lock() {
+                warm.push(Warm { store, instance });
+            }
+        }
+    }
+
+    /// A trap or host error as the client's error — what limit was hit,
+    /// or what the guest said before it trapped — and the metric label.
+    fn failure(&self, error: wasmtime::Error, state: &HostState) -> (Error, &'static str) {
+        let label = &self.label;
+        let said = state.stderr.last_words().map(|l| format!(" (it said: {l})")).unwrap_or_default();
+        match error.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => (
+                Error::resource_exhausted(format!(
+                    "{label} exceeded its time limit of {} ms and was stopped",
+                    self.limits.timeout_ms
+                )),
+                "timeout",
+            ),
+            Some(Trap::OutOfFuel) => (
+                Error::resource_exhausted(format!(
+                    "{label} ran out of fuel ({} units)",
+                    self.limits.fuel.unwrap_or(u64::MAX)
+                )),
+                "out_of_fuel",
+            ),
+            _ if state.limiter.memory_denied => (
+                Error::resource_exhausted(format!(
+                    "{label} tried to grow its memory past its limit of {} MiB and was stopped{said}",
+                    self.limits.memory_mib
+                )),
+                "out_of_memory",
+            ),
+            Some(Trap::StackOverflow) => {
+                (Error::internal(format!("{label} overflowed its stack (runaway recursion?)")), "stack_overflow")
+            }
+            Some(Trap::UnreachableCodeReached) => (
+                Error::internal(format!("{label} trapped: it reached unreachable code (a panic or an abort){said}")),
+                "trap",
+            ),
+            Some(trap) => (Error::internal(format!("{label} trapped: {trap}{said}")), "trap"),
+            None => (Error::internal(format!("{label} failed: {error:#}{said}")), "trap"),
+        }
+    }
+}
+
+fn instantiate_pre(engine: &PluginEngine, component: &Component) -> Result<(World, Pre)> {
+    let exports = engine.exports(component);
+    let has = |name: &str| exports.iter().any(|e| e == name);
+    let world = match (has("preprocess"), has("postprocess")) {
+        (true, false) => World::Preprocessor,
+        (false, true) => World::Postprocessor,
+        _ => {
+            return Err(Error::invalid_argument(format!(
+                "the component is not a sluice plugin: it exports {exports:?}; a preprocessor exports `describe` \
+                 and `preprocess`, a postprocessor `describe` and `postprocess` (see sdk/wit/plugin.wit)"
+            )))
+        }
+    };
+    let instance_pre = engine
+        .linker()
+        .instantiate_pre(component)
+        .map_err(|e| Error::invalid_argument(format!("the component cannot be linked: {e:#}")))?;
+    let mismatch = |e: wasmtime::Error| {
+        Error::invalid_argument(format!("the component's exports do not match the {world} world: {e:#}"))
+    };
+    let pre = match world {
+        World::Preprocessor => Pre::Preprocessor(PreprocessorPre::new(instance_pre).map_err(mismatch)?),
+        World::Postprocessor => Pre::Postprocessor(PostprocessorPre::new(instance_pre).map_err(mismatch)?),
+    };
+    Ok((world, pre))
+}
+
+fn dtype_in(d: Dtype) -> DType {
+    match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
+        Dtype::F16 => DType::F16,
+        Dtype::Bf16 => DType::BF16,
+        Dtype::I8 => DType::I8,
+        Dtype::I16 => DType::I16,
+        Dtype::I32 => DType::I32,
+        Dtype::I64 => DType::I64,
+        Dtype::U8 => DType::U8,
+        Dtype::U16 => DType::U16,
+        Dtype::U32 => DType::U32,
+        Dtype::U64 => DType::U64,
+        Dtype::Boolean => DType::Bool,
+        Dtype::String => DType::String,
+    }
+}
+
+fn dtype_out(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::Bf16,
+        DType::I8 => Dtype::I8,
+        DType::I16 => Dtype::I16,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::U8 => Dtype::U8,
+        DType::U16 => Dtype::U16,
+        DType::U32 => Dtype::U32,
+        DType::U64 => Dtype::U64,
+        DType::Bool => Dtype::Boolean,
+        DType::String => Dtype::String,
+    }
+}
+
+fn tensor_out(t: &NamedTensor) -> bindings::Tensor {
+    let (data, strings) = match t.tensor.data() {
+        TensorData::Fixed(bytes) => (bytes.to_vec(), Vec::new()),
+        TensorData::Strings(strings) => (Vec::new(), strings.iter().map(|s| s.to_vec()).collect()),
+    };
+    bindings::Tensor {
+        name: t.name.clone(),
+        dtype: dtype_out(t.tensor.dtype()),
+        shape: t.tensor.shape().to_vec(),
+        data,
+        strings,
+    }
+}
+
+/// A tensor from a plugin, checked like any client tensor: shape, byte
+/// length, booleans.
+fn tensor_in(t: bindings::Tensor) -> Result<NamedTensor> {
+    let dtype = dtype_in(t.dtype);
+    let name = t.name;
+    let tensor = match dtype {
+        DType::String => {
+            if !t.data.is_empty() {
+                return Err(Error::internal(format!("string tensor '{name}' carries {} data bytes", t.data.len())));
+            }
+            Tensor::from_strings(t.shape, t.strings.into_iter().map(Bytes::from).collect())
+        }
+        _ => {
+            if !t.strings.is_empty() {
+                return Err(Error::internal(format!("{dtype} tensor '{name}' carries strings")));
+            }
+            Tensor::from_bytes(dtype, t.shape, Bytes::from(t.data))
+        }
+    }
+    .map_err(|e| Error::internal(format!("tensor '{name}': {}", e.message())))?;
+    Ok(NamedTensor::new(name, tensor))
+}
+
+/// A plugin as a pipeline stage.
+pub struct PluginStage {
+    plugin: Arc<Plugin>,
+}
+
+impl PluginStage {
+    /// Wraps a loaded plugin.
+    pub fn new(plugin: Arc<Plugin>) -> PluginStage {
+        PluginStage { plugin }
+    }
+}
+
+impl Stage for PluginStage {
+    fn name(&self) -> &str {
+        self.plugin.label()
+    }
+
+    fn inputs(&self) -> &[TensorSpec] {
+        &self.plugin.description.inputs
+    }
+
+    fn outputs(&self) -> &[TensorSpec] {
+        &self.plugin.description.outputs
+    }
+
+    fn process(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+        // The batch: the rows of the first input declared with a free
+        // dimension 0.
+        let rows = self
+            .inputs()
+            .iter()
+            .filter(|spec| spec.shape.first() == Some(&-1))
+            .find_map(|spec| inputs.iter().find(|t| t.name == spec.name))
+            .map(|t| t.tensor.rows());
+        let outputs = self.plugin.call(inputs)?;
+        // Rows in, the same rows out: a plugin must not invent or drop rows.
+        if let Some(rows) = rows {
+            for (output, spec) in outputs.iter().zip(self.outputs()) {
+                if spec.shape.first() == Some(&-1) && output.tensor.rows() != rows {
+                    return Err(Error::new(
+                        Code::Internal,
+                        format!(
+                            "{} returned {} rows in '{}' for a request of {rows}",
+                            self.plugin.label(),
+                            output.tensor.rows(),
+                            output.name
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(outputs)
+    }
+}

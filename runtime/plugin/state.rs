@@ -1,0 +1,248 @@
+//! What one plugin instance may touch: an empty WASI context, a memory
+//! limiter, capped stdout/stderr, and a capped log.
+//!
+//! A fresh `HostState` goes with every fresh instance, so nothing a call
+//! leaves behind — memory, output, log budget — reaches the next one.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use wasmtime::ResourceLimiter;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::{pre::sluice::plugin::log, pre::sluice::plugin::types, Level};
+
+/// Bytes of stdout and stderr kept per call; the rest is dropped.
+pub const OUTPUT_CAP: usize = 8 * 1024;
+
+/// Log lines a call may write; the rest are counted and dropped.
+pub const LOG_LINES_CAP: u32 = 32;
+
+/// Longest log line kept.
+const LOG_LINE_CAP: usize = 1024;
+
+/// The memory and table limits of one instance, remembering whether it
+/// was refused growth, so a trap that follows can be reported as what it
+/// is: running out of memory.
+pub struct Limiter {
+    memory_bytes: usize,
+    /// Set when the guest asked for more memory than allowed.
+    pub memory_denied: bool,
+    /// The most linear memory granted, in bytes.
+    pub peak: usize,
+}
+
+impl Limiter {
+    /// A limiter allowing `memory_bytes` of linear memory per memory.
+    pub fn new(memory_bytes: usize) -> Limiter {
+        Limiter { memory_bytes, memory_denied: false, peak: 0 }
+    }
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            self.memory_denied = true;
+            return Ok(false);
+        }
+        self.peak = self.peak.max(desired);
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+
+    fn instances(&self) -> usize {
+        // A wasip2 component is a handful of core instances.
+        64
+    }
+
+    fn tables(&self) -> usize {
+        64
+    }
+
+    fn memories(&self) -> usize {
+        16
+    }
+}
+
+/// Output written by the guest, kept up to a cap.
+#[derive(Clone, Default)]
+pub struct Captured(Arc<Mutex<CapturedInner>>);
+
+#[derive(Default)]
+struct CapturedInner {
+    kept: Vec<u8>,
+    dropped: usize,
+}
+
+impl Captured {
+    fn push(&self, bytes: &[u8]) {
+        if let Ok(mut inner) = self.0.lock() {
+            let room = OUTPUT_CAP.saturating_sub(inner.kept.len());
+            let take = room.min(bytes.len());
+            inner.kept.extend_from_slice(&bytes[..take]);
+            inner.dropped += bytes.len() - take;
+        }
+    }
+
+    /// The kept text and how many bytes were dropped.
+    pub fn take(&self) -> (String, usize) {
+        match self.0.lock() {
+            Ok(mut inner) => (String::from_utf8_lossy(&std::mem::take(&mut inner.kept)).into_owned(), inner.dropped),
+            Err(_) => (String::new(), 0),
+        }
+    }
+
+    /// What the guest said last before failing: a Rust panic's location
+    /// and message when there is one, otherwise the last line that is not
+    /// the standard backtrace hint.
+    pub fn last_words(&self) -> Option<String> {
+        let inner = self.0.lock().ok()?;
+        let text = String::from_utf8_lossy(&inner.kept);
+        let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        if let Some(at) = lines.iter().rposition(|l| l.contains("panicked at")) {
+            let message = lines.get(at + 1).filter(|l| !l.starts_with("note:")).copied().unwrap_or("");
+            return Some(format!("{} {message}", lines[at]).trim().to_string());
+        }
+        lines.iter().rev().find(|l| !l.starts_with("note: run with")).map(|l| l.to_string())
+    }
+}
+
+impl IsTerminal for Captured {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for Captured {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        // Plugins run synchronously; the p2 stream below is the one used.
+        Box::new(tokio::io::sink())
+    }
+
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for Captured {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for Captured {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        // Accept everything, keep the first OUTPUT_CAP bytes: a chatty
+        // plugin is capped, not failed.
+        self.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 * 1024)
+    }
+}
+
+/// A wall clock stopped at the Unix epoch: plugins get no wall clock.
+struct NoWallClock;
+
+impl wasmtime_wasi::HostWallClock for NoWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// The state of one plugin instance.
+pub struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    /// Memory limits and whether they were hit.
+    pub limiter: Limiter,
+    /// The guest's stdout.
+    pub stdout: Captured,
+    /// The guest's stderr.
+    pub stderr: Captured,
+    /// Log lines written by this call.
+    pub log_lines: u32,
+    /// `plugin 'name' version`, for log lines.
+    pub label: Arc<str>,
+}
+
+impl HostState {
+    /// A state granting nothing: no files, environment, arguments, sockets
+    /// or wall clock; stdin closed; stdout and stderr captured.
+    pub fn new(label: Arc<str>, memory_bytes: usize) -> HostState {
+        let stdout = Captured::default();
+        let stderr = Captured::default();
+        let mut builder = WasiCtx::builder();
+        builder.stdout(stdout.clone()).stderr(stderr.clone()).wall_clock(NoWallClock);
+        HostState {
+            wasi: builder.build(),
+            table: ResourceTable::new(),
+            limiter: Limiter::new(memory_bytes),
+            stdout,
+            stderr,
+            log_lines: 0,
+            label,
+        }
+    }
+
+    /// Writes what the guest printed to the host's log, capped.
+    pub fn flush_output(&self) {
+        for (stream, captured) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            let (text, dropped) = captured.take();
+            if !text.is_empty() {
+                tracing::info!(plugin = %self.label, stream, dropped_bytes = dropped, "{}", text.trim_end());
+            }
+        }
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+/// The types interface has no functions.
+impl types::Host for HostState {}
+
+impl log::Host for HostState {
+    fn log(&mut self, level: Level, message: String) {
+        self.log_lines += 1;
+        if self.log_lines > LOG_LINES_CAP {
+            if self.log_lines == LOG_LINES_CAP + 1 {
+                tracing::warn!(plugin = %self.label, "log limit of {LOG_LINES_CAP} lines per call reached; dropping the rest");
+            }
+            return;
+        }
+        let mut message = message;
+        if message.len() > LOG_LINE_CAP {
+            let mut cut = LOG_LINE_CAP;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        let plugin = &*self.label;
+        match level {
+            Level::Debug => tracing::debug!(plugin, "{message}"),
+            Level::Info => tracing::info!(plugin, "{message}"),
+            Level::Warn => tracing::warn!(plugin, "{message}"),
+            Level::Error => tracing::error!(plugin, "{message}"),
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! WebAssembly plugins through the real server: the example plugins end to
+//! end against the same transforms computed here, and a hostile plugin
+//! whose every attack must fail that one request — with the right code and
+//! a message naming the plugin, its version and the cause — while the
+//! server, the other pipelines and the same pipeline keep serving.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use sluice::proto::tensorflow::serving::PredictRequest;
+use sluice::proto::tensorflow::{DataType, TensorProto};
+use tonic::Code;
+
+fn plugin_dir() -> String {
+    let dir = root().join("target/plugins");
+    assert!(
+        dir.join("hostile.wasm").is_file() && dir.join("image_normalize.wasm").is_file(),
+        "the plugins are not built: run scripts/build-plugins (scripts/test does)"
+    );
+    dir.display().to_string()
+}
+
+fn config() -> String {
+    format!(
+        r#"
+[plugins]
+dir = "{dir}"
+
+[plugins.limits.hostile]
+timeout_ms = 50
+memory_mib = 64
+
+[[models]]
+name = "mlp"
+base_path = "$ROOT/examples/models/mlp"
+onnx = {{ sessions = 1, intra_op_threads = 1 }}
+
+[[models]]
+name = "cnn"
+base_path = "$ROOT/examples/models/cnn"
+onnx = {{ sessions = 1, intra_op_threads = 1 }}
+
+[[models]]
+name = "recommender"
+base_path = "$ROOT/examples/models/recommender"
+onnx = {{ sessions = 1, intra_op_threads = 1 }}
+
+[[pipelines]]
+name = "classify"
+model = "cnn"
+preprocess = {{ plugin = "image_normalize", workers = 2 }}
+postprocess = {{ plugin = "topk_labels" }}
+
+[[pipelines]]
+name = "recommend"
+model = "recommender"
+preprocess = {{ plugin = "feature_transform" }}
+
+[[pipelines]]
+name = "hostile"
+model = "mlp"
+preprocess = {{ plugin = "hostile", workers = 2 }}
+
+[[pipelines]]
+name = "identity"
+model = "mlp"
+preprocess = {{ plugin = "identity" }}
+"#,
+        dir = plugin_dir()
+    )
+}
+
+fn string_tensor(dims: &[i64], strings: &[&str]) -> TensorProto {
+    TensorProto {
+        dtype: DataType::DtString as i32,
+        tensor_shape: shape(dims),
+        string_val: strings.iter().map(|s| Bytes::copy_from_slice(s.as_bytes())).collect(),
+        ..Default::default()
+    }
+}
+
+fn u8_tensor(dims: &[i64], bytes: Vec<u8>) -> TensorProto {
+    TensorProto {
+        dtype: DataType::DtUint8 as i32,
+        tensor_shape: shape(dims),
+        tensor_content: Bytes::from(bytes),
+        ..Default::default()
+    }
+}
+
+const CIFAR: [&str; 10] = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"];
+
+#[tokio::test]
+async fn images_through_image_normalize_the_cnn_and_topk_labels_match_the_native_computation() {
+    let server = Server::with_config(&config());
+    let mut client = server.predict_client().await;
+    let (rows, h, w) = (3usize, 40usize, 48usize);
+    let pixels: Vec<u8> = values(11, rows * h * w * 3).iter().map(|v| ((v + 1.0) * 127.5) as u8).collect();
+    let response = client
+        .predict(predict_request(
+            "classify",
+            vec![("pixels", u8_tensor(&[rows as i64, h as i64, w as i64, 3], pixels.clone()))],
+        ))
+        .await
+        .expect("classify")
+        .into_inner();
+
+    // The same, here: resize + normalise (the SDK's transform, which the
+    // plugin also compiles), the CNN in ONNX Runtime, softmax, top 3.
+    let params = sluice_sdk::transforms::ImageNormalize {
+        height: 32,
+        width: 32,
+        mean: vec![0.485, 0.456, 0.406],
+        std: vec![0.229, 0.224, 0.225],
+        scale: 255.0,
+    };
+    let image = sluice_sdk::transforms::image_normalize(&params, &pixels, rows, h, w);
+    let (_, logits) = reference(
+        &example_model("cnn", 1),
+        vec![("image", RefInput::F32(vec![rows as i64, 3, 32, 32], image))],
+        "logits",
+    );
+    let scores = f32_values(&response.outputs["scores"]);
+    let classes = &response.outputs["classes"].int64_val;
+    let labels = &response.outputs["labels"].string_val;
+    for (r, row) in logits.chunks(10).enumerate() {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exp: Vec<f32> = row.iter().map(|v| (v - max).exp()).collect();
+        let sum: f32 = exp.iter().sum();
+        let mut order: Vec<usize> = (0..10).collect();
+        order.sort_by(|&a, &b| exp[b].partial_cmp(&exp[a]).unwrap().then(a.cmp(&b)));
+        for (j, &class) in order[..3].iter().enumerate() {
+            assert_eq!(classes[r * 3 + j], class as i64, "row {r} rank {j}");
+            assert!((scores[r * 3 + j] - exp[class] / sum).abs() < 1e-5, "row {r} rank {j}");
+            assert_eq!(labels[r * 3 + j], Bytes::from(CIFAR[class]));
+        }
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+#[tokio::test]
+async fn features_through_feature_transform_and_the_recommender_match_the_native_computation() {
+    let server = Server::with_config(&config());
+    let mut client = server.predict_client().await;
+    let rows = 4usize;
+    let raw: Vec<f32> = values(21, rows * 13).iter().map(|v| (v + 1.0) * 60.0).collect();
+    let users: Vec<String> = (0..rows * 4).map(|i| format!("user-{}", i * 7919 % 1013)).collect();
+    let user_refs: Vec<&str> = users.iter().map(String::as_str).collect();
+    let response = client
+        .predict(predict_request(
+            "recommend",
+            vec![
+                ("raw_dense", f32_content(&[rows as i64, 13], &raw)),
+                ("user_ids", string_tensor(&[rows as i64, 4], &user_refs)),
+            ],
+        ))
+        .await
+        .expect("recommend")
+        .into_inner();
+    let dense: Vec<f32> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            if i % 13 < 8 {
+                ((x.max(0.0) + 1.0).ln() - 1.0) / 2.0
+            } else {
+                [0.0, 1.0, 10.0, 100.0].iter().filter(|&&b| x >= b).count() as f32 / 4.0
+            }
+        })
+        .collect();
+    let ids: Vec<i64> = users.iter().map(|u| (fnv1a(u.as_bytes()) % 1000) as i64).collect();
+    let (_, score) = reference(
+        &example_model("recommender", 1),
+        vec![("dense", RefInput::F32(vec![rows as i64, 13], dense)), ("ids", RefInput::I64(vec![rows as i64, 4], ids))],
+        "score",
+    );
+    assert_close(&f32_values(&response.outputs["score"]), &score, 1e-5, "recommendation scores");
+}
+
+fn attack(name: &str, rows: i64) -> PredictRequest {
+    predict_request(
+        "hostile",
+        vec![
+            ("attack", string_tensor(&[1], &[name])),
+            ("x", f32_content(&[rows, 64], &values(rows as u64, rows as usize * 64))),
+        ],
+    )
+}
+
+struct Attack {
+    name: String,
+    codes: Vec<Code>,
+    says: Vec<&'static str>,
+}
+
+fn attacks(socket: &str) -> Vec<Attack> {
+    let a = |name: &str, codes: Vec<Code>, says: Vec<&'static str>| Attack { name: name.to_string(), codes, says };
+    vec![
+        a("loop", vec![Code::ResourceExhausted], vec!["exceeded its time limit of 50 ms"]),
+        a("memory", vec![Code::ResourceExhausted], vec!["memory past its limit of 64 MiB"]),
+        a("recursion", vec![Code::Internal], vec!["overflowed its stack"]),
+        a("unreachable", vec![Code::Internal], vec!["unreachable"]),
+        a("panic", vec![Code::Internal], vec!["panics on purpose"]),
+        a("file", vec![Code::Internal], vec!["opening /etc/passwd failed"]),
+        a("env", vec![Code::Internal], vec!["environment: 0 variables []; arguments: []"]),
+        Attack { name: format!("socket:{socket}"), codes: vec![Code::Internal], says: vec!["failed"] },
+        a("clock", vec![Code::Internal], vec!["Ok(0) since the epoch"]),
+        a("wrong-shape", vec![Code::Internal], vec!["dimension 1 = 63"]),
+        a("bad-length", vec![Code::Internal], vec!["malformed tensor", "10 bytes"]),
+        a("wrong-name", vec![Code::Internal], vec!["returned outputs [\"y\"]"]),
+        a("wrong-dtype", vec![Code::Internal], vec!["DT_INT32"]),
+        a("huge", vec![Code::Internal, Code::ResourceExhausted], vec![]),
+        a("invalid", vec![Code::InvalidArgument], vec!["rejected the input", "refuses this input"]),
+    ]
+}
+
+#[tokio::test]
+async fn every_hostile_attack_fails_its_request_alone_and_everything_keeps_serving() {
+    let server = Server::with_config(&config());
+    let mut client = server.predict_client().await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let socket = listener.local_addr().expect("addr").to_string();
+
+    for attack_case in attacks(&socket) {
+        let started = Instant::now();
+        let status = client.predict(attack(&attack_case.name, 2)).await.expect_err(&attack_case.name);
+        let elapsed = started.elapsed();
+        assert!(
+            attack_case.codes.contains(&status.code()),
+            "{}: {:?} {}",
+            attack_case.name,
+            status.code(),
+            status.message()
+        );
+        assert!(status.message().contains("plugin 'hostile' 6.6.6"), "{}: {}", attack_case.name, status.message());
+        for fragment in &attack_case.says {
+            assert!(
+                status.message().contains(fragment),
+                "{}: {:?} not in {}",
+                attack_case.name,
+                fragment,
+                status.message()
+            );
+        }
+        // Stopped, not left running: far inside any client's patience.
+        assert!(elapsed < Duration::from_secs(5), "{} took {elapsed:?}", attack_case.name);
+
+        // The same pipeline, another pipeline and the bare model all serve.
+        let ok = client.predict(attack("none", 2)).await.unwrap_or_else(|e| panic!("after {}: {e}", attack_case.name));
+        assert_eq!(dims(&ok.into_inner().outputs["logits"]), vec![2, 10]);
+        let identity = predict_request("identity", vec![("x", f32_content(&[1, 64], &values(5, 64)))]);
+        client.predict(identity).await.unwrap_or_else(|e| panic!("identity after {}: {e}", attack_case.name));
+        let direct = predict_request("mlp", vec![("x", f32_content(&[1, 64], &values(6, 64)))]);
+        client.predict(direct).await.unwrap_or_else(|e| panic!("mlp after {}: {e}", attack_case.name));
+    }
+    assert!(listener.accept().is_err(), "the plugin must not have reached the test's socket");
+
+    // Chatty plugins are capped, not failed.
+    for chatty in ["log-flood", "stdout-flood"] {
+        let ok = client.predict(attack(chatty, 1)).await.unwrap_or_else(|e| panic!("{chatty}: {e}"));
+        assert_eq!(dims(&ok.into_inner().outputs["logits"]), vec![1, 10]);
+    }
+    let metrics = server.metrics().await;
+    let calls: Vec<&str> = metrics.lines().filter(|l| l.starts_with("sluice_plugin_calls_total")).collect();
+    let count = |outcome: &str| {
+        metric_value(&metrics, &format!(r#"sluice_plugin_calls_total{{plugin="hostile 6.6.6",outcome="{outcome}"}}"#))
+    };
+    // `huge` may run out of time before it is caught returning too many rows.
+    assert!(count("timeout") >= 1.0, "{calls:#?}");
+    for (outcome, expected) in [("out_of_memory", 1.0), ("stack_overflow", 1.0), ("invalid_input", 1.0), ("trap", 2.0)]
+    {
+        assert_eq!(count(outcome), expected, "{outcome}: {calls:#?}");
+    }
+}
+
+#[tokio::test]
+async fn hostile_attacks_from_many_clients_at_once_leave_the_good_requests_answered() {
+    let server = std::sync::Arc::new(Server::with_config(&config()));
+    let mut tasks = Vec::new();
+    for i in 0..24u64 {
+        let server = server.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = server.predict_client().await;
+            let name = ["loop", "memory", "panic", "none"][i as usize % 4];
+            (name, client.predict(attack(name, 1)).await)
+        }));
+    }
+    for task in tasks {
+        let (name, result) = task.await.expect("task");
+        match name {
+            "none" => {
+                result.unwrap_or_else(|e| panic!("a good request failed among attacks: {e}"));
+            }
+            _ => assert!(result.is_err(), "{name} succeeded"),
+        }
+    }
+}
+
+#[test]
+fn a_plugin_importing_what_the_host_lacks_is_refused_with_the_imports_listed() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["plugin", "check"])
+        .arg(root().join("target/plugins/bad_imports.wasm"))
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("evil:plugin/exfiltrate"), "{stderr}");
+    assert!(stderr.contains("does not provide"), "{stderr}");
+
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("sluice.toml");
+    let text = format!(
+        "[plugins]\ndir = \"{}\"\n[[models]]\nname = \"mlp\"\nbase_path = \"{}\"\n[[pipelines]]\nname = \"p\"\nmodel = \"mlp\"\npreprocess = {{ plugin = \"bad_imports\" }}\n",
+        plugin_dir(),
+        root().join("examples/models/mlp").display()
+    );
+    std::fs::write(&config, text).expect("write");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--port", "0", "--rest_api_port", "0", "--model_config_file"])
+        .arg(&config)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the server started with a plugin it cannot link");
+    assert!(stderr.contains("pipeline 'p'") && stderr.contains("evil:plugin/exfiltrate"), "{stderr}");
+}
+
+#[test]
+fn plugin_check_prints_the_declaration_time_and_peak_memory() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["plugin", "check"])
+        .arg(root().join("target/plugins/feature_transform.wasm"))
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for fragment in [
+        "plugin 'feature-transform' 1.0.0 (preprocessor)",
+        "raw_dense DT_FLOAT [-1, 13]",
+        "ids DT_INT64",
+        "peak memory",
+        " ms",
+    ] {
+        assert!(stdout.contains(fragment), "{fragment:?} not in {stdout}");
+    }
+}
