@@ -39,6 +39,9 @@ fn config(root: &Path) -> String {
 [server]
 drain_timeout_secs = 1
 
+[plugins]
+dir = "{plugins}"
+
 [[models]]
 name = "cnn"
 base_path = "{cnn}"
@@ -78,6 +81,18 @@ workers = 2
 image_normalize = {{ input = "pixels", mean = [0.5, 0.5, 0.5], std = [0.25, 0.25, 0.25] }}
 
 [[pipelines]]
+name = "cnn_plugin_pipelined"
+model = "cnn_batched"
+mode = "pipelined"
+preprocess = {{ plugin = "image_normalize", workers = 2 }}
+
+[[pipelines]]
+name = "cnn_plugin_sequential"
+model = "cnn_batched"
+mode = "sequential"
+preprocess = {{ plugin = "image_normalize" }}
+
+[[pipelines]]
 name = "cnn_pixels_sequential"
 model = "cnn_batched"
 mode = "sequential"
@@ -86,6 +101,7 @@ image_normalize = {{ input = "pixels", mean = [0.5, 0.5, 0.5], std = [0.25, 0.25
 "#,
         cnn = m("cnn"),
         mlp = m("mlp"),
+        plugins = root.join("target/plugins").display(),
     )
 }
 
@@ -173,7 +189,7 @@ impl Bench {
 
 fn main() {
     let duration = Duration::from_secs(arg("--duration").and_then(|d| d.parse().ok()).unwrap_or(8));
-    let only = arg("--only").unwrap_or_else(|| "cnn,mlp,pipeline,latency,overload".to_string());
+    let only = arg("--only").unwrap_or_else(|| "cnn,mlp,pipeline,plugin,latency,overload".to_string());
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
     let config_path = dir.path().join("bench.toml");
@@ -269,6 +285,32 @@ fn main() {
         let sequential = bench.load(&target, &bench.pool(&target, "cnn_pixels_sequential", &shapes, 1), 64, None);
         bench.row(
             "224×224 images → preprocess → CNN, pipelined",
+            format!("{:.0} req/s", pipelined.requests_per_second),
+            format!("sequential: {:.0} req/s", sequential.requests_per_second),
+            pipelined.requests_per_second / sequential.requests_per_second,
+            "≥ 1.3×",
+        );
+    }
+
+    if only.contains("plugin") {
+        eprintln!("model alone: CNN batched, f32 batch-1 requests, 64 streams");
+        let alone = bench.load(&target, &bench.pool(&target, "cnn_batched", &[], 1), 64, None);
+        let small = [("pixels", vec![1i64, 32, 32, 3])];
+        eprintln!("32×32 u8 images → image-normalize plugin → CNN, pipelined, 64 streams");
+        let with_plugin = bench.load(&target, &bench.pool(&target, "cnn_plugin_pipelined", &small, 1), 64, None);
+        bench.row(
+            "32×32 images → image-normalize plugin → CNN (batched)",
+            format!("{:.0} req/s", with_plugin.requests_per_second),
+            format!("the model alone: {:.0} req/s", alone.requests_per_second),
+            with_plugin.requests_per_second / alone.requests_per_second,
+            "the plugin's cost",
+        );
+        let big = [("pixels", vec![1i64, 224, 224, 3])];
+        eprintln!("224×224 images → image-normalize plugin → CNN, pipelined vs sequential");
+        let pipelined = bench.load(&target, &bench.pool(&target, "cnn_plugin_pipelined", &big, 1), 64, None);
+        let sequential = bench.load(&target, &bench.pool(&target, "cnn_plugin_sequential", &big, 1), 64, None);
+        bench.row(
+            "224×224 images → image-normalize plugin → CNN, pipelined",
             format!("{:.0} req/s", pipelined.requests_per_second),
             format!("sequential: {:.0} req/s", sequential.requests_per_second),
             pipelined.requests_per_second / sequential.requests_per_second,

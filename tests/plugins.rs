@@ -209,7 +209,7 @@ fn attacks(socket: &str) -> Vec<Attack> {
     vec![
         a("loop", vec![Code::ResourceExhausted], vec!["exceeded its time limit of 50 ms"]),
         a("memory", vec![Code::ResourceExhausted], vec!["memory past its limit of 64 MiB"]),
-        a("recursion", vec![Code::Internal], vec!["overflowed its stack"]),
+        a("recursion", vec![Code::Internal], vec!["recursion"]),
         a("unreachable", vec![Code::Internal], vec!["unreachable"]),
         a("panic", vec![Code::Internal], vec!["panics on purpose"]),
         a("file", vec![Code::Internal], vec!["opening /etc/passwd failed"]),

@@ -63,9 +63,10 @@ impl PluginEngine {
         // thread's own stack is at risk.
         wasm.max_wasm_stack(512 << 10);
         // A fresh instance per request must cost microseconds: instances
-        // come from a preallocated pool, and linear memory is reset by
-        // zeroing the pages a call touched (up to the keep-resident size)
-        // instead of unmapping and mapping them again.
+        // come from a preallocated pool, and the first `keep_resident_kib`
+        // of linear memory are reset by zeroing them instead of unmapping
+        // them and faulting them in again, page by page, on the next use
+        // (measured: 0.5 ms of page faults for a plugin using 1.5 MiB).
         let mut pool = PoolingAllocationConfig::default();
         let instances = config.max_instances.max(1);
         let max_memory = (config.max_memory_mib.max(1) as usize) << 20;
@@ -76,11 +77,15 @@ impl PluginEngine {
             .max_memories_per_component(4)
             .max_tables_per_component(16)
             .max_memory_size(max_memory)
-            .linear_memory_keep_resident(1 << 20)
+            .linear_memory_keep_resident((config.keep_resident_kib as usize) << 10)
             .table_keep_resident(64 << 10);
         wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        // Each pooled memory slot reserves only what a plugin may use.
-        wasm.memory_reservation(max_memory as u64);
+        // Each memory reserves the whole 4 GiB a 32-bit address can reach
+        // (address space, not memory: only what the limiter allows is ever
+        // committed), plus a guard, so compiled code needs no bounds check
+        // on loads and stores. Reserving less makes plugins about twice as
+        // slow (measured on image-normalize).
+        wasm.memory_reservation(4 << 30);
         wasm.memory_guard_size(32 << 20);
         let engine = Engine::new(&wasm)
             .map_err(|e| Error::internal(format!("creating the WebAssembly engine failed: {e:#}")))?;

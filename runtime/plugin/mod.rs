@@ -15,23 +15,25 @@
 pub mod bindings;
 pub mod check;
 pub mod engine;
+mod instances;
 mod state;
 pub mod store;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::Deserialize;
 use wasmtime::component::Component;
-use wasmtime::{Store, Trap};
+use wasmtime::Trap;
 
-use self::bindings::post::{Postprocessor, PostprocessorPre};
-use self::bindings::pre::{Preprocessor, PreprocessorPre};
+use self::bindings::post::PostprocessorPre;
+use self::bindings::pre::PreprocessorPre;
 use self::bindings::{Dtype, PluginError};
 pub use self::engine::PluginEngine;
+use self::instances::{Instance, Instances, Pre};
 use self::state::HostState;
 use crate::api::metrics::{Metrics, PluginMetrics};
 use crate::error::{Code, Error, Result};
@@ -53,6 +55,10 @@ pub struct PluginsConfig {
     pub max_instances: u32,
     /// The largest `memory_mib` any plugin may be given.
     pub max_memory_mib: u64,
+    /// Linear memory kept mapped between instances of a pool slot, zeroed
+    /// instead of unmapped (KiB): faster fresh instances, at the cost of
+    /// that much resident memory per slot used.
+    pub keep_resident_kib: u64,
     /// Limits per plugin, by name; plugins not named get the defaults.
     pub limits: BTreeMap<String, PluginLimits>,
 }
@@ -65,6 +71,7 @@ impl Default for PluginsConfig {
             fuel: false,
             max_instances: 256,
             max_memory_mib: 256,
+            keep_resident_kib: 2048,
             limits: BTreeMap::new(),
         }
     }
@@ -140,26 +147,10 @@ pub struct Description {
     pub sample: Option<Vec<NamedTensor>>,
 }
 
-enum Pre {
-    Preprocessor(PreprocessorPre<HostState>),
-    Postprocessor(PostprocessorPre<HostState>),
-}
-
-enum Instance {
-    Preprocessor(Preprocessor),
-    Postprocessor(Postprocessor),
-}
-
-/// An instance kept between calls (`reuse_instance`).
-struct Warm {
-    store: Store<HostState>,
-    instance: Instance,
-}
-
 /// What one call measured.
 #[derive(Debug, Clone, Copy)]
 pub struct CallStats {
-    /// Wall time of the call, instantiation included.
+    /// Wall time of the call.
     pub elapsed: Duration,
     /// The most linear memory the instance asked for, in bytes.
     pub peak_memory: usize,
@@ -167,14 +158,12 @@ pub struct CallStats {
 
 /// A loaded plugin, ready to be called from any thread.
 pub struct Plugin {
-    engine: Arc<PluginEngine>,
-    pre: Pre,
     world: World,
     description: Description,
     label: Arc<str>,
     limits: PluginLimits,
     sha256: String,
-    warm: Mutex<Vec<Warm>>,
+    instances: Instances,
     metrics: PluginMetrics,
 }
 
@@ -182,9 +171,8 @@ impl Plugin {
     /// Compiles (or loads from the cache) and checks a plugin: it must be a
     /// component of one of the two worlds, import nothing the host does not
     /// provide, answer `describe`, and — when it declares one — run its
-    /// sample under its limits.
-    /// `metrics`, when given, receives the plugin's call counts and times
-    /// under `name version`.
+    /// sample under its limits. `metrics`, when given, receives the
+    /// plugin's call counts and times under `name version`.
     pub fn load(
         engine: &Arc<PluginEngine>,
         wasm: &[u8],
@@ -202,31 +190,19 @@ impl Plugin {
         }
         let (world, pre) = instantiate_pre(engine, &component)?;
         let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(wasm));
-        let mut plugin = Plugin {
-            engine: engine.clone(),
-            pre,
-            world,
-            description: Description {
-                name: String::new(),
-                version: String::new(),
-                inputs: vec![],
-                outputs: vec![],
-                sample: None,
-            },
-            label: Arc::from("plugin"),
-            limits,
-            sha256,
-            warm: Mutex::new(Vec::new()),
-            metrics: PluginMetrics::detached("plugin"),
+        // `describe` runs once, in an instance of its own, before the
+        // plugin's name is known.
+        let unnamed = PluginLimits { reuse_instance: false, ..limits.clone() };
+        let describing = Instances::new(engine, pre.clone(), unnamed.clone(), Arc::from("plugin"));
+        let description = describe(&describing, &unnamed)?;
+        let (name, version) = (&description.name, &description.version);
+        let label: Arc<str> = Arc::from(format!("plugin '{name}' {version}"));
+        let metrics = match metrics {
+            Some(metrics) => metrics.plugin(&format!("{name} {version}")),
+            None => PluginMetrics::detached(&format!("{name} {version}")),
         };
-        plugin.description = plugin.describe()?;
-        let (name, version) = (&plugin.description.name, &plugin.description.version);
-        plugin.label = Arc::from(format!("plugin '{name}' {version}"));
-        let metric_label = format!("{name} {version}");
-        plugin.metrics = match metrics {
-            Some(metrics) => metrics.plugin(&metric_label),
-            None => PluginMetrics::detached(&metric_label),
-        };
+        let instances = Instances::new(engine, pre, limits.clone(), label.clone());
+        let plugin = Plugin { world, description, label, limits, sha256, instances, metrics };
         if let Some(sample) = plugin.description.sample.clone() {
             plugin.call(sample).map_err(|e| e.context("its sample failed"))?;
         }
@@ -270,61 +246,6 @@ impl Plugin {
         &self.limits
     }
 
-    fn new_store(&self) -> Store<HostState> {
-        let memory = (self.limits.memory_mib as usize) << 20;
-        let mut store = Store::new(self.engine.engine(), HostState::new(self.label.clone(), memory));
-        store.limiter(|state| &mut state.limiter);
-        store
-    }
-
-    fn arm(&self, store: &mut Store<HostState>) -> Result<()> {
-        let ticks = self.limits.timeout_ms.div_ceil(engine::TICK.as_millis() as u64).max(1);
-        store.set_epoch_deadline(ticks);
-        if self.engine.fuel() {
-            store
-                .set_fuel(self.limits.fuel.unwrap_or(u64::MAX))
-                .map_err(|e| Error::internal(format!("{}: setting fuel failed: {e:#}", self.label)))?;
-        }
-        Ok(())
-    }
-
-    fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Instance> {
-        Ok(match &self.pre {
-            Pre::Preprocessor(pre) => Instance::Preprocessor(pre.instantiate(store)?),
-            Pre::Postprocessor(pre) => Instance::Postprocessor(pre.instantiate(store)?),
-        })
-    }
-
-    fn describe(&self) -> Result<Description> {
-        let mut store = self.new_store();
-        self.arm(&mut store)?;
-        let result = self.instantiate(&mut store).and_then(|instance| match instance {
-            Instance::Preprocessor(i) => i.call_describe(&mut store),
-            Instance::Postprocessor(i) => i.call_describe(&mut store),
-        });
-        let info = result.map_err(|e| self.failure(e, store.data()).0.context("describe"));
-        store.data().flush_output();
-        let info = info?;
-        let spec = |s: bindings::TensorSpec| TensorSpec { name: s.name, dtype: dtype_in(s.dtype), shape: s.shape };
-        let sample = match info.sample {
-            None => None,
-            Some(tensors) => Some(
-                tensors
-                    .into_iter()
-                    .map(tensor_in)
-                    .collect::<Result<Vec<_>>>()
-                    .map_err(|e| e.context("its declared sample is malformed"))?,
-            ),
-        };
-        Ok(Description {
-            name: info.name,
-            version: info.version,
-            inputs: info.inputs.into_iter().map(spec).collect(),
-            outputs: info.outputs.into_iter().map(spec).collect(),
-            sample,
-        })
-    }
-
     /// Calls the plugin's `preprocess` or `postprocess` on `inputs`.
     pub fn call(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
         self.call_measured(inputs).map(|(outputs, _)| outputs)
@@ -335,45 +256,31 @@ impl Plugin {
         let started = Instant::now();
         let wit_inputs: Vec<bindings::Tensor> = inputs.iter().map(tensor_out).collect();
         drop(inputs);
-        let warm = if self.limits.reuse_instance { self.warm.lock().ok().and_then(|mut w| w.pop()) } else { None };
-        let (mut store, instance) = match warm {
-            Some(Warm { store, instance }) => (store, Ok(instance)),
-            None => {
-                let mut store = self.new_store();
-                self.arm(&mut store)?;
-                let instance = self.instantiate(&mut store);
-                (store, instance)
+        let mut live = match self.instances.take() {
+            Ok(live) => live,
+            Err(e) => {
+                self.metrics.record("no_instance");
+                return Err(Error::resource_exhausted(format!("{}: no instance available: {e:#}", self.label)));
             }
         };
-        self.arm(&mut store)?;
-        let result = instance.and_then(|instance| {
-            let answer = match &instance {
-                Instance::Preprocessor(i) => i.call_preprocess(&mut store, &wit_inputs),
-                Instance::Postprocessor(i) => i.call_postprocess(&mut store, &wit_inputs),
-            };
-            answer.map(|answer| (answer, instance))
-        });
-        let stats = CallStats { elapsed: started.elapsed(), peak_memory: store.data().limiter.peak };
+        let answer = match &live.instance {
+            Instance::Preprocessor(i) => i.call_preprocess(&mut live.store, &wit_inputs),
+            Instance::Postprocessor(i) => i.call_postprocess(&mut live.store, &wit_inputs),
+        };
+        let stats = CallStats { elapsed: started.elapsed(), peak_memory: live.store.data().limiter.peak };
         self.metrics.seconds.observe(stats.elapsed.as_secs_f64());
-        let (outcome, kind) = match result {
+        let (outcome, kind) = match answer {
             Err(trap) => {
-                let (error, kind) = self.failure(trap, store.data());
-                store.data().flush_output();
+                let (error, kind) = self.failure(trap, live.store.data());
                 (Err(error), kind)
             }
-            Ok((Err(PluginError::InvalidInput(message)), instance)) => {
-                store.data().flush_output();
-                self.keep_warm(store, instance);
+            Ok(Err(PluginError::InvalidInput(message))) => {
                 (Err(Error::invalid_argument(format!("{} rejected the input: {message}", self.label))), "invalid_input")
             }
-            Ok((Err(PluginError::Internal(message)), instance)) => {
-                store.data().flush_output();
-                self.keep_warm(store, instance);
+            Ok(Err(PluginError::Internal(message))) => {
                 (Err(Error::internal(format!("{} failed: {message}", self.label))), "plugin_error")
             }
-            Ok((Ok(outputs), instance)) => {
-                store.data().flush_output();
-                self.keep_warm(store, instance);
+            Ok(Ok(outputs)) => {
                 let converted = outputs
                     .into_iter()
                     .map(tensor_in)
@@ -389,55 +296,91 @@ impl Plugin {
                 (converted, kind)
             }
         };
+        live.store.data().flush_output();
+        // A trapped instance cannot be entered again; others may be kept.
+        self.instances
+            .give_back(live, !matches!(kind, "timeout" | "out_of_memory" | "out_of_fuel" | "stack_overflow" | "trap"));
         self.metrics.record(kind);
         outcome.map(|outputs| (outputs, stats))
     }
 
-    fn keep_warm(&self, store: Store<HostState>, instance: Instance) {
-        if self.limits.reuse_instance {
-            if let Ok(mut warm) = self.warm.lock() {
-                warm.push(Warm { store, instance });
-            }
-        }
-    }
-
-    /// A trap or host error as the client's error — what limit was hit,
-    /// or what the guest said before it trapped — and the metric label.
     fn failure(&self, error: wasmtime::Error, state: &HostState) -> (Error, &'static str) {
-        let label = &self.label;
-        let said = state.stderr.last_words().map(|l| format!(" (it said: {l})")).unwrap_or_default();
-        match error.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => (
-                Error::resource_exhausted(format!(
-                    "{label} exceeded its time limit of {} ms and was stopped",
-                    self.limits.timeout_ms
-                )),
-                "timeout",
-            ),
-            Some(Trap::OutOfFuel) => (
-                Error::resource_exhausted(format!(
-                    "{label} ran out of fuel ({} units)",
-                    self.limits.fuel.unwrap_or(u64::MAX)
-                )),
-                "out_of_fuel",
-            ),
-            _ if state.limiter.memory_denied => (
-                Error::resource_exhausted(format!(
-                    "{label} tried to grow its memory past its limit of {} MiB and was stopped{said}",
-                    self.limits.memory_mib
-                )),
-                "out_of_memory",
-            ),
-            Some(Trap::StackOverflow) => {
-                (Error::internal(format!("{label} overflowed its stack (runaway recursion?)")), "stack_overflow")
-            }
-            Some(Trap::UnreachableCodeReached) => (
-                Error::internal(format!("{label} trapped: it reached unreachable code (a panic or an abort){said}")),
-                "trap",
-            ),
-            Some(trap) => (Error::internal(format!("{label} trapped: {trap}{said}")), "trap"),
-            None => (Error::internal(format!("{label} failed: {error:#}{said}")), "trap"),
+        classify(&self.label, &self.limits, error, state)
+    }
+}
+
+/// Runs `describe` in an instance of its own.
+fn describe(instances: &Instances, limits: &PluginLimits) -> Result<Description> {
+    let mut live =
+        instances.take().map_err(|e| Error::invalid_argument(format!("the plugin cannot be instantiated: {e:#}")))?;
+    let result = match &live.instance {
+        Instance::Preprocessor(i) => i.call_describe(&mut live.store),
+        Instance::Postprocessor(i) => i.call_describe(&mut live.store),
+    };
+    let info = result.map_err(|e| classify("the plugin", limits, e, live.store.data()).0.context("describe"));
+    live.store.data().flush_output();
+    instances.give_back(live, false);
+    let info = info?;
+    let spec = |s: bindings::TensorSpec| TensorSpec { name: s.name, dtype: dtype_in(s.dtype), shape: s.shape };
+    let sample = match info.sample {
+        None => None,
+        Some(tensors) => Some(
+            tensors
+                .into_iter()
+                .map(tensor_in)
+                .collect::<Result<Vec<_>>>()
+                .map_err(|e| e.context("its declared sample is malformed"))?,
+        ),
+    };
+    Ok(Description {
+        name: info.name,
+        version: info.version,
+        inputs: info.inputs.into_iter().map(spec).collect(),
+        outputs: info.outputs.into_iter().map(spec).collect(),
+        sample,
+    })
+}
+
+/// A trap or host error as the client's error — what limit was hit, or
+/// what the guest said before it trapped — and the metric label.
+fn classify(label: &str, limits: &PluginLimits, error: wasmtime::Error, state: &HostState) -> (Error, &'static str) {
+    let said = state.stderr.last_words().map(|l| format!(" (it said: {l})")).unwrap_or_default();
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => (
+            Error::resource_exhausted(format!(
+                "{label} exceeded its time limit of {} ms and was stopped",
+                limits.timeout_ms
+            )),
+            "timeout",
+        ),
+        Some(Trap::OutOfFuel) => (
+            Error::resource_exhausted(format!("{label} ran out of fuel ({} units)", limits.fuel.unwrap_or(u64::MAX))),
+            "out_of_fuel",
+        ),
+        _ if state.limiter.memory_denied => (
+            Error::resource_exhausted(format!(
+                "{label} tried to grow its memory past its limit of {} MiB and was stopped{said}",
+                limits.memory_mib
+            )),
+            "out_of_memory",
+        ),
+        Some(Trap::StackOverflow) => {
+            (Error::internal(format!("{label} overflowed its stack (runaway recursion?)")), "stack_overflow")
         }
+        // Rust keeps most of a wasm function's stack in linear memory,
+        // below the data; running off its start is an out-of-bounds access.
+        Some(Trap::MemoryOutOfBounds) => (
+            Error::internal(format!(
+                "{label} accessed memory out of bounds (a runaway recursion that overflows the stack ends this way){said}"
+            )),
+            "stack_overflow",
+        ),
+        Some(Trap::UnreachableCodeReached) => (
+            Error::internal(format!("{label} trapped: it reached unreachable code (a panic or an abort){said}")),
+            "trap",
+        ),
+        Some(trap) => (Error::internal(format!("{label} trapped: {trap}{said}")), "trap"),
+        None => (Error::internal(format!("{label} failed: {error:#}{said}")), "trap"),
     }
 }
 

@@ -143,10 +143,18 @@ impl Tensor {
                 values.len()
             )));
         }
-        let mut data = Vec::with_capacity(std::mem::size_of_val(values));
-        for &v in values {
-            v.write(&mut data);
-        }
+        let data = if cfg!(target_endian = "little") {
+            // SAFETY: `values` is a live slice of plain numbers; viewing its
+            // memory as bytes is always valid, and on a little-endian target
+            // those bytes are already the wire's order.
+            unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) }.to_vec()
+        } else {
+            let mut data = Vec::with_capacity(std::mem::size_of_val(values));
+            for &v in values {
+                v.write(&mut data);
+            }
+            data
+        };
         Ok(Tensor { name, dtype: T::DTYPE, shape, data, strings: Vec::new() })
     }
 
