@@ -175,6 +175,7 @@ impl Bench {
             warmup: Duration::from_secs(2),
             timeout: None,
             progress: false,
+            rest_path: None,
         };
         let summary = self.runtime.block_on(load::run(&plan, pool.requests.clone(), pool.rows)).expect("load");
         eprintln!("  {}", summary.text().replace('\n', "\n  "));

@@ -39,6 +39,8 @@ pub enum Code {
     Unavailable,
     /// No or unknown credentials.
     Unauthenticated,
+    /// A request body or message over the size limit.
+    TooLarge,
 }
 
 impl Code {
@@ -57,6 +59,8 @@ impl Code {
             Code::Internal => tonic::Code::Internal,
             Code::Unavailable => tonic::Code::Unavailable,
             Code::Unauthenticated => tonic::Code::Unauthenticated,
+            // gRPC's own choice for a message over the size limit.
+            Code::TooLarge => tonic::Code::ResourceExhausted,
         }
     }
 
@@ -73,6 +77,7 @@ impl Code {
             Code::Unimplemented => S::NOT_IMPLEMENTED,
             Code::Unavailable => S::SERVICE_UNAVAILABLE,
             Code::DeadlineExceeded => S::GATEWAY_TIMEOUT,
+            Code::TooLarge => S::PAYLOAD_TOO_LARGE,
             // 499 is the de facto "client closed request"; TF Serving answers 500.
             Code::Cancelled | Code::Internal => S::INTERNAL_SERVER_ERROR,
         }
@@ -94,6 +99,7 @@ impl Code {
             Code::Internal => "INTERNAL",
             Code::Unavailable => "UNAVAILABLE",
             Code::Unauthenticated => "UNAUTHENTICATED",
+            Code::TooLarge => "RESOURCE_EXHAUSTED",
         }
     }
 }
@@ -206,6 +212,7 @@ mod tests {
             (Code::Unavailable, 503),
             (Code::DeadlineExceeded, 504),
             (Code::Internal, 500),
+            (Code::TooLarge, 413),
         ];
         for (code, http) in cases {
             assert_eq!(code.http().as_u16(), http, "{code}");

@@ -39,6 +39,20 @@ enum Command {
     /// Work with WebAssembly plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Work with configuration files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a config file without serving: its syntax and values, and
+    /// everything it refers to on disk (model versions, labels, plugin and
+    /// label files). Prints what would be served; exits 1 on an error.
+    Check {
+        /// The TOML file (`--model_config_file`).
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -209,14 +223,24 @@ async fn shutdown_signal() {
     }
 }
 
+/// Lines on stdout that scripts and tests wait for: the HTTP port as soon
+/// as it opens (health and metrics answer while models load), the gRPC
+/// port once everything is ready.
+struct StdoutAnnounce;
+
+impl sluice::server::Announce for StdoutAnnounce {
+    fn http_open(&mut self, http: std::net::SocketAddr) {
+        println!("sluice: serving HTTP on {http}");
+    }
+
+    fn ready(&mut self, addresses: sluice::server::Addresses) {
+        println!("sluice: serving gRPC on {}", addresses.grpc);
+    }
+}
+
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.into_config()?;
-    sluice::server::serve(config, shutdown_signal(), |addresses| {
-        // Lines on stdout that scripts and tests wait for.
-        println!("sluice: serving HTTP on {}", addresses.http);
-        println!("sluice: serving gRPC on {}", addresses.grpc);
-    })
-    .await?;
+    sluice::server::serve(config, shutdown_signal(), StdoutAnnounce).await?;
     Ok(())
 }
 
@@ -233,6 +257,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let serving = matches!(cli.command, Command::Serve(_));
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
@@ -244,12 +269,22 @@ fn main() -> ExitCode {
                 print!("{report}");
                 Ok(())
             }
+            Command::Config(ConfigCommand::Check { file }) => {
+                let summary = sluice::config::files::check(&file)?;
+                println!("{}: ok", file.display());
+                print!("{summary}");
+                Ok(())
+            }
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
+            // A server's failure also goes to its log (JSON for log
+            // pipelines); a command's is for the person who typed it.
+            if serving {
+                tracing::error!("{e:#}");
+            }
             eprintln!("sluice: {e:#}");
             ExitCode::FAILURE
         }

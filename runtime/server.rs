@@ -1,20 +1,26 @@
-//! Starting and stopping the server: load the models, bind the ports,
-//! serve until told to stop, then drain.
+//! Starting and stopping the server.
 //!
-//! Shutdown is graceful: when the shutdown future resolves, the listeners
-//! stop accepting, in-flight requests finish (up to the drain timeout), and
-//! only then are the models released.
+//! The order matters to operators: the HTTP port opens first, so liveness,
+//! readiness (503 while loading) and metrics answer while models load and
+//! warm up; the gRPC port opens once everything is ready. On shutdown,
+//! readiness turns false and gRPC health reports NOT_SERVING at once, new
+//! calls are refused with UNAVAILABLE, in-flight requests finish (up to
+//! the drain timeout), the gRPC port closes, then the HTTP port, and only
+//! then are the models released.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::api::grpc::{ModelStatusApi, PredictionApi, ServingState};
+use crate::api::health::Lifecycle;
 use crate::api::metrics::Metrics;
+use crate::api::rest::{self, RestState};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::models::ModelRegistry;
@@ -28,36 +34,75 @@ use crate::proto::tensorflow::serving::prediction_service_server::PredictionServ
 pub struct Addresses {
     /// The gRPC port's address.
     pub grpc: SocketAddr,
-    /// The HTTP port's address (metrics).
+    /// The HTTP port's address (REST, health, metrics).
     pub http: SocketAddr,
 }
 
+/// What the server tells its caller as it starts.
+pub trait Announce {
+    /// The HTTP port is open (health and metrics answer; models load).
+    fn http_open(&mut self, http: SocketAddr);
+    /// Everything is loaded and both ports serve.
+    fn ready(&mut self, addresses: Addresses);
+}
+
 /// Loads everything `config` describes and serves it until `shutdown`
-/// resolves; `on_ready` is called with the bound addresses once the server
-/// accepts requests.
+/// resolves, telling `announce` when each port opens.
 pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    on_ready: impl FnOnce(Addresses),
+    mut announce: impl Announce,
 ) -> Result<()> {
     let metrics = Metrics::new();
-    let registry =
-        Arc::new(ModelRegistry::load(&config.models, config.onnxruntime.library.as_deref(), &metrics).await?);
-    let uses_plugins = config
-        .pipelines
-        .iter()
-        .any(|p| [&p.preprocess, &p.postprocess].into_iter().flatten().any(|stage| stage.plugin.is_some()));
-    let plugin_engine = if uses_plugins { Some(Arc::new(PluginEngine::new(&config.plugins)?)) } else { None };
-    let stages = StageContext { plugins: &config.plugins, engine: plugin_engine.as_ref(), metrics: &metrics };
-    let endpoints = Arc::new(Endpoints::build(&config, registry, &stages)?);
-    let state = ServingState { endpoints: endpoints.clone(), output_encoding: config.server.output_encoding };
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let lifecycle = Lifecycle::new(reporter);
 
+    // Both ports are bound before anything loads, so a port in use fails
+    // the start at once instead of after a long load.
     let grpc_listener = bind(&config.server.host, config.server.port).await?;
     let http_listener = bind(&config.server.host, config.server.rest_api_port).await?;
-    let local = |listener: &TcpListener| {
-        listener.local_addr().map_err(|e| Error::internal(format!("reading the bound address failed: {e}")))
+    let addresses = Addresses { grpc: local_addr(&grpc_listener)?, http: local_addr(&http_listener)? };
+
+    let (stopping_tx, stopping_rx) = watch::channel(false);
+    tokio::spawn({
+        let lifecycle = lifecycle.clone();
+        async move {
+            shutdown.await;
+            tracing::info!("shutting down: readiness off, refusing new requests, draining in-flight ones");
+            lifecycle.drain().await;
+            let _ = stopping_tx.send(true);
+        }
+    });
+
+    let rest_state = RestState {
+        lifecycle: lifecycle.clone(),
+        metrics: metrics.clone(),
+        max_body_bytes: config.server.max_message_bytes,
     };
-    let addresses = Addresses { grpc: local(&grpc_listener)?, http: local(&http_listener)? };
+    let (http_stop_tx, http_stop_rx) = watch::channel(false);
+    let http = tokio::spawn(
+        axum::serve(http_listener.tap_io(no_delay), rest::router(rest_state))
+            .with_graceful_shutdown(stopped(http_stop_rx))
+            .into_future(),
+    );
+    announce.http_open(addresses.http);
+    tracing::info!(http = %addresses.http, "HTTP port open (health, metrics); loading models");
+
+    let endpoints = tokio::select! {
+        endpoints = load(&config, &metrics) => endpoints?,
+        () = stopped(stopping_rx.clone()) => {
+            tracing::info!("shutdown requested while loading; stopping");
+            let _ = http_stop_tx.send(true);
+            let _ = http.await;
+            return Ok(());
+        }
+    };
+    let state = ServingState {
+        endpoints: endpoints.clone(),
+        output_encoding: config.server.output_encoding,
+        metrics: metrics.clone(),
+        phase: lifecycle.phase_cell(),
+    };
 
     let max = config.server.max_message_bytes;
     let prediction = PredictionServiceServer::new(PredictionApi::new(state.clone()))
@@ -66,52 +111,80 @@ pub async fn serve(
     let model_service = ModelServiceServer::new(ModelStatusApi::new(state.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
-
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| Error::internal(format!("building gRPC reflection failed: {e}")))?;
     // tonic's own server would enforce `grpc-timeout` itself and answer
     // CANCELLED when it passes; served by axum, the routes leave deadlines
     // to sluice, which answers DEADLINE_EXCEEDED as gRPC clients expect.
-    let grpc_routes = tonic::service::Routes::new(prediction).add_service(model_service).prepare().into_axum_router();
+    let grpc_routes = tonic::service::Routes::new(prediction)
+        .add_service(model_service)
+        .add_service(health_service)
+        .add_service(reflection)
+        .prepare()
+        .into_axum_router();
+    let grpc = axum::serve(grpc_listener.tap_io(no_delay), grpc_routes)
+        .with_graceful_shutdown(stopped(stopping_rx.clone()))
+        .into_future();
 
-    let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
-    let stopping = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stopping| *stopping).await;
-    };
-    let http = axum::serve(http_listener, crate::api::http::router(metrics.clone()))
-        .with_graceful_shutdown(stopping(stopping_rx.clone()));
-    let http = tokio::spawn(async move {
-        if let Err(e) = http.await {
-            tracing::error!("the HTTP server failed: {e}");
-        }
-    });
-    // Nagle's algorithm holds small responses for up to 40 ms on loopback.
-    let grpc_listener = grpc_listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!("cannot set TCP_NODELAY: {e}");
-        }
-    });
-    let grpc = axum::serve(grpc_listener, grpc_routes).with_graceful_shutdown(stopping(stopping_rx.clone()));
-    tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!("shutting down: no new connections, draining in-flight requests");
-        let _ = stopping_tx.send(true);
-    });
-
-    on_ready(addresses);
-    tracing::info!(grpc = %addresses.grpc, http = %addresses.http, "serving");
+    lifecycle.ready(state).await;
+    announce.ready(addresses);
+    tracing::info!(grpc = %addresses.grpc, http = %addresses.http, "ready: serving");
 
     let drain = Duration::from_secs(config.server.drain_timeout_secs);
-    let drain_deadline = async move {
-        let _ = stopping_rx.wait_for(|stopping| *stopping).await;
-        tokio::time::sleep(drain).await;
+    let drain_deadline = {
+        let stopping_rx = stopping_rx.clone();
+        async move {
+            stopped(stopping_rx).await;
+            tokio::time::sleep(drain).await;
+        }
     };
+    tokio::pin!(drain_deadline);
     tokio::select! {
-        result = std::future::IntoFuture::into_future(grpc) => result.map_err(|e| Error::internal(format!("the gRPC server failed: {e}")))?,
-        () = drain_deadline => tracing::warn!(timeout_secs = drain.as_secs(), "drain timeout reached; abandoning in-flight requests"),
+        result = grpc => result.map_err(|e| Error::internal(format!("the gRPC server failed: {e}")))?,
+        () = &mut drain_deadline => tracing::warn!(timeout_secs = drain.as_secs(), "drain timeout reached; abandoning in-flight gRPC requests"),
     }
-    http.abort();
+    // REST requests in flight finish too; the port stays open until now so
+    // that readiness probes see 503 rather than a refused connection.
+    let _ = http_stop_tx.send(true);
+    tokio::select! {
+        _ = http => {}
+        () = &mut drain_deadline => tracing::warn!(timeout_secs = drain.as_secs(), "drain timeout reached; abandoning in-flight REST requests"),
+    }
     drop(endpoints);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Loads the models, builds the plugin engine when a pipeline uses one, and
+/// builds every endpoint.
+async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<Endpoints>> {
+    let registry = Arc::new(ModelRegistry::load(&config.models, config.onnxruntime.library.as_deref(), metrics).await?);
+    let uses_plugins = config
+        .pipelines
+        .iter()
+        .any(|p| [&p.preprocess, &p.postprocess].into_iter().flatten().any(|stage| stage.plugin.is_some()));
+    let plugin_engine = if uses_plugins { Some(Arc::new(PluginEngine::new(&config.plugins)?)) } else { None };
+    let stages = StageContext { plugins: &config.plugins, engine: plugin_engine.as_ref(), metrics };
+    Ok(Arc::new(Endpoints::build(config, registry, &stages)?))
+}
+
+/// Resolves once `rx` says stop.
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Nagle's algorithm holds small responses for up to 40 ms on loopback.
+fn no_delay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::warn!("cannot set TCP_NODELAY: {e}");
+    }
+}
+
+fn local_addr(listener: &TcpListener) -> Result<SocketAddr> {
+    listener.local_addr().map_err(|e| Error::internal(format!("reading the bound address failed: {e}")))
 }
 
 async fn bind(host: &str, port: u16) -> Result<TcpListener> {

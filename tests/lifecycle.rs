@@ -1,10 +1,9 @@
-//! Starting and stopping the server: graceful shutdown, clear start-up
-//! errors (missing ONNX Runtime, broken config), and the help text.
+//! Starting the server: clear start-up errors (missing ONNX Runtime, broken
+//! config) and the help text. Shutdown is in `operations.rs`.
 
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
 
 use common::*;
 
@@ -12,34 +11,6 @@ fn sluice() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
     command.env_remove("ORT_DYLIB_PATH");
     command
-}
-
-#[tokio::test]
-async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
-    let mut server =
-        Server::start(&["--model_name", "cnn", "--model_base_path", "examples/models/cnn", "--sessions", "1"]);
-    // Large requests that take a while in the one session.
-    let mut in_flight = Vec::new();
-    for i in 0..6u64 {
-        let mut client = server.predict_client().await;
-        in_flight.push(tokio::spawn(async move {
-            let image = values(i, 512 * 3 * 32 * 32);
-            client.predict(predict_request("cnn", vec![("image", f32_content(&[512, 3, 32, 32], &image))])).await
-        }));
-    }
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    // SAFETY: sending a signal to our own child process.
-    let rc = unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGTERM) };
-    assert_eq!(rc, 0);
-    for task in in_flight {
-        let response = task.await.expect("task").expect("an in-flight request must finish after SIGTERM");
-        assert_eq!(dims(&response.into_inner().outputs["logits"]), vec![512, 10]);
-    }
-    let status = server.wait(Duration::from_secs(30)).expect("sluice exits after SIGTERM");
-    assert!(status.success(), "exit status {status:?}");
-    let log = server.log().join("\n");
-    assert!(log.contains("SIGTERM received"), "{log}");
-    assert!(log.contains("stopped"), "{log}");
 }
 
 #[test]

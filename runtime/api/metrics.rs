@@ -38,6 +38,35 @@ pub struct ModelLabels {
     pub version: String,
 }
 
+/// Labels of a finished request, as TF Serving's `request_count` has them
+/// (`model_name`, `status`), plus sluice's pipeline and entry point.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The model that served (or was asked for).
+    pub model_name: String,
+    /// The pipeline (the model's name for a model served directly).
+    pub pipeline: String,
+    /// `predict`, `get_model_metadata`, `get_model_status`.
+    pub api: String,
+    /// `grpc` or `rest`.
+    pub entrypoint: String,
+    /// The canonical code: `OK`, `INVALID_ARGUMENT`, …
+    pub status: String,
+}
+
+/// Labels of request latency, as TF Serving's `request_latency`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LatencyLabels {
+    /// The model.
+    pub model_name: String,
+    /// The pipeline.
+    pub pipeline: String,
+    /// The API.
+    pub api: String,
+    /// `grpc` or `rest`.
+    pub entrypoint: String,
+}
+
 /// Labels of a plugin call.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginCallLabels {
@@ -94,6 +123,13 @@ pub struct Metrics {
     pub model_runs: Family<ModelLabels, Counter>,
     /// Time the model took per batch.
     pub inference_seconds: Family<ModelLabels, Histogram, SecondsBuckets>,
+    /// Requests by model, pipeline, API, entry point and status (TF
+    /// Serving's `:tensorflow:serving:request_count`).
+    pub requests: Family<RequestLabels, Counter>,
+    /// Request latency (TF Serving's `:tensorflow:serving:request_latency`).
+    pub request_latency: Family<LatencyLabels, Histogram, SecondsBuckets>,
+    /// Resident memory of the process, read at each scrape.
+    pub resident_memory: Gauge,
     /// Plugin calls by outcome.
     pub plugin_calls: Family<PluginCallLabels, Counter>,
     /// Time per plugin call, instantiation included.
@@ -113,11 +149,18 @@ impl Metrics {
             padding_rows: Family::default(),
             model_runs: Family::default(),
             inference_seconds: Family::new_with_constructor(SecondsBuckets),
+            requests: Family::default(),
+            request_latency: Family::new_with_constructor(SecondsBuckets),
+            resident_memory: Gauge::default(),
             plugin_calls: Family::default(),
             plugin_seconds: Family::new_with_constructor(SecondsBuckets),
             registry: Registry::default(),
         };
-        registry.register("sluice_queue_depth", "Requests waiting in a queue", metrics.queue_depth.clone());
+        registry.register(
+            "sluice_queue_depth",
+            "Requests waiting in a queue; for an admission queue, requests admitted and not yet answered",
+            metrics.queue_depth.clone(),
+        );
         registry.register(
             "sluice_queue_wait_seconds",
             "Time requests waited in a queue before a worker took them",
@@ -137,6 +180,21 @@ impl Metrics {
             "Time a model version took per batch",
             metrics.inference_seconds.clone(),
         );
+        registry.register(
+            "sluice_serving_request_count",
+            "Requests by model, pipeline, API, entry point and status (TF Serving's request_count)",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "sluice_serving_request_latency_seconds",
+            "Request latency by model, pipeline, API and entry point (TF Serving's request_latency)",
+            metrics.request_latency.clone(),
+        );
+        registry.register(
+            "sluice_process_resident_memory_bytes",
+            "Resident memory of the sluice process",
+            metrics.resident_memory.clone(),
+        );
         registry.register("sluice_plugin_calls", "Plugin calls by outcome", metrics.plugin_calls.clone());
         registry.register(
             "sluice_plugin_seconds",
@@ -151,8 +209,11 @@ impl Metrics {
         &self.registry
     }
 
-    /// Everything in Prometheus' text format.
+    /// Everything in Prometheus' text format, with process memory read now.
     pub fn encode(&self) -> String {
+        if let Some(rss) = resident_bytes() {
+            self.resident_memory.set(rss as i64);
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -232,6 +293,13 @@ impl PluginMetrics {
         }
         self.calls.get_or_create(&PluginCallLabels { plugin: self.plugin.clone(), outcome: outcome.to_string() }).inc();
     }
+}
+
+/// Resident memory of this process, from /proc.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
 /// The metrics of one queue, resolved once.

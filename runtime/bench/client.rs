@@ -83,3 +83,141 @@ impl RawPredictClient {
         Ok(response.into_inner())
     }
 }
+
+/// An HTTP/1.1 client of one server, one connection per clone (HTTP/1.1
+/// does not multiplex): each load worker gets its own connection, opened
+/// on first use and again whenever the server closed it.
+pub struct RestClient {
+    addr: std::net::SocketAddr,
+    connection: Option<hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>>,
+}
+
+impl Clone for RestClient {
+    fn clone(&self) -> Self {
+        RestClient { addr: self.addr, connection: None }
+    }
+}
+
+/// What a REST call returned.
+#[derive(Debug)]
+pub struct RestResponse {
+    /// The HTTP status.
+    pub status: http::StatusCode,
+    /// The headers.
+    pub headers: http::HeaderMap,
+    /// The whole body.
+    pub body: Bytes,
+}
+
+impl RestResponse {
+    /// The body as text (lossy), for messages.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl RestClient {
+    /// A client of `target` (`http://host:port` or `host:port`).
+    pub fn new(target: &str) -> Result<RestClient, String> {
+        let authority = target.strip_prefix("http://").unwrap_or(target).trim_end_matches('/');
+        let addr = authority.parse().map_err(|e| format!("bad REST target {target}: {e} (expected http://IP:PORT)"))?;
+        Ok(RestClient { addr, connection: None })
+    }
+
+    async fn connect(&self) -> Result<hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>, String> {
+        let stream = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", self.addr))?;
+        stream.set_nodelay(true).map_err(|e| format!("TCP_NODELAY: {e}"))?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("HTTP handshake with {} failed: {e}", self.addr))?;
+        tokio::spawn(connection);
+        Ok(sender)
+    }
+
+    /// Sends one request and reads the whole answer.
+    pub async fn call(
+        &mut self,
+        method: http::Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Result<RestResponse, String> {
+        use http_body_util::BodyExt;
+        let reusable = match self.connection.as_mut() {
+            Some(sender) => sender.ready().await.is_ok(),
+            None => false,
+        };
+        if !reusable {
+            self.connection = Some(self.connect().await?);
+        }
+        let sender = self.connection.as_mut().ok_or("no connection")?;
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, self.addr.to_string())
+            .header(http::header::CONTENT_TYPE, "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(http_body_util::Full::new(body)).map_err(|e| format!("bad request: {e}"))?;
+        let response = sender.send_request(request).await.map_err(|e| {
+            self.connection = None;
+            format!("{path}: {e}")
+        })?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.map_err(|e| format!("{path}: reading the body: {e}"))?.to_bytes();
+        Ok(RestResponse { status: parts.status, headers: parts.headers, body })
+    }
+}
+
+/// The gRPC status matching an HTTP status of TF Serving's REST API.
+pub fn status_of_http(status: http::StatusCode, body: &[u8]) -> Status {
+    let message = String::from_utf8_lossy(body).into_owned();
+    match status.as_u16() {
+        400 => Status::invalid_argument(message),
+        401 => Status::unauthenticated(message),
+        403 => Status::permission_denied(message),
+        404 => Status::not_found(message),
+        409 => Status::already_exists(message),
+        413 | 429 => Status::resource_exhausted(message),
+        501 => Status::unimplemented(message),
+        503 => Status::unavailable(message),
+        504 => Status::deadline_exceeded(message),
+        _ => Status::internal(message),
+    }
+}
+
+/// The load generator's client: gRPC with encoded `PredictRequest`s, or
+/// REST with JSON bodies posted to `/v1/models/NAME:predict`.
+#[derive(Clone)]
+pub enum LoadClient {
+    /// gRPC, over a shared HTTP/2 connection.
+    Grpc(RawPredictClient),
+    /// REST, over this worker's own connection.
+    Rest {
+        /// The connection.
+        client: RestClient,
+        /// `/v1/models/NAME[/versions/N]:predict`.
+        path: std::sync::Arc<str>,
+    },
+}
+
+impl LoadClient {
+    /// Sends one prepared request (encoded proto or JSON body).
+    pub async fn predict(&mut self, request: Bytes, timeout: Option<std::time::Duration>) -> Result<Bytes, Status> {
+        match self {
+            LoadClient::Grpc(client) => client.predict(request, timeout).await,
+            LoadClient::Rest { client, path } => {
+                let response =
+                    client.call(http::Method::POST, path, &[], request).await.map_err(Status::unavailable)?;
+                if response.status.is_success() {
+                    Ok(response.body)
+                } else {
+                    Err(status_of_http(response.status, &response.body))
+                }
+            }
+        }
+    }
+}

@@ -181,3 +181,36 @@ pub fn from_json_file(path: &Path, specs: &[TensorSpec], spec: &ModelSpec) -> Re
     }
     Ok(RequestPool { requests: vec![encode_request(spec, inputs)], rows })
 }
+
+/// The same requests as TF Serving REST bodies in row form:
+/// `{"instances": [{"input": row, …}, …]}`.
+pub fn rest_bodies(requests: &[Bytes]) -> Result<Vec<Bytes>, String> {
+    use crate::tensor::json::JsonView;
+    requests
+        .iter()
+        .map(|encoded| {
+            let request = PredictRequest::decode(encoded.clone()).map_err(|e| format!("bad request: {e}"))?;
+            let mut inputs = Vec::with_capacity(request.inputs.len());
+            for (name, proto) in request.inputs {
+                let tensor = crate::tensor::proto::decode(&name, proto).map_err(|e| e.to_string())?;
+                inputs.push((name, tensor));
+            }
+            let rows = inputs.first().map_or(0, |(_, t)| t.rows());
+            if let Some((name, _)) = inputs.iter().find(|(_, t)| t.rows() != rows || t.shape().is_empty()) {
+                return Err(format!("input '{name}' does not have {rows} rows; the row form needs a batch dimension"));
+            }
+            let instances: Vec<serde_json::Map<String, Value>> = (0..rows)
+                .map(|r| {
+                    inputs
+                        .iter()
+                        .map(|(name, t)| Ok((name.clone(), serde_json::to_value(JsonView::row(t, r))?)))
+                        .collect::<Result<_, serde_json::Error>>()
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            serde_json::to_vec(&serde_json::json!({ "instances": instances }))
+                .map(Bytes::from)
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}

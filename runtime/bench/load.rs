@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::Semaphore;
 
-use super::client::RawPredictClient;
+use super::client::{LoadClient, RawPredictClient, RestClient};
 use super::stats::{code_name, Recorder, Summary};
 
 /// How to load the target.
@@ -32,6 +32,9 @@ pub struct LoadPlan {
     pub timeout: Option<Duration>,
     /// Print a progress line each second on stderr.
     pub progress: bool,
+    /// REST instead of gRPC: the path to POST JSON bodies to
+    /// (`/v1/models/NAME:predict`); `target` is then the HTTP port.
+    pub rest_path: Option<String>,
 }
 
 struct Shared {
@@ -71,8 +74,19 @@ pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> Result<Sum
         return Err("no requests to send".into());
     }
     let mut clients = Vec::with_capacity(plan.connections.max(1));
-    for _ in 0..plan.connections.max(1) {
-        clients.push(RawPredictClient::connect(&plan.target).await?);
+    match &plan.rest_path {
+        None => {
+            for _ in 0..plan.connections.max(1) {
+                clients.push(LoadClient::Grpc(RawPredictClient::connect(&plan.target).await?));
+            }
+        }
+        // Each worker's clone opens its own HTTP/1.1 connection.
+        Some(path) => {
+            if plan.rps.is_some() {
+                return Err("REST load runs closed loop only (HTTP/1.1 needs a connection per worker)".into());
+            }
+            clients.push(LoadClient::Rest { client: RestClient::new(&plan.target)?, path: path.as_str().into() });
+        }
     }
     let start = Instant::now();
     let shared = Arc::new(Shared {
@@ -97,7 +111,7 @@ pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> Result<Sum
     Ok(total.summary(plan.duration))
 }
 
-async fn closed_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<RawPredictClient>) {
+async fn closed_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<LoadClient>) {
     let mut workers = Vec::with_capacity(plan.concurrency);
     for worker in 0..plan.concurrency.max(1) {
         let mut client = clients[worker % clients.len()].clone();
@@ -118,7 +132,7 @@ async fn closed_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<RawPred
     }
 }
 
-async fn open_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<RawPredictClient>, rps: f64) {
+async fn open_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<LoadClient>, rps: f64) {
     let interval = Duration::from_secs_f64(1.0 / rps.max(1e-3));
     let in_flight = Arc::new(Semaphore::new(plan.concurrency.max(1)));
     let start = Instant::now();

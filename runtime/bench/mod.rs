@@ -94,6 +94,11 @@ pub struct BenchArgs {
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Send the requests to this REST address (`http://127.0.0.1:8501`)
+    /// as TF Serving REST bodies in row form (`instances`), instead of gRPC
+    /// to --target (which still answers GetModelMetadata). Closed loop only.
+    #[arg(long)]
+    pub rest: Option<String>,
     /// Step mode: write an HTML report with the throughput/latency chart.
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -142,8 +147,20 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             inputs::random_pool(&specs, &spec, args.batch, &shapes, args.pool, 42)?
         }
     };
+    let (target, rest_path, requests) = match &args.rest {
+        None => (args.target.clone(), None, pool.requests),
+        Some(rest) => {
+            let path = match args.version {
+                Some(v) => format!("/v1/models/{}/versions/{v}:predict", args.model),
+                None => format!("/v1/models/{}:predict", args.model),
+            };
+            (rest.clone(), Some(path), inputs::rest_bodies(&pool.requests)?)
+        }
+    };
+    let pool = inputs::RequestPool { requests, rows: pool.rows };
     let plan = LoadPlan {
-        target: args.target.clone(),
+        target,
+        rest_path,
         connections: args.connections,
         concurrency: args.concurrency,
         rps: args.rps,

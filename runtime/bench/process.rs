@@ -75,6 +75,22 @@ impl ServerProcess {
         lines.iter().find_map(|l| l.strip_prefix(prefix).map(|rest| rest.trim().to_string()))
     }
 
+    /// Waits up to `timeout` for a stdout line starting with `prefix`;
+    /// returns the rest of it, trimmed.
+    pub fn wait_stdout(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if let Some(rest) = self.stdout_after(prefix) {
+                return Some(rest);
+            }
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return self.stdout_after(prefix);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
     /// `http://ADDR`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

@@ -66,7 +66,7 @@ impl Signature {
     pub fn check_input_names<'a>(
         &self,
         owner: &dyn fmt::Display,
-        names: impl Iterator<Item = &'a String> + Clone,
+        names: impl Iterator<Item = &'a str> + Clone,
     ) -> Result<()> {
         if names.clone().next().is_none() {
             return Err(Error::invalid_argument(format!(
@@ -75,7 +75,7 @@ impl Signature {
             )));
         }
         for name in names.clone() {
-            if !self.inputs.iter().any(|i| &i.name == name) {
+            if !self.inputs.iter().any(|i| i.name == name) {
                 return Err(Error::invalid_argument(format!(
                     "unexpected input '{name}'; {owner} expects {}",
                     self.input_names()
@@ -83,7 +83,7 @@ impl Signature {
             }
         }
         for spec in &self.inputs {
-            if !names.clone().any(|n| n == &spec.name) {
+            if !names.clone().any(|n| n == spec.name) {
                 return Err(Error::invalid_argument(format!(
                     "missing input '{}' ({} {}); {owner} expects {}",
                     spec.name,
@@ -252,11 +252,23 @@ mod tests {
     fn names_are_checked_before_decoding() {
         let s = sig();
         let none: Vec<String> = vec![];
-        assert!(s.check_input_names(&"m", none.iter()).unwrap_err().message().contains("no inputs"));
+        assert!(s
+            .check_input_names(&"m", none.iter().map(String::as_str))
+            .unwrap_err()
+            .message()
+            .contains("no inputs"));
         let extra = ["dense".to_string(), "ids".to_string(), "zzz".to_string()];
-        assert!(s.check_input_names(&"m", extra.iter()).unwrap_err().message().contains("unexpected input 'zzz'"));
+        assert!(s
+            .check_input_names(&"m", extra.iter().map(String::as_str))
+            .unwrap_err()
+            .message()
+            .contains("unexpected input 'zzz'"));
         let missing = ["dense".to_string()];
-        assert!(s.check_input_names(&"m", missing.iter()).unwrap_err().message().contains("missing input 'ids'"));
+        assert!(s
+            .check_input_names(&"m", missing.iter().map(String::as_str))
+            .unwrap_err()
+            .message()
+            .contains("missing input 'ids'"));
     }
 
     #[test]

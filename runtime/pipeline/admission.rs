@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
@@ -18,26 +19,38 @@ pub struct Admission {
     capacity: usize,
     permits: Arc<Semaphore>,
     rejected: Counter,
+    in_flight: Gauge,
 }
 
 /// Proof that a request was admitted; dropping it frees the place.
 #[derive(Debug)]
 pub struct AdmissionPermit {
     _permit: OwnedSemaphorePermit,
+    in_flight: Gauge,
+}
+
+impl Drop for AdmissionPermit {
+    fn drop(&mut self) {
+        self.in_flight.dec();
+    }
 }
 
 impl Admission {
     /// An entrance for `capacity` requests at once; `name` appears in the
     /// error a refused request gets ("the request queue of model 'cnn'");
-    /// `rejected` counts the refusals.
-    pub fn new(name: impl Into<String>, capacity: usize, rejected: Counter) -> Admission {
-        Admission { name: name.into(), capacity, permits: Arc::new(Semaphore::new(capacity)), rejected }
+    /// `rejected` counts the refusals, `in_flight` shows the requests
+    /// admitted and not yet answered (what a drain waits for).
+    pub fn new(name: impl Into<String>, capacity: usize, rejected: Counter, in_flight: Gauge) -> Admission {
+        Admission { name: name.into(), capacity, permits: Arc::new(Semaphore::new(capacity)), rejected, in_flight }
     }
 
     /// Admits a request, or refuses it at once when the queue is full.
     pub fn try_admit(&self) -> Result<AdmissionPermit> {
         match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => Ok(AdmissionPermit { _permit: permit }),
+            Ok(permit) => {
+                self.in_flight.inc();
+                Ok(AdmissionPermit { _permit: permit, in_flight: self.in_flight.clone() })
+            }
             Err(_) => {
                 self.rejected.inc();
                 Err(Error::queue_full(&self.name, self.capacity))
@@ -68,7 +81,8 @@ mod tests {
 
     #[test]
     fn refuses_beyond_capacity_and_frees_on_drop() {
-        let admission = Admission::new("queue of model 'm'", 2, Counter::default());
+        let gauge = Gauge::default();
+        let admission = Admission::new("queue of model 'm'", 2, Counter::default(), gauge.clone());
         let a = admission.try_admit().unwrap();
         let _b = admission.try_admit().unwrap();
         let err = admission.try_admit().unwrap_err();
@@ -76,7 +90,9 @@ mod tests {
         assert!(err.message().contains("queue of model 'm'"), "{err}");
         assert_eq!(admission.rejected(), 1);
         assert_eq!(admission.in_flight(), 2);
+        assert_eq!(gauge.get(), 2);
         drop(a);
+        assert_eq!(gauge.get(), 1);
         assert!(admission.try_admit().is_ok());
     }
 }

@@ -66,7 +66,8 @@ impl Pipeline {
     pub fn direct(model: Arc<ServedModel>, max_in_flight: usize, metrics: &Metrics) -> Pipeline {
         let name = model.name().to_string();
         let queue = metrics.queue(&format!("{name}/admission"));
-        let admission = Admission::new(format!("the request queue of model '{name}'"), max_in_flight, queue.full);
+        let admission =
+            Admission::new(format!("the request queue of model '{name}'"), max_in_flight, queue.full, queue.depth);
         let signatures = model.versions().map(|v| (v.version(), v.signature().clone())).collect();
         Pipeline { name, model, admission, preprocess: None, postprocess: None, signatures }
     }
@@ -102,8 +103,12 @@ impl Pipeline {
             signatures.insert(version.version(), signature);
         }
         let queue = metrics.queue(&format!("{name}/admission"));
-        let admission =
-            Admission::new(format!("the request queue of pipeline '{name}'"), config.max_in_flight, queue.full);
+        let admission = Admission::new(
+            format!("the request queue of pipeline '{name}'"),
+            config.max_in_flight,
+            queue.full,
+            queue.depth,
+        );
         Ok(Pipeline { name, model, admission, preprocess, postprocess, signatures })
     }
 

@@ -18,13 +18,14 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STA
 
 /// The shape of a nested JSON array, and its leaves in row-major order.
 /// `{"b64": …}` objects are leaves.
-pub fn flatten<'a>(value: &'a Value, what: &str) -> Result<(Vec<i64>, Vec<&'a Value>)> {
+/// `what` names the tensor in errors; it is only formatted when there is one.
+pub fn flatten<'a>(value: &'a Value, what: &dyn std::fmt::Display) -> Result<(Vec<i64>, Vec<&'a Value>)> {
     fn walk<'a>(
         value: &'a Value,
         depth: usize,
         shape: &mut Vec<i64>,
         leaves: &mut Vec<&'a Value>,
-        what: &str,
+        what: &dyn std::fmt::Display,
     ) -> Result<()> {
         match value {
             Value::Array(items) => {
@@ -148,67 +149,99 @@ pub fn tensor_from_leaves(dtype: DType, shape: Vec<i64>, leaves: &[&Value], what
 
 /// A JSON array (nested as deep as the shape) as a tensor of `dtype`.
 pub fn tensor_from_json(value: &Value, dtype: DType, what: &str) -> Result<Tensor> {
-    let (shape, leaves) = flatten(value, what)?;
+    let (shape, leaves) = flatten(value, &what)?;
     tensor_from_leaves(dtype, shape, &leaves, what)
 }
 
-/// One element as JSON.
-fn element(tensor: &Tensor, i: usize) -> Value {
-    let bytes = match tensor.data() {
-        TensorData::Strings(strings) => {
-            let s = &strings[i];
-            return match std::str::from_utf8(s) {
-                Ok(text) => Value::String(text.to_string()),
-                Err(_) => serde_json::json!({ "b64": B64.encode(s) }),
-            };
-        }
-        TensorData::Fixed(bytes) => bytes,
-    };
-    let size = tensor.dtype().size().unwrap_or(1);
-    let raw = &bytes[i * size..(i + 1) * size];
-    fn le<T: bytemuck::Pod>(raw: &[u8]) -> T {
-        bytemuck::pod_read_unaligned(raw)
+/// A tensor (or one row of it) written as TF Serving writes tensors:
+/// nested arrays, floats in their shortest form (an f32 prints as `0.1`,
+/// not `0.10000000149011612`), strings as text or `{"b64": …}`. It
+/// serialises straight from the tensor's bytes, without building a JSON
+/// tree first.
+pub struct JsonView<'a> {
+    tensor: &'a Tensor,
+    dims: &'a [i64],
+    from: usize,
+}
+
+impl<'a> JsonView<'a> {
+    /// The whole tensor (a bare value for rank 0).
+    pub fn whole(tensor: &'a Tensor) -> Self {
+        JsonView { tensor, dims: tensor.shape(), from: 0 }
     }
-    let float = |x: f64| serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number);
-    match tensor.dtype() {
-        DType::F32 => float(le::<f32>(raw) as f64),
-        DType::F64 => float(le::<f64>(raw)),
-        DType::F16 => float(le::<half::f16>(raw).to_f64()),
-        DType::BF16 => float(le::<half::bf16>(raw).to_f64()),
-        DType::I8 => Value::from(le::<i8>(raw)),
-        DType::I16 => Value::from(le::<i16>(raw)),
-        DType::I32 => Value::from(le::<i32>(raw)),
-        DType::I64 => Value::from(le::<i64>(raw)),
-        DType::U8 => Value::from(raw[0]),
-        DType::U16 => Value::from(le::<u16>(raw)),
-        DType::U32 => Value::from(le::<u32>(raw)),
-        DType::U64 => Value::from(le::<u64>(raw)),
-        DType::Bool => Value::Bool(raw[0] != 0),
-        DType::String => unreachable!("strings are handled above"),
+
+    /// Row `row` along dimension 0.
+    pub fn row(tensor: &'a Tensor, row: usize) -> Self {
+        let dims = tensor.shape().get(1..).unwrap_or(&[]);
+        let stride: usize = dims.iter().map(|&d| d as usize).product();
+        JsonView { tensor, dims, from: row * stride }
+    }
+
+    fn element<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let i = self.from;
+        let bytes = match self.tensor.data() {
+            TensorData::Strings(strings) => {
+                let s = &strings[i];
+                return match std::str::from_utf8(s) {
+                    Ok(text) => serializer.serialize_str(text),
+                    Err(_) => {
+                        let mut map = serializer.serialize_map(Some(1))?;
+                        map.serialize_entry("b64", &B64.encode(s))?;
+                        map.end()
+                    }
+                };
+            }
+            TensorData::Fixed(bytes) => bytes,
+        };
+        let size = self.tensor.dtype().size().unwrap_or(1);
+        let raw = &bytes[i * size..(i + 1) * size];
+        fn le<T: bytemuck::Pod>(raw: &[u8]) -> T {
+            bytemuck::pod_read_unaligned(raw)
+        }
+        match self.tensor.dtype() {
+            DType::F32 => serializer.serialize_f32(le::<f32>(raw)),
+            DType::F64 => serializer.serialize_f64(le::<f64>(raw)),
+            DType::F16 => serializer.serialize_f32(le::<half::f16>(raw).to_f32()),
+            DType::BF16 => serializer.serialize_f32(le::<half::bf16>(raw).to_f32()),
+            DType::I8 => serializer.serialize_i8(le::<i8>(raw)),
+            DType::I16 => serializer.serialize_i16(le::<i16>(raw)),
+            DType::I32 => serializer.serialize_i32(le::<i32>(raw)),
+            DType::I64 => serializer.serialize_i64(le::<i64>(raw)),
+            DType::U8 => serializer.serialize_u8(raw[0]),
+            DType::U16 => serializer.serialize_u16(le::<u16>(raw)),
+            DType::U32 => serializer.serialize_u32(le::<u32>(raw)),
+            DType::U64 => serializer.serialize_u64(le::<u64>(raw)),
+            DType::Bool => serializer.serialize_bool(raw[0] != 0),
+            // Strings returned above; a string dtype always holds strings.
+            DType::String => serializer.serialize_unit(),
+        }
     }
 }
 
-/// Elements `from..from + count` of `tensor`, nested by `dims`.
-fn nest(tensor: &Tensor, dims: &[i64], from: usize) -> Value {
-    match dims.split_first() {
-        None => element(tensor, from),
-        Some((&n, rest)) => {
-            let stride: usize = rest.iter().map(|&d| d as usize).product();
-            Value::Array((0..n as usize).map(|i| nest(tensor, rest, from + i * stride)).collect())
+impl serde::Serialize for JsonView<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let Some((&n, rest)) = self.dims.split_first() else {
+            return self.element(serializer);
+        };
+        let stride: usize = rest.iter().map(|&d| d as usize).product();
+        let mut seq = serializer.serialize_seq(Some(n as usize))?;
+        for i in 0..n as usize {
+            seq.serialize_element(&JsonView { tensor: self.tensor, dims: rest, from: self.from + i * stride })?;
         }
+        seq.end()
     }
 }
 
-/// A tensor as nested JSON arrays (a scalar for rank 0).
+/// A tensor as a JSON tree (a scalar for rank 0).
 pub fn tensor_to_json(tensor: &Tensor) -> Value {
-    nest(tensor, tensor.shape(), 0)
+    serde_json::to_value(JsonView::whole(tensor)).unwrap_or(Value::Null)
 }
 
-/// Row `row` (along dimension 0) of a tensor as JSON.
+/// Row `row` (along dimension 0) of a tensor as a JSON tree.
 pub fn row_to_json(tensor: &Tensor, row: usize) -> Value {
-    let rest = tensor.shape().get(1..).unwrap_or(&[]);
-    let stride: usize = rest.iter().map(|&d| d as usize).product();
-    nest(tensor, rest, row * stride)
+    serde_json::to_value(JsonView::row(tensor, row)).unwrap_or(Value::Null)
 }
 
 #[cfg(test)]

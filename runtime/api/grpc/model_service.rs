@@ -2,9 +2,9 @@
 
 use tonic::{Request, Response, Status};
 
-use super::{version_choice, ServingState};
+use super::{handle, version_choice, ServingState};
+use crate::api::predict::status_versions;
 use crate::error::Error;
-use crate::models::VersionChoice;
 use crate::proto::tensorflow::serving::model_service_server::ModelService;
 use crate::proto::tensorflow::serving::{
     model_version_status, GetModelStatusRequest, GetModelStatusResponse, ModelVersionStatus, StatusProto,
@@ -28,26 +28,26 @@ impl ModelService for ModelStatusApi {
         &self,
         request: Request<GetModelStatusRequest>,
     ) -> Result<Response<GetModelStatusResponse>, Status> {
-        let request = request.into_inner();
-        let spec =
-            request.model_spec.ok_or_else(|| Error::invalid_argument("model_spec is missing; set model_spec.name"))?;
-        if spec.name.is_empty() {
-            return Err(Error::invalid_argument("model_spec.name is empty; name the model to use").into());
-        }
-        let model = self.state.endpoints.get(&spec.name)?.model();
-        let versions: Vec<_> = match version_choice(&spec) {
-            // Without a version, every loaded version.
-            VersionChoice::Latest => model.versions().cloned().collect(),
-            choice => vec![model.resolve(choice)?.clone()],
-        };
-        let model_version_status = versions
-            .iter()
-            .map(|v| ModelVersionStatus {
-                version: v.version(),
-                state: model_version_status::State::Available as i32,
-                status: Some(StatusProto { error_code: 0, error_message: String::new() }),
-            })
-            .collect();
-        Ok(Response::new(GetModelStatusResponse { model_version_status }))
+        let (metadata, _, request) = request.into_parts();
+        let name = request.model_spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        handle(&self.state, "get_model_status", &metadata, &name, async move {
+            let result = (|| {
+                let spec = request
+                    .model_spec
+                    .ok_or_else(|| Error::invalid_argument("model_spec is missing; set model_spec.name"))?;
+                let versions = status_versions(&self.state.endpoints, &spec.name, version_choice(&spec))?;
+                let model_version_status = versions
+                    .iter()
+                    .map(|v| ModelVersionStatus {
+                        version: v.version(),
+                        state: model_version_status::State::Available as i32,
+                        status: Some(StatusProto { error_code: 0, error_message: String::new() }),
+                    })
+                    .collect();
+                Ok(GetModelStatusResponse { model_version_status })
+            })();
+            (None, result)
+        })
+        .await
     }
 }

@@ -4,24 +4,25 @@
 //! the model spec is resolved to one loaded version, the input names are
 //! checked before anything is decoded, each tensor is decoded and checked
 //! against the signature, and only then does the request enter the model's
-//! queue. Outputs are encoded in signature order, filtered by
-//! `output_filter`.
+//! queue (see `api::predict`). Outputs are encoded in signature order,
+//! filtered by `output_filter`.
 
 use std::collections::HashMap;
 
 use tonic::{Request, Response, Status};
 
-use super::{deadline_of, resolve, ServingState};
+use super::{deadline_of, handle, resolve, ServingState};
+use crate::api::predict::Target;
 use crate::error::Error;
 use crate::infer::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
-use crate::models::ModelVersion;
-use crate::pipeline::Pipeline;
+use crate::pipeline::deadline::Deadline;
 use crate::proto::tensorflow::serving::prediction_service_server::PredictionService;
 use crate::proto::tensorflow::serving::{
     model_spec, GetModelMetadataRequest, GetModelMetadataResponse, ModelSpec, PredictRequest, PredictResponse,
     SignatureDefMap,
 };
 use crate::proto::tensorflow::{tensor_info, SignatureDef, TensorInfo};
+use crate::tensor::proto::OutputEncoding;
 use crate::tensor::proto::{decode, encode, encode_shape};
 
 /// The metadata field TF Serving clients ask for.
@@ -39,22 +40,6 @@ impl PredictionApi {
     }
 }
 
-/// What a request runs on, as messages name it.
-struct Target<'a> {
-    pipeline: &'a Pipeline,
-    version: &'a ModelVersion,
-}
-
-impl std::fmt::Display for Target<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.pipeline.name() == self.version.model() && !self.pipeline.has_stages() {
-            write!(f, "{}", self.version)
-        } else {
-            write!(f, "pipeline '{}' ({})", self.pipeline.name(), self.version)
-        }
-    }
-}
-
 /// The `model_spec` of a response: the name asked for, the version that
 /// served, the signature used.
 pub fn served_spec(name: &str, version: i64) -> ModelSpec {
@@ -69,72 +54,79 @@ pub fn served_spec(name: &str, version: i64) -> ModelSpec {
 impl PredictionService for PredictionApi {
     async fn predict(&self, request: Request<PredictRequest>) -> Result<Response<PredictResponse>, Status> {
         let deadline = deadline_of(request.metadata());
-        let request = request.into_inner();
-        let (pipeline, version) = resolve(&self.state.endpoints, request.model_spec.as_ref())?;
-        let target = Target { pipeline: &pipeline, version: &version };
-        let owner: &(dyn std::fmt::Display + Sync) = &target;
-        let signature = pipeline.signature(&version)?;
-        let selected = signature.resolve_output_filter(owner, &request.output_filter)?;
-        signature.check_input_names(owner, request.inputs.keys())?;
-        let mut decoded = HashMap::with_capacity(request.inputs.len());
-        for (name, proto) in request.inputs {
-            let tensor = decode(&name, proto)?;
-            decoded.insert(name, tensor);
-        }
-        let inputs = signature.bind_inputs(owner, decoded)?;
-        // Bounding the whole wait by the deadline also drops the request
-        // from whatever queue it is in: the queues skip requests whose
-        // caller has gone.
-        let outputs = deadline.run("while queued or running", pipeline.predict(&version, inputs, deadline)).await?;
-        if outputs.len() != signature.outputs.len() {
-            return Err(Error::internal(format!(
-                "{owner} returned {} outputs, but its signature has {}",
-                outputs.len(),
-                signature.outputs.len()
-            ))
-            .into());
-        }
+        let (metadata, _, request) = request.into_parts();
+        let name = request.model_spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
         let encoding = self.state.output_encoding;
-        let outputs =
-            selected.into_iter().map(|i| (signature.outputs[i].name.clone(), encode(&outputs[i], encoding))).collect();
-        Ok(Response::new(PredictResponse {
-            model_spec: Some(served_spec(pipeline.name(), version.version())),
-            outputs,
-        }))
+        handle(&self.state, "predict", &metadata, &name, async move {
+            let target = match resolve(&self.state.endpoints, request.model_spec.as_ref()) {
+                Ok(target) => target,
+                Err(e) => return (None, Err(e)),
+            };
+            let result = predict(&target, request, deadline, encoding).await;
+            (Some(target), result)
+        })
+        .await
     }
 
     async fn get_model_metadata(
         &self,
         request: Request<GetModelMetadataRequest>,
     ) -> Result<Response<GetModelMetadataResponse>, Status> {
-        let request = request.into_inner();
-        let (pipeline, version) = resolve(&self.state.endpoints, request.model_spec.as_ref())?;
-        if request.metadata_field.is_empty() {
-            return Err(
-                Error::invalid_argument(format!("metadata_field is empty; ask for \"{SIGNATURE_DEF_FIELD}\"")).into()
-            );
-        }
-        if let Some(field) = request.metadata_field.iter().find(|f| *f != SIGNATURE_DEF_FIELD) {
-            return Err(Error::invalid_argument(format!(
-                "metadata_field \"{field}\" is not supported; supported: \"{SIGNATURE_DEF_FIELD}\""
-            ))
-            .into());
-        }
-        let signatures = SignatureDefMap {
-            signature_def: HashMap::from([(
-                DEFAULT_SIGNATURE.to_string(),
-                signature_def(pipeline.signature(&version)?),
-            )]),
-        };
-        let any = prost_types::Any {
-            type_url: "type.googleapis.com/tensorflow.serving.SignatureDefMap".to_string(),
-            value: prost::Message::encode_to_vec(&signatures),
-        };
-        Ok(Response::new(GetModelMetadataResponse {
-            model_spec: Some(served_spec(pipeline.name(), version.version())),
-            metadata: HashMap::from([(SIGNATURE_DEF_FIELD.to_string(), any)]),
-        }))
+        let (metadata, _, request) = request.into_parts();
+        let name = request.model_spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        handle(&self.state, "get_model_metadata", &metadata, &name, async move {
+            let target = match resolve(&self.state.endpoints, request.model_spec.as_ref()) {
+                Ok(target) => target,
+                Err(e) => return (None, Err(e)),
+            };
+            let result = model_metadata(&target, &request.metadata_field);
+            (Some(target), result)
+        })
+        .await
     }
+}
+
+async fn predict(
+    target: &Target,
+    request: PredictRequest,
+    deadline: Deadline,
+    encoding: OutputEncoding,
+) -> Result<PredictResponse, Error> {
+    let signature = target.signature()?;
+    // Names first: nothing is decoded for a request that names the wrong inputs.
+    signature.check_input_names(target, request.inputs.keys().map(String::as_str))?;
+    let mut decoded = HashMap::with_capacity(request.inputs.len());
+    for (name, proto) in request.inputs {
+        let tensor = decode(&name, proto)?;
+        decoded.insert(name, tensor);
+    }
+    let outputs = target.predict(decoded, &request.output_filter, deadline).await?;
+    Ok(PredictResponse {
+        model_spec: Some(served_spec(target.pipeline.name(), target.version.version())),
+        outputs: outputs.into_iter().map(|(name, tensor)| (name, encode(&tensor, encoding))).collect(),
+    })
+}
+
+fn model_metadata(target: &Target, fields: &[String]) -> Result<GetModelMetadataResponse, Error> {
+    if fields.is_empty() {
+        return Err(Error::invalid_argument(format!("metadata_field is empty; ask for \"{SIGNATURE_DEF_FIELD}\"")));
+    }
+    if let Some(field) = fields.iter().find(|f| *f != SIGNATURE_DEF_FIELD) {
+        return Err(Error::invalid_argument(format!(
+            "metadata_field \"{field}\" is not supported; supported: \"{SIGNATURE_DEF_FIELD}\""
+        )));
+    }
+    let signatures = SignatureDefMap {
+        signature_def: HashMap::from([(DEFAULT_SIGNATURE.to_string(), signature_def(target.signature()?))]),
+    };
+    let any = prost_types::Any {
+        type_url: "type.googleapis.com/tensorflow.serving.SignatureDefMap".to_string(),
+        value: prost::Message::encode_to_vec(&signatures),
+    };
+    Ok(GetModelMetadataResponse {
+        model_spec: Some(served_spec(target.pipeline.name(), target.version.version())),
+        metadata: HashMap::from([(SIGNATURE_DEF_FIELD.to_string(), any)]),
+    })
 }
 
 /// A signature as TensorFlow's `SignatureDef`.

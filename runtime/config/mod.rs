@@ -6,6 +6,8 @@
 //! to the file's own directory, so a config works from any working
 //! directory.
 
+pub mod files;
+
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};

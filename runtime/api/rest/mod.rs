@@ -1,0 +1,236 @@
+//! The HTTP port (TF Serving's `--rest_api_port`): TF Serving's REST API,
+//! health and readiness, and Prometheus metrics.
+//!
+//! REST requests go through the same resolution, checks and pipelines as
+//! gRPC ones (`api::predict`); only the tensor encoding differs — JSON in
+//! TF Serving's row (`instances`) or columnar (`inputs`) form, with
+//! `{"b64": …}` for bytes. Errors are `{"error": "…"}` with the HTTP status
+//! the runtime's one error table gives the code.
+//!
+//! This port serves from the moment the process starts, so that liveness
+//! and metrics answer while models load; predictions are refused with 503
+//! until the server is ready, and again once it drains.
+
+mod json;
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use tracing::Instrument;
+
+use super::health::{Lifecycle, Phase};
+use super::metrics::Metrics;
+use super::predict::{request_id, RequestMeter, Target, REQUEST_ID};
+use crate::error::{Code, Error, Result};
+use crate::models::VersionChoice;
+
+/// The OpenMetrics text format prometheus-client writes.
+const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What the HTTP port's handlers share.
+#[derive(Clone)]
+pub struct RestState {
+    /// The phase, and what serves once loaded.
+    pub lifecycle: Arc<Lifecycle>,
+    /// Every metric, for scrapes and request counts.
+    pub metrics: Arc<Metrics>,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+}
+
+/// The routes of the HTTP port.
+pub fn router(state: RestState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readiness))
+        .route("/metrics", get(scrape))
+        .route("/monitoring/prometheus/metrics", get(scrape))
+        .route("/v1/models/{*path}", any(models))
+        .fallback(|method: Method, uri: axum::http::Uri| async move {
+            error_response(&Error::not_found(format!(
+                "no such endpoint: {method} {}; the API is /v1/models/NAME[/versions/N|/labels/L][:predict|/metadata]",
+                uri.path()
+            )))
+        })
+        .with_state(state)
+}
+
+async fn scrape(State(state): State<RestState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], state.metrics.encode())
+}
+
+async fn readiness(State(state): State<RestState>) -> Response {
+    match state.lifecycle.phase() {
+        Phase::Ready => (StatusCode::OK, "ready\n").into_response(),
+        Phase::Loading => (StatusCode::SERVICE_UNAVAILABLE, "loading models and pipelines\n").into_response(),
+        Phase::Draining => (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response(),
+    }
+}
+
+/// What a `/v1/models/…` path asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Call<'a> {
+    Predict,
+    Metadata,
+    Status,
+    /// `:classify`, `:regress`: TF Serving's other verbs, not served.
+    Other(&'a str),
+}
+
+/// A parsed `/v1/models/…` path: the name, the version choice, the call.
+#[derive(Debug, PartialEq, Eq)]
+struct ModelPath<'a> {
+    name: &'a str,
+    choice: VersionChoice<'a>,
+    call: Call<'a>,
+}
+
+/// Parses `NAME[/versions/N|/labels/L][:verb|/metadata]`.
+fn parse_path(path: &str) -> Result<ModelPath<'_>> {
+    let (rest, call) = match path.rsplit_once(':') {
+        Some((rest, "predict")) => (rest, Call::Predict),
+        Some((rest, verb)) if !verb.contains('/') => (rest, Call::Other(verb)),
+        _ => match path.strip_suffix("/metadata") {
+            Some(rest) => (rest, Call::Metadata),
+            None => (path, Call::Status),
+        },
+    };
+    let segments: Vec<&str> = rest.split('/').collect();
+    let choice = match segments.as_slice() {
+        [_] => VersionChoice::Latest,
+        [_, "versions", n] => VersionChoice::Number(n.parse().map_err(|_| {
+            Error::invalid_argument(format!("the version in the URL is '{n}'; versions are whole numbers"))
+        })?),
+        [_, "labels", label] if !label.is_empty() => VersionChoice::Label(label),
+        _ => {
+            return Err(Error::not_found(format!(
+            "no such endpoint: /v1/models/{path}; expected /v1/models/NAME[/versions/N|/labels/L][:predict|/metadata]"
+        )))
+        }
+    };
+    Ok(ModelPath { name: segments[0], choice, call })
+}
+
+async fn models(
+    State(state): State<RestState>,
+    Path(path): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let id = request_id(headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()));
+    let span = tracing::info_span!("request", id = %id);
+    let mut response = route(&state, &path, &method, &headers, body).instrument(span).await;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    response
+}
+
+async fn route(state: &RestState, path: &str, method: &Method, headers: &HeaderMap, body: Body) -> Response {
+    let parsed = match parse_path(path) {
+        Ok(parsed) => parsed,
+        Err(e) => return error_response(&e),
+    };
+    let (api, wanted) = match parsed.call {
+        Call::Predict => ("predict", Method::POST),
+        Call::Metadata => ("get_model_metadata", Method::GET),
+        Call::Status => ("get_model_status", Method::GET),
+        Call::Other(verb) => {
+            return error_response(&Error::unimplemented(format!(
+                "':{verb}' is not served; sluice serves ':predict' (POST), '/metadata' (GET) and status (GET)"
+            )))
+        }
+    };
+    if method != wanted {
+        let mut response = error_response(&Error::new(
+            Code::InvalidArgument,
+            format!("{method} is not allowed on /v1/models/{path}; use {wanted}"),
+        ));
+        *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        return response;
+    }
+    let meter = RequestMeter::start(&state.metrics, api, "rest");
+    let serving = match state.lifecycle.serving() {
+        Ok(serving) => serving,
+        Err(e) => {
+            meter.finish(parsed.name, None, &Err::<(), _>(e.clone()));
+            return error_response(&e);
+        }
+    };
+    let endpoints = &serving.endpoints;
+    let (target, result) = match parsed.call {
+        Call::Predict => match read_body(body, headers, state.max_body_bytes).await {
+            Ok(bytes) => json::predict(endpoints, &parsed, &bytes).await,
+            Err(e) => (None, Err(e)),
+        },
+        Call::Metadata => match Target::resolve(endpoints, parsed.name, parsed.choice, "") {
+            Ok(target) => {
+                let metadata = json::metadata_json(&target);
+                (Some(target), metadata)
+            }
+            Err(e) => (None, Err(e)),
+        },
+        _ => (None, json::status_json(endpoints, parsed.name, parsed.choice)),
+    };
+    meter.finish(parsed.name, target.as_ref(), &result);
+    match result {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+/// The body, refused early when its declared length is over the limit and
+/// cut off when it grows past it.
+async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes> {
+    let too_large = |size: &dyn std::fmt::Display| {
+        Error::new(
+            Code::TooLarge,
+            format!("the request body is {size} bytes; the limit is {limit} bytes (server.max_message_bytes)"),
+        )
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(length) = declared.filter(|&l| l > limit as u64) {
+        return Err(too_large(&length));
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let e = e.into_inner();
+        if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            too_large(&"more than the limit of")
+        } else {
+            Error::invalid_argument(format!("the request body could not be read: {e}"))
+        }
+    })
+}
+
+/// `{"error": message}` with the code's HTTP status.
+fn error_response(error: &Error) -> Response {
+    let body = serde_json::to_vec(&serde_json::json!({ "error": error.message() })).unwrap_or_default();
+    (error.code().http(), [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_parse_as_tf_serving_writes_them() {
+        let p = parse_path("mlp:predict").unwrap();
+        assert_eq!((p.name, p.choice, p.call), ("mlp", VersionChoice::Latest, Call::Predict));
+        let p = parse_path("mlp/versions/2:predict").unwrap();
+        assert_eq!((p.name, p.choice, p.call), ("mlp", VersionChoice::Number(2), Call::Predict));
+        let p = parse_path("mlp/labels/stable/metadata").unwrap();
+        assert_eq!((p.name, p.choice, p.call), ("mlp", VersionChoice::Label("stable"), Call::Metadata));
+        let p = parse_path("mlp/versions/3").unwrap();
+        assert_eq!((p.name, p.choice, p.call), ("mlp", VersionChoice::Number(3), Call::Status));
+        assert_eq!(parse_path("mlp:classify").unwrap().call, Call::Other("classify"));
+        let err = parse_path("mlp/versions/x:predict").unwrap_err();
+        assert!(err.message().contains("'x'"), "{err}");
+        assert_eq!(parse_path("mlp/versions").unwrap_err().code(), Code::NotFound);
+    }
+}

@@ -1,0 +1,345 @@
+//! What an operator relies on: metrics that move by exactly the traffic
+//! sent and parse as Prometheus text, readiness that is false until every
+//! model is loaded, gRPC health per model, server reflection, and a drain
+//! on SIGTERM that refuses new requests while in-flight ones finish.
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Method, StatusCode};
+use serde_json::json;
+use sluice::bench::client::RestClient;
+use sluice::bench::process::ServerProcess;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+/// Checks `text` is valid OpenMetrics/Prometheus text: every sample line is
+/// `name{labels} value` of a family declared by `# TYPE`, label values are
+/// quoted, values are numbers, and the text ends with `# EOF`. Returns the
+/// samples by series (name and labels as written).
+fn parse_prometheus(text: &str) -> HashMap<String, f64> {
+    let mut families: Vec<String> = Vec::new();
+    let mut samples = HashMap::new();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "the exposition ends with # EOF");
+    for line in &lines {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let mut parts = comment.splitn(3, ' ');
+            match parts.next() {
+                Some("TYPE") => {
+                    let name = parts.next().expect("TYPE name");
+                    let kind = parts.next().expect("TYPE kind");
+                    assert!(["counter", "gauge", "histogram", "info", "unknown"].contains(&kind), "{line}");
+                    families.push(name.to_string());
+                }
+                Some("HELP") | Some("UNIT") => {}
+                Some("EOF") => {}
+                _ => panic!("unknown comment line: {line}"),
+            }
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value: {line}"));
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line}")),
+        };
+        let name = series.split('{').next().expect("name");
+        assert!(
+            !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+                && !name.starts_with(|c: char| c.is_ascii_digit()),
+            "bad metric name in {line}"
+        );
+        assert!(
+            families.iter().any(|f| name == f || name.strip_prefix(f.as_str()).is_some_and(|s| s.starts_with('_'))),
+            "{name} has no # TYPE line before it"
+        );
+        if let Some(labels) = series.strip_prefix(name) {
+            if !labels.is_empty() {
+                let inner = labels.strip_prefix('{').and_then(|l| l.strip_suffix('}')).expect("braced labels");
+                for pair in inner.split("\",").filter(|p| !p.is_empty()) {
+                    let (key, value) = pair.split_once('=').unwrap_or_else(|| panic!("bad label {pair} in {line}"));
+                    assert!(key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "bad label name in {line}");
+                    assert!(value.starts_with('"'), "unquoted label value in {line}");
+                }
+            }
+        }
+        samples.insert(series.to_string(), value);
+    }
+    samples
+}
+
+async fn channel(url: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(url.to_string()).expect("url").connect().await.expect("connect")
+}
+
+async fn scrape(server: &Server) -> HashMap<String, f64> {
+    parse_prometheus(&server.metrics().await)
+}
+
+fn delta(before: &HashMap<String, f64>, after: &HashMap<String, f64>, series: &str) -> f64 {
+    after.get(series).copied().unwrap_or(0.0) - before.get(series).copied().unwrap_or(0.0)
+}
+
+fn requests(model: &str, entrypoint: &str, status: &str) -> String {
+    format!(
+        "sluice_serving_request_count_total{{model_name=\"{model}\",pipeline=\"{model}\",api=\"predict\",entrypoint=\"{entrypoint}\",status=\"{status}\"}}"
+    )
+}
+
+#[tokio::test]
+async fn metrics_move_by_exactly_the_traffic_sent_and_parse_as_prometheus_text() {
+    let server = Server::with_config(
+        r#"
+[[models]]
+name = "mlp"
+base_path = "$ROOT/examples/models/mlp"
+
+[[models]]
+name = "cnn"
+base_path = "$ROOT/examples/models/cnn"
+max_in_flight = 1
+onnx = { sessions = 1, intra_op_threads = 1 }
+batching = { max_batch_size = 4096, batch_timeout_micros = 0 }
+"#,
+    );
+    let before = scrape(&server).await;
+    let mut grpc = server.predict_client().await;
+    let mlp = |rows: i64| {
+        predict_request("mlp", vec![("x", f32_content(&[rows, 64], &values(rows as u64, rows as usize * 64)))])
+    };
+
+    for rows in 1..=5 {
+        grpc.predict(mlp(rows)).await.expect("good predict");
+    }
+    for _ in 0..3 {
+        let bad = predict_request("mlp", vec![("x", f32_content(&[1, 63], &values(9, 63)))]);
+        assert_eq!(grpc.predict(bad).await.expect_err("bad shape").code(), tonic::Code::InvalidArgument);
+    }
+    for _ in 0..2 {
+        let unknown = predict_request("nope", vec![("x", f32_content(&[1, 64], &values(9, 64)))]);
+        assert_eq!(grpc.predict(unknown).await.expect_err("unknown model").code(), tonic::Code::NotFound);
+    }
+    let mut rest = RestClient::new(&server.http.to_string()).expect("client");
+    for _ in 0..4 {
+        let body = json!({ "instances": [vec![0.25f32; 64]] }).to_string();
+        let response = rest.call(Method::POST, "/v1/models/mlp:predict", &[], Bytes::from(body)).await.expect("call");
+        assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    }
+    for _ in 0..2 {
+        let response =
+            rest.call(Method::POST, "/v1/models/mlp:predict", &[], Bytes::from("{oops")).await.expect("call");
+        assert_eq!(response.status, StatusCode::BAD_REQUEST);
+    }
+
+    // Rejections: one big CNN batch holds the only place; the requests that
+    // arrive meanwhile are refused at admission.
+    let mut blocker_client = server.predict_client().await;
+    let big = predict_request("cnn", vec![("image", f32_content(&[2048, 3, 32, 32], &values(1, 2048 * 3 * 32 * 32)))]);
+    let blocker = tokio::spawn(async move { blocker_client.predict(big).await.map(|_| ()) });
+    let batches = r#"sluice_batch_rows_count{model="cnn",version="1"}"#;
+    while server.metric(batches).await < 1.0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let (mut refused, mut answered) = (0, 0);
+    for _ in 0..3 {
+        let small = predict_request("cnn", vec![("image", f32_content(&[1, 3, 32, 32], &values(2, 3 * 32 * 32)))]);
+        match grpc.predict(small).await {
+            Ok(_) => answered += 1,
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+                refused += 1;
+            }
+        }
+    }
+    blocker.await.expect("task").expect("the blocker is answered");
+    assert!(refused >= 1, "the big batch was still running, so requests were refused");
+
+    let after = scrape(&server).await;
+    let expect = |series: &str, want: f64| {
+        let got = delta(&before, &after, series);
+        assert_eq!(got, want, "{series} moved by {got}, expected {want}");
+    };
+    expect(&requests("mlp", "grpc", "OK"), 5.0);
+    expect(&requests("mlp", "grpc", "INVALID_ARGUMENT"), 3.0);
+    expect(&requests("nope", "grpc", "NOT_FOUND"), 2.0);
+    expect(&requests("mlp", "rest", "OK"), 4.0);
+    expect(&requests("mlp", "rest", "INVALID_ARGUMENT"), 2.0);
+    expect(&requests("cnn", "grpc", "OK"), 1.0 + answered as f64);
+    expect(&requests("cnn", "grpc", "RESOURCE_EXHAUSTED"), refused as f64);
+    expect(r#"sluice_rejections_total{queue="cnn/admission",reason="queue_full"}"#, refused as f64);
+    expect(
+        r#"sluice_serving_request_latency_seconds_count{model_name="mlp",pipeline="mlp",api="predict",entrypoint="grpc"}"#,
+        8.0,
+    );
+    expect(
+        r#"sluice_serving_request_latency_seconds_count{model_name="mlp",pipeline="mlp",api="predict",entrypoint="rest"}"#,
+        6.0,
+    );
+    // Only the requests that passed validation reached the model: 5 gRPC
+    // and 4 REST runs of the MLP, one run per request without batching.
+    expect(r#"sluice_model_runs_total{model="mlp",version="2"}"#, 9.0);
+    expect(r#"sluice_inference_seconds_count{model="mlp",version="2"}"#, 9.0);
+    expect(r#"sluice_batch_rows_count{model="cnn",version="1"}"#, 1.0 + answered as f64);
+    expect(r#"sluice_batch_rows_sum{model="cnn",version="1"}"#, 2048.0 + answered as f64);
+    let rss = after.get("sluice_process_resident_memory_bytes").copied().unwrap_or(0.0);
+    assert!(rss > 1e6, "resident memory is reported: {rss}");
+
+    // TF Serving's path serves the same text.
+    let tf_path = http_get(server.http, "/monitoring/prometheus/metrics").await;
+    parse_prometheus(&tf_path);
+    assert!(tf_path.contains("sluice_serving_request_count_total"));
+}
+
+/// 60 copies of the CNN with 4 sessions each: loading takes long enough to
+/// watch the server while it loads.
+fn slow_config() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-slow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut text = String::new();
+    for i in 0..60 {
+        text += &format!(
+            "[[models]]\nname = \"cnn{i}\"\nbase_path = \"{}\"\nonnx = {{ sessions = 4, intra_op_threads = 1 }}\n",
+            root().join("examples/models/cnn").display()
+        );
+    }
+    let path = dir.join("slow.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+#[tokio::test]
+async fn readiness_is_false_until_every_model_is_loaded_then_health_and_reflection_answer() {
+    let config = slow_config();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--model_config_file"])
+        .arg(&config);
+    let mut process =
+        ServerProcess::spawn(command, "sluice", "sluice: serving HTTP on ", Duration::from_secs(60), false)
+            .expect("start");
+    let mut rest = RestClient::new(&process.addr.to_string()).expect("client");
+
+    // While loading: alive, not ready, metrics served, predictions refused.
+    let ready = rest.call(Method::GET, "/readyz", &[], Bytes::new()).await.expect("readyz");
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{}", ready.text());
+    assert!(ready.text().contains("loading"), "{}", ready.text());
+    assert!(process.stdout_after("sluice: serving gRPC on ").is_none(), "the gRPC line waits for the models");
+    let live = rest.call(Method::GET, "/healthz", &[], Bytes::new()).await.expect("healthz");
+    assert_eq!(live.status, StatusCode::OK);
+    let metrics = rest.call(Method::GET, "/metrics", &[], Bytes::new()).await.expect("metrics");
+    assert_eq!(metrics.status, StatusCode::OK);
+    parse_prometheus(&metrics.text());
+    let early = rest
+        .call(Method::POST, "/v1/models/cnn0:predict", &[], Bytes::from(r#"{"instances": [[1]]}"#))
+        .await
+        .expect("predict");
+    assert_eq!(early.status, StatusCode::SERVICE_UNAVAILABLE, "{}", early.text());
+    assert!(early.text().contains("still loading"), "{}", early.text());
+
+    let grpc: std::net::SocketAddr = process
+        .wait_stdout("sluice: serving gRPC on ", Duration::from_secs(120))
+        .and_then(|a| a.parse().ok())
+        .expect("the server becomes ready");
+    let ready = rest.call(Method::GET, "/readyz", &[], Bytes::new()).await.expect("readyz");
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
+
+    let mut health = HealthClient::new(channel(&format!("http://{grpc}")).await);
+    let check = |service: &str| HealthCheckRequest { service: service.to_string() };
+    for service in ["", "cnn0", "cnn59"] {
+        let status = health.check(check(service)).await.expect("health check").into_inner().status;
+        assert_eq!(status, ServingStatus::Serving as i32, "health of '{service}'");
+    }
+    let unknown = health.check(check("nope")).await.expect_err("an unknown name");
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let mut reflection = ServerReflectionClient::new(channel(&format!("http://{grpc}")).await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers =
+        reflection.server_reflection_info(tokio_stream::iter([request])).await.expect("reflection").into_inner();
+    let answer = answers.message().await.expect("stream").expect("one answer");
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("expected a service list, got {answer:?}");
+    };
+    let services: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for wanted in ["tensorflow.serving.PredictionService", "tensorflow.serving.ModelService", "grpc.health.v1.Health"] {
+        assert!(services.iter().any(|s| s == wanted), "{wanted} not in {services:?}");
+    }
+    let _ = std::fs::remove_file(&config);
+}
+
+#[tokio::test]
+async fn sigterm_turns_readiness_off_refuses_new_requests_and_drains_in_flight_ones() {
+    let mut server =
+        Server::start(&["--model_name", "cnn", "--model_base_path", "examples/models/cnn", "--sessions", "1"]);
+    let mut health = HealthClient::new(channel(&server.grpc_url()).await);
+    let mut late_client = server.predict_client().await;
+    let mut rest = RestClient::new(&server.http.to_string()).expect("client");
+    let mut in_flight = Vec::new();
+    for i in 0..4u64 {
+        let mut client = server.predict_client().await;
+        in_flight.push(tokio::spawn(async move {
+            let image = values(i, 1024 * 3 * 32 * 32);
+            client.predict(predict_request("cnn", vec![("image", f32_content(&[1024, 3, 32, 32], &image))])).await
+        }));
+    }
+    // Every request admitted (waiting for the one session or running)
+    // before the signal.
+    let admitted = r#"sluice_queue_depth{queue="cnn/admission"}"#;
+    while server.metric(admitted).await < 4.0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGTERM) }, 0);
+
+    let mut ready = rest.call(Method::GET, "/readyz", &[], Bytes::new()).await.expect("readyz");
+    for _ in 0..200 {
+        if ready.status != StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        ready = rest.call(Method::GET, "/readyz", &[], Bytes::new()).await.expect("readyz");
+    }
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{}", ready.text());
+    assert!(ready.text().contains("shutting down"), "{}", ready.text());
+    let refused = rest
+        .call(Method::POST, "/v1/models/cnn:predict", &[], Bytes::from(r#"{"instances": [[1]]}"#))
+        .await
+        .expect("predict");
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE, "{}", refused.text());
+    assert!(refused.text().contains("shutting down"), "{}", refused.text());
+    let status = health.check(HealthCheckRequest { service: "cnn".into() }).await.map(|r| r.into_inner().status);
+    // The answer is NOT_SERVING, or no answer at all once the port closed.
+    if let Ok(status) = status {
+        assert_eq!(status, ServingStatus::NotServing as i32);
+    }
+    let late = late_client
+        .predict(predict_request("cnn", vec![("image", f32_content(&[1, 3, 32, 32], &values(7, 3 * 32 * 32)))]))
+        .await
+        .expect_err("a request after SIGTERM is refused");
+    assert_eq!(late.code(), tonic::Code::Unavailable, "{late:?}");
+
+    for task in in_flight {
+        let response = task.await.expect("task").expect("an in-flight request finishes after SIGTERM");
+        assert_eq!(dims(&response.into_inner().outputs["logits"]), vec![1024, 10]);
+    }
+    let status = server.wait(Duration::from_secs(30)).expect("sluice exits after draining");
+    assert!(status.success(), "exit status {status:?}");
+    let log = server.log().join("\n");
+    assert!(log.contains("SIGTERM received"), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+}
