@@ -9,7 +9,7 @@
 //! - floor: `floor-server`, a bare tonic server answering a fixed response.
 //!
 //! ```text
-//! cargo bench --bench throughput [-- --duration 8 --only cnn,mlp,pipeline,latency,overload]
+//! cargo bench --bench throughput [-- --duration 8 --only cnn,mlp,rest,pipeline,latency,overload]
 //! ```
 
 use std::collections::HashMap;
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sluice::bench::inputs::{input_specs, random_pool, RequestPool};
+use sluice::bench::inputs::{input_specs, random_pool, rest_bodies, RequestPool};
 use sluice::bench::load::{self, LoadPlan};
 use sluice::bench::process::ServerProcess;
 use sluice::bench::stats::Summary;
@@ -166,6 +166,23 @@ impl Bench {
     }
 
     fn load(&self, target: &str, pool: &RequestPool, concurrency: usize, rps: Option<f64>) -> Summary {
+        self.load_with(target, None, pool, concurrency, rps)
+    }
+
+    /// The same pool as REST bodies posted to `path` on the HTTP port.
+    fn load_rest(&self, http: &str, path: &str, pool: &RequestPool, concurrency: usize) -> Summary {
+        let bodies = RequestPool { requests: rest_bodies(&pool.requests).expect("REST bodies"), rows: pool.rows };
+        self.load_with(http, Some(path.to_string()), &bodies, concurrency, None)
+    }
+
+    fn load_with(
+        &self,
+        target: &str,
+        rest_path: Option<String>,
+        pool: &RequestPool,
+        concurrency: usize,
+        rps: Option<f64>,
+    ) -> Summary {
         let plan = LoadPlan {
             target: target.to_string(),
             connections: 4,
@@ -175,7 +192,7 @@ impl Bench {
             warmup: Duration::from_secs(2),
             timeout: None,
             progress: false,
-            rest_path: None,
+            rest_path,
         };
         let summary = self.runtime.block_on(load::run(&plan, pool.requests.clone(), pool.rows)).expect("load");
         eprintln!("  {}", summary.text().replace('\n', "\n  "));
@@ -190,7 +207,7 @@ impl Bench {
 
 fn main() {
     let duration = Duration::from_secs(arg("--duration").and_then(|d| d.parse().ok()).unwrap_or(8));
-    let only = arg("--only").unwrap_or_else(|| "cnn,mlp,pipeline,plugin,latency,overload".to_string());
+    let only = arg("--only").unwrap_or_else(|| "cnn,mlp,rest,pipeline,plugin,latency,overload".to_string());
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
     let config_path = dir.path().join("bench.toml");
@@ -276,6 +293,26 @@ fn main() {
             mlp_batched.requests_per_second / floor_summary.requests_per_second,
             "≥ 0.7×",
         );
+    }
+
+    if only.contains("rest") {
+        let http = server.stdout_after("sluice: serving HTTP on ").expect("the HTTP address");
+        let rps = |s: &Summary| format!("{:.0} req/s", s.requests_per_second);
+        for batch in [1i64, 32] {
+            let pool = bench.pool(&target, "mlp", &[], batch);
+            eprintln!("sluice MLP, batch-{batch} requests, 16 streams, gRPC");
+            let grpc = bench.load(&target, &pool, 16, None);
+            eprintln!("sluice MLP, batch-{batch} requests, 16 streams, REST (row form)");
+            let rest = bench.load_rest(&http, "/v1/models/mlp:predict", &pool, 16);
+            assert_eq!(rest.ok, rest.requests, "every REST request is answered");
+            bench.row(
+                &format!("MLP batch-{batch} × 16 streams, REST (instances)"),
+                rps(&rest),
+                format!("gRPC: {}", rps(&grpc)),
+                rest.requests_per_second / grpc.requests_per_second,
+                "report",
+            );
+        }
     }
 
     if only.contains("pipeline") {
