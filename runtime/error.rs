@@ -41,6 +41,10 @@ pub enum Code {
     Unauthenticated,
     /// A request body or message over the size limit.
     TooLarge,
+    /// Well-formed but refused on its content: an uploaded plugin that
+    /// does not compile, is of the wrong world, fails its sample or does
+    /// not fit its pipeline.
+    Unprocessable,
 }
 
 impl Code {
@@ -61,6 +65,7 @@ impl Code {
             Code::Unauthenticated => tonic::Code::Unauthenticated,
             // gRPC's own choice for a message over the size limit.
             Code::TooLarge => tonic::Code::ResourceExhausted,
+            Code::Unprocessable => tonic::Code::InvalidArgument,
         }
     }
 
@@ -78,6 +83,7 @@ impl Code {
             Code::Unavailable => S::SERVICE_UNAVAILABLE,
             Code::DeadlineExceeded => S::GATEWAY_TIMEOUT,
             Code::TooLarge => S::PAYLOAD_TOO_LARGE,
+            Code::Unprocessable => S::UNPROCESSABLE_ENTITY,
             // 499 is the de facto "client closed request"; TF Serving answers 500.
             Code::Cancelled | Code::Internal => S::INTERNAL_SERVER_ERROR,
         }
@@ -100,6 +106,7 @@ impl Code {
             Code::Unavailable => "UNAVAILABLE",
             Code::Unauthenticated => "UNAUTHENTICATED",
             Code::TooLarge => "RESOURCE_EXHAUSTED",
+            Code::Unprocessable => "INVALID_ARGUMENT",
         }
     }
 }
@@ -213,6 +220,7 @@ mod tests {
             (Code::DeadlineExceeded, 504),
             (Code::Internal, 500),
             (Code::TooLarge, 413),
+            (Code::Unprocessable, 422),
         ];
         for (code, http) in cases {
             assert_eq!(code.http().as_u16(), http, "{code}");

@@ -60,6 +60,11 @@ enum PluginCommand {
     /// Load a plugin as the server would, print what it declares, and run a
     /// sample under the real limits, with its time and peak memory.
     Check(sluice::plugin::check::CheckArgs),
+    /// Upload a plugin to a running server (admin API) and, by default,
+    /// activate it for the pipeline. The token comes from SLUICE_TOKEN.
+    Push(sluice::plugin::push::PushArgs),
+    /// List the plugins the token may see, with versions and the active one.
+    List(sluice::plugin::push::ServerArgs),
 }
 
 /// Flags named as TF Serving names them, so its users feel at home. Flags
@@ -267,6 +272,14 @@ fn main() -> ExitCode {
                     .await
                     .map_err(|e| anyhow::anyhow!("the check panicked: {e}"))??;
                 print!("{report}");
+                Ok(())
+            }
+            Command::Plugin(PluginCommand::Push(args)) => {
+                println!("{}", sluice::plugin::push::push(&args).await.map_err(anyhow::Error::msg)?);
+                Ok(())
+            }
+            Command::Plugin(PluginCommand::List(args)) => {
+                println!("{}", sluice::plugin::push::list(&args).await.map_err(anyhow::Error::msg)?);
                 Ok(())
             }
             Command::Config(ConfigCommand::Check { file }) => {

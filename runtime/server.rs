@@ -20,11 +20,13 @@ use tokio::sync::watch;
 use crate::api::grpc::{ModelStatusApi, PredictionApi, ServingState};
 use crate::api::health::Lifecycle;
 use crate::api::metrics::Metrics;
+use crate::api::rest::admin::Admin;
 use crate::api::rest::{self, RestState};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::models::ModelRegistry;
 use crate::pipeline::{Endpoints, StageContext};
+use crate::plugin::registry::PluginRegistry;
 use crate::plugin::PluginEngine;
 use crate::proto::tensorflow::serving::model_service_server::ModelServiceServer;
 use crate::proto::tensorflow::serving::prediction_service_server::PredictionServiceServer;
@@ -74,10 +76,12 @@ pub async fn serve(
         }
     });
 
+    let admin = if config.admin.enabled { Some(Admin::new(&config.admin)?) } else { None };
     let rest_state = RestState {
         lifecycle: lifecycle.clone(),
         metrics: metrics.clone(),
         max_body_bytes: config.server.max_message_bytes,
+        admin: admin.clone(),
     };
     let (http_stop_tx, http_stop_rx) = watch::channel(false);
     let http = tokio::spawn(
@@ -88,8 +92,8 @@ pub async fn serve(
     announce.http_open(addresses.http);
     tracing::info!(http = %addresses.http, "HTTP port open (health, metrics); loading models");
 
-    let endpoints = tokio::select! {
-        endpoints = load(&config, &metrics) => endpoints?,
+    let (endpoints, plugins) = tokio::select! {
+        loaded = load(&config, &metrics) => loaded?,
         () = stopped(stopping_rx.clone()) => {
             tracing::info!("shutdown requested while loading; stopping");
             let _ = http_stop_tx.send(true);
@@ -129,6 +133,9 @@ pub async fn serve(
         .with_graceful_shutdown(stopped(stopping_rx.clone()))
         .into_future();
 
+    if let (Some(admin), Some(plugins)) = (&admin, plugins) {
+        admin.attach(plugins);
+    }
     lifecycle.ready(state).await;
     announce.ready(addresses);
     tracing::info!(grpc = %addresses.grpc, http = %addresses.http, "ready: serving");
@@ -158,17 +165,30 @@ pub async fn serve(
     Ok(())
 }
 
-/// Loads the models, builds the plugin engine when a pipeline uses one, and
-/// builds every endpoint.
-async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<Endpoints>> {
-    let registry = Arc::new(ModelRegistry::load(&config.models, config.onnxruntime.library.as_deref(), metrics).await?);
+/// Loads the models, opens the plugin registry when a pipeline uses a
+/// plugin or the admin API is on, and builds every endpoint.
+async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>, Option<Arc<PluginRegistry>>)> {
+    let models = Arc::new(ModelRegistry::load(&config.models, config.onnxruntime.library.as_deref(), metrics).await?);
     let uses_plugins = config
         .pipelines
         .iter()
         .any(|p| [&p.preprocess, &p.postprocess].into_iter().flatten().any(|stage| stage.plugin.is_some()));
-    let plugin_engine = if uses_plugins { Some(Arc::new(PluginEngine::new(&config.plugins)?)) } else { None };
-    let stages = StageContext { plugins: &config.plugins, engine: plugin_engine.as_ref(), metrics };
-    Ok(Arc::new(Endpoints::build(config, registry, &stages)?))
+    let plugins = if uses_plugins || config.admin.enabled {
+        let engine = Arc::new(PluginEngine::new(&config.plugins)?);
+        Some(Arc::new(PluginRegistry::open(engine, &config.plugins, metrics.clone())?))
+    } else {
+        None
+    };
+    let (config, metrics) = (config.clone(), metrics.clone());
+    let registry = plugins.clone();
+    // Compiling plugins and starting stage threads is blocking work.
+    let endpoints = tokio::task::spawn_blocking(move || {
+        let stages = StageContext { plugins: &config.plugins, registry: registry.as_ref(), metrics: &metrics };
+        Endpoints::build(&config, models, &stages)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("building the pipelines failed: {e}")))??;
+    Ok((Arc::new(endpoints), plugins))
 }
 
 /// Resolves once `rx` says stop.

@@ -57,6 +57,51 @@ pub struct Config {
     /// WebAssembly plugins: where they are and their limits.
     #[serde(default)]
     pub plugins: PluginsConfig,
+    /// The plugin admin API and who may use it.
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+/// The plugin admin API (on the REST port, under `/admin/v1/`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Serve the admin API at all.
+    pub enabled: bool,
+    /// Largest plugin upload accepted, in bytes.
+    pub max_upload_bytes: usize,
+    /// Who may call it.
+    pub tokens: Vec<TokenConfig>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig { enabled: false, max_upload_bytes: 20 << 20, tokens: Vec::new() }
+    }
+}
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Its own team's plugins and pipelines.
+    Team,
+    /// Everything.
+    Admin,
+}
+
+/// One bearer token, stored as the SHA-256 of the token, never the token.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// A name for the token, written in the audit log instead of the token.
+    pub id: String,
+    /// The team it acts for (required for the `team` role).
+    pub team: Option<String>,
+    /// What it may do.
+    pub role: Role,
+    /// `printf %s TOKEN | sha256sum`, 64 hex digits.
+    pub sha256: String,
 }
 
 /// A pipeline: the name clients call, its model, and its stages.
@@ -74,6 +119,9 @@ pub struct PipelineConfig {
     /// Requests admitted at once; more are refused with RESOURCE_EXHAUSTED.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// The team that owns it: that team's admin tokens may upload and
+    /// activate the plugins it runs. Unset: only admin tokens may.
+    pub team: Option<String>,
     /// The stage before the model.
     pub preprocess: Option<StageConfig>,
     /// The stage after the model.
@@ -378,11 +426,55 @@ impl Config {
                 return Err(format!("{key}.fuel is set, but fuel metering is off; set plugins.fuel = true"));
             }
         }
+        self.check_admin()?;
+        for (i, pipeline) in self.pipelines.iter().enumerate() {
+            if let Some(team) = &pipeline.team {
+                check_name(&format!("pipelines[{i}].team"), team)?;
+            }
+        }
         if self.plugins.max_instances == 0 {
             return Err("plugins.max_instances = 0: must be at least 1".to_string());
         }
         if self.server.max_message_bytes < 1024 {
             return Err(format!("server.max_message_bytes = {}: must be at least 1024", self.server.max_message_bytes));
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    fn check_admin(&self) -> Result<(), String> {
+        let admin = &self.admin;
+        if !admin.enabled {
+            return Ok(());
+        }
+        if self.plugins.dir.is_none() {
+            return Err("admin.enabled = true: set [plugins] dir, where uploaded plugins are stored".into());
+        }
+        if admin.tokens.is_empty() {
+            return Err("admin.enabled = true, but admin.tokens is empty: nobody could use the admin API".into());
+        }
+        if admin.max_upload_bytes == 0 {
+            return Err("admin.max_upload_bytes = 0: must be at least 1".into());
+        }
+        let mut ids = HashSet::new();
+        for (i, token) in admin.tokens.iter().enumerate() {
+            let key = format!("admin.tokens[{i}]");
+            check_name(&format!("{key}.id"), &token.id)?;
+            if !ids.insert(token.id.as_str()) {
+                return Err(format!("{key}.id = \"{}\": another token has the same id", token.id));
+            }
+            if token.sha256.len() != 64 || !token.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "{key}.sha256 = \"{}\": expected 64 hex digits, the SHA-256 of the token (printf %s TOKEN | sha256sum)",
+                    token.sha256
+                ));
+            }
+            match (token.role, &token.team) {
+                (Role::Team, None) => return Err(format!("{key}: role = \"team\" needs team = \"NAME\"")),
+                (_, Some(team)) => check_name(&format!("{key}.team"), team)?,
+                (Role::Admin, None) => {}
+            }
         }
         Ok(())
     }

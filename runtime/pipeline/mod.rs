@@ -33,7 +33,8 @@ use crate::config::{Config, PipelineConfig, StageConfig};
 use crate::error::{Error, Result};
 use crate::infer::{check_tensor, Signature, TensorSpec};
 use crate::models::{ModelRegistry, ModelVersion, ServedModel};
-use crate::plugin::{Plugin, PluginEngine, PluginStage, PluginsConfig, World};
+use crate::plugin::registry::PluginRegistry;
+use crate::plugin::{PluginStage, PluginsConfig, World};
 use crate::tensor::{format_shape, NamedTensor, Tensor};
 
 /// How a pipeline runs its stages.
@@ -91,11 +92,17 @@ impl Pipeline {
         };
         let preprocess = match &config.preprocess {
             None => None,
-            Some(c) => Some(runner("preprocess", c, stages.preprocess(c, latest.signature()).map_err(context)?)?),
+            Some(c) => {
+                let stage = stages.preprocess(config, c, &model, latest.signature()).map_err(context)?;
+                Some(runner("preprocess", c, stage)?)
+            }
         };
         let postprocess = match &config.postprocess {
             None => None,
-            Some(c) => Some(runner("postprocess", c, stages.postprocess(c, latest.signature()).map_err(context)?)?),
+            Some(c) => {
+                let stage = stages.postprocess(config, c, &model, latest.signature()).map_err(context)?;
+                Some(runner("postprocess", c, stage)?)
+            }
         };
         let mut signatures = BTreeMap::new();
         for version in model.versions() {
@@ -171,46 +178,67 @@ pub struct StageContext<'a> {
     /// `[plugins]`.
     pub plugins: &'a PluginsConfig,
     /// The engine plugins run on; `None` when no pipeline uses one.
-    pub engine: Option<&'a Arc<PluginEngine>>,
+    pub registry: Option<&'a Arc<PluginRegistry>>,
     /// Where plugins report their calls.
     pub metrics: &'a Metrics,
 }
 
 impl StageContext<'_> {
-    /// Loads plugin `name` for a stage that needs a plugin of `world`. Each
-    /// stage gets its own instance of the plugin, so warm instances are
-    /// never shared between pipelines.
-    fn plugin(&self, name: &str, world: World) -> Result<Arc<dyn Stage>> {
-        let engine = self
-            .engine
-            .ok_or_else(|| Error::internal("a plugin stage was built without a plugin engine, this is a bug"))?;
-        let path = self.plugins.path_of(name)?;
-        let plugin = Plugin::load_file(engine, &path, self.plugins.limits_of(name), Some(self.metrics))
-            .map_err(|e| e.context(format_args!("plugin '{name}'")))?;
+    /// Loads plugin `name` for a stage of `pipeline` that needs a plugin of
+    /// `world`: the active uploaded version, else `NAME.wasm`. Each stage
+    /// gets its own instance of the plugin, so warm instances are never
+    /// shared between pipelines; the registry keeps the stage, to swap it
+    /// when another version is activated.
+    fn plugin(
+        &self,
+        name: &str,
+        world: World,
+        pipeline: &PipelineConfig,
+        model: &Arc<ServedModel>,
+    ) -> Result<Arc<dyn Stage>> {
+        let registry = self
+            .registry
+            .ok_or_else(|| Error::internal("a plugin stage was built without a plugin registry, this is a bug"))?;
+        let bytes = registry.initial_bytes(name)?;
+        let plugin = registry.load(name, &bytes).map_err(|e| e.context(format_args!("plugin '{name}'")))?;
         if plugin.world() != world {
             return Err(Error::invalid_argument(format!(
                 "plugin '{name}' ({}) is a {}, but this stage needs a {world}",
-                path.display(),
+                plugin.label(),
                 plugin.world()
             )));
         }
-        Ok(Arc::new(PluginStage::new(Arc::new(plugin))))
+        let stage = Arc::new(PluginStage::new(name, Arc::new(plugin)));
+        registry.bind(name, &pipeline.name, pipeline.team.as_deref(), world, stage.clone(), model.clone())?;
+        Ok(stage)
     }
 
-    fn preprocess(&self, config: &StageConfig, model: &Signature) -> Result<Arc<dyn Stage>> {
+    fn preprocess(
+        &self,
+        pipeline: &PipelineConfig,
+        config: &StageConfig,
+        model: &Arc<ServedModel>,
+        signature: &Signature,
+    ) -> Result<Arc<dyn Stage>> {
         match (&config.image_normalize, &config.plugin) {
-            (Some(c), None) => Ok(Arc::new(builtin::ImageNormalize::new(c, model)?)),
-            (None, Some(name)) => self.plugin(name, World::Preprocessor),
+            (Some(c), None) => Ok(Arc::new(builtin::ImageNormalize::new(c, signature)?)),
+            (None, Some(name)) => self.plugin(name, World::Preprocessor, pipeline, model),
             _ => Err(Error::invalid_argument("preprocess: set exactly one of: image_normalize, plugin")),
         }
     }
 
-    fn postprocess(&self, config: &StageConfig, model: &Signature) -> Result<Arc<dyn Stage>> {
+    fn postprocess(
+        &self,
+        pipeline: &PipelineConfig,
+        config: &StageConfig,
+        model: &Arc<ServedModel>,
+        signature: &Signature,
+    ) -> Result<Arc<dyn Stage>> {
         match (&config.softmax, &config.argmax, &config.top_k, &config.plugin) {
-            (Some(c), None, None, None) => Ok(Arc::new(builtin::Softmax::new(c, model)?)),
-            (None, Some(c), None, None) => Ok(Arc::new(builtin::Argmax::new(c, model)?)),
-            (None, None, Some(c), None) => Ok(Arc::new(builtin::TopK::new(c, model)?)),
-            (None, None, None, Some(name)) => self.plugin(name, World::Postprocessor),
+            (Some(c), None, None, None) => Ok(Arc::new(builtin::Softmax::new(c, signature)?)),
+            (None, Some(c), None, None) => Ok(Arc::new(builtin::Argmax::new(c, signature)?)),
+            (None, None, Some(c), None) => Ok(Arc::new(builtin::TopK::new(c, signature)?)),
+            (None, None, None, Some(name)) => self.plugin(name, World::Postprocessor, pipeline, model),
             _ => Err(Error::invalid_argument("postprocess: set exactly one of: softmax, argmax, top_k, plugin")),
         }
     }

@@ -40,7 +40,7 @@ fn describe_specs(specs: &[TensorSpec]) -> String {
 }
 
 /// Zeros shaped like the declared inputs (dynamic dimensions as 1).
-fn zeros(specs: &[TensorSpec]) -> Result<Vec<NamedTensor>> {
+pub fn zeros(specs: &[TensorSpec]) -> Result<Vec<NamedTensor>> {
     specs
         .iter()
         .map(|s| {

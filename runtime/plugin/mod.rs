@@ -16,6 +16,8 @@ pub mod bindings;
 pub mod check;
 pub mod engine;
 mod instances;
+pub mod push;
+pub mod registry;
 mod state;
 pub mod store;
 
@@ -486,29 +488,79 @@ fn tensor_in(t: bindings::Tensor) -> Result<NamedTensor> {
     Ok(NamedTensor::new(name, tensor))
 }
 
-/// A plugin as a pipeline stage.
+/// A pipeline stage that runs a plugin, swappable while it serves.
+///
+/// The interface — what the stage takes and returns — is fixed when the
+/// pipeline is built, because clients and the model rely on it; a swap
+/// replaces the implementation only, with a plugin whose interface is the
+/// same (the registry checks before it swaps). A request takes the plugin
+/// current when it starts and keeps it to the end, so a swap never fails
+/// or mixes a request; the old plugin, with its compiled code and warm
+/// instances, is freed when its last request ends.
 pub struct PluginStage {
-    plugin: Arc<Plugin>,
+    name: String,
+    current: arc_swap::ArcSwap<Plugin>,
+    inputs: Vec<TensorSpec>,
+    outputs: Vec<TensorSpec>,
 }
 
 impl PluginStage {
-    /// Wraps a loaded plugin.
-    pub fn new(plugin: Arc<Plugin>) -> PluginStage {
-        PluginStage { plugin }
+    /// A stage called `name` (the plugin's name in the config) running
+    /// `plugin`, whose declared inputs and outputs become the stage's.
+    pub fn new(name: &str, plugin: Arc<Plugin>) -> PluginStage {
+        PluginStage {
+            name: format!("plugin {name}"),
+            inputs: plugin.description.inputs.clone(),
+            outputs: plugin.description.outputs.clone(),
+            current: arc_swap::ArcSwap::new(plugin),
+        }
+    }
+
+    /// The plugin serving new requests.
+    pub fn current(&self) -> Arc<Plugin> {
+        self.current.load_full()
+    }
+
+    /// Checks that `plugin` has this stage's interface: the same inputs
+    /// and outputs, name for name, dtype for dtype, shape for shape.
+    pub fn accepts(&self, plugin: &Plugin) -> Result<()> {
+        let same = |what: &str, have: &[TensorSpec], given: &[TensorSpec]| {
+            if have == given {
+                return Ok(());
+            }
+            let list = |specs: &[TensorSpec]| specs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            Err(Error::invalid_argument(format!(
+                "{} declares {what} [{}], but the stage's {what} are [{}]; a swap keeps the interface clients and \
+                 the model rely on",
+                plugin.label(),
+                list(given),
+                list(have)
+            )))
+        };
+        same("inputs", &self.inputs, &plugin.description.inputs)?;
+        same("outputs", &self.outputs, &plugin.description.outputs)
+    }
+
+    /// Serves new requests with `plugin` from now on; requests in flight
+    /// finish on the plugin they started with.
+    pub fn swap(&self, plugin: Arc<Plugin>) -> Result<()> {
+        self.accepts(&plugin)?;
+        self.current.store(plugin);
+        Ok(())
     }
 }
 
 impl Stage for PluginStage {
     fn name(&self) -> &str {
-        self.plugin.label()
+        &self.name
     }
 
     fn inputs(&self) -> &[TensorSpec] {
-        &self.plugin.description.inputs
+        &self.inputs
     }
 
     fn outputs(&self) -> &[TensorSpec] {
-        &self.plugin.description.outputs
+        &self.outputs
     }
 
     fn process(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
@@ -520,7 +572,8 @@ impl Stage for PluginStage {
             .filter(|spec| spec.shape.first() == Some(&-1))
             .find_map(|spec| inputs.iter().find(|t| t.name == spec.name))
             .map(|t| t.tensor.rows());
-        let outputs = self.plugin.call(inputs)?;
+        let plugin = self.current.load_full();
+        let outputs = plugin.call(inputs)?;
         // Rows in, the same rows out: a plugin must not invent or drop rows.
         if let Some(rows) = rows {
             for (output, spec) in outputs.iter().zip(self.outputs()) {
@@ -529,7 +582,7 @@ impl Stage for PluginStage {
                         Code::Internal,
                         format!(
                             "{} returned {} rows in '{}' for a request of {rows}",
-                            self.plugin.label(),
+                            plugin.label(),
                             output.tensor.rows(),
                             output.name
                         ),

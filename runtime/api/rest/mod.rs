@@ -11,6 +11,7 @@
 //! and metrics answer while models load; predictions are refused with 503
 //! until the server is ready, and again once it drains.
 
+pub mod admin;
 mod json;
 
 use std::sync::Arc;
@@ -41,11 +42,14 @@ pub struct RestState {
     pub metrics: Arc<Metrics>,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// The plugin admin API, when it is on.
+    pub admin: Option<Arc<admin::Admin>>,
 }
 
 /// The routes of the HTTP port.
 pub fn router(state: RestState) -> Router {
-    Router::new()
+    let admin = if state.admin.is_some() { admin::routes() } else { Router::new() };
+    admin
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readiness))
         .route("/metrics", get(scrape))
@@ -165,7 +169,7 @@ async fn route(state: &RestState, path: &str, method: &Method, headers: &HeaderM
     };
     let endpoints = &serving.endpoints;
     let (target, result) = match parsed.call {
-        Call::Predict => match read_body(body, headers, state.max_body_bytes).await {
+        Call::Predict => match read_body(body, headers, state.max_body_bytes, "server.max_message_bytes").await {
             Ok(bytes) => json::predict(endpoints, &parsed, &bytes).await,
             Err(e) => (None, Err(e)),
         },
@@ -185,17 +189,23 @@ async fn route(state: &RestState, path: &str, method: &Method, headers: &HeaderM
     }
 }
 
+/// How much of an oversized body is read and thrown away before the 413,
+/// so that a client still sending it reads the answer instead of a reset
+/// connection. Beyond this the connection is simply closed.
+const DRAIN_LIMIT: u64 = 64 << 20;
+
 /// The body, refused early when its declared length is over the limit and
 /// cut off when it grows past it.
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes> {
+pub(crate) async fn read_body(body: Body, headers: &HeaderMap, limit: usize, key: &str) -> Result<Bytes> {
     let too_large = |size: &dyn std::fmt::Display| {
-        Error::new(
-            Code::TooLarge,
-            format!("the request body is {size} bytes; the limit is {limit} bytes (server.max_message_bytes)"),
-        )
+        Error::new(Code::TooLarge, format!("the request body is {size} bytes; the limit is {limit} bytes ({key})"))
     };
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Some(length) = declared.filter(|&l| l > limit as u64) {
+        if length <= DRAIN_LIMIT {
+            let mut body = body.into_data_stream();
+            while let Some(Ok(_)) = futures::StreamExt::next(&mut body).await {}
+        }
         return Err(too_large(&length));
     }
     axum::body::to_bytes(body, limit).await.map_err(|e| {
@@ -209,7 +219,7 @@ async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Byte
 }
 
 /// `{"error": message}` with the code's HTTP status.
-fn error_response(error: &Error) -> Response {
+pub(crate) fn error_response(error: &Error) -> Response {
     let body = serde_json::to_vec(&serde_json::json!({ "error": error.message() })).unwrap_or_default();
     (error.code().http(), [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }

@@ -1,0 +1,235 @@
+//! The plugin admin API, under `/admin/v1/` on the REST port: upload,
+//! list, show, activate, roll back and delete plugin versions.
+//!
+//! Every call carries `Authorization: Bearer TOKEN`. Tokens are configured
+//! as SHA-256 hashes; the presented token is hashed and compared with
+//! every configured hash in constant time, so neither the comparison nor
+//! the config reveals a token. What a token may touch is the registry's
+//! decision (`plugin::registry`), made before anything changes.
+//!
+//! The work (compiling and trying plugins, writing files) runs on a
+//! blocking thread, never on the async runtime's.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use axum::Router;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+
+use super::{error_response, read_body, RestState};
+use crate::config::{AdminConfig, Role, TokenConfig};
+use crate::error::{Code, Error, Result};
+use crate::plugin::registry::{Caller, Manifest, PluginRegistry};
+
+/// The admin API's state: the registry (once loaded) and the tokens.
+pub struct Admin {
+    registry: OnceLock<Arc<PluginRegistry>>,
+    tokens: Vec<([u8; 32], TokenConfig)>,
+    max_upload_bytes: usize,
+}
+
+impl Admin {
+    /// The admin API for `config`; it answers 503 until
+    /// [`Admin::attach`] gives it the registry.
+    pub fn new(config: &AdminConfig) -> Result<Arc<Admin>> {
+        let mut tokens = Vec::with_capacity(config.tokens.len());
+        for token in &config.tokens {
+            let mut hash = [0u8; 32];
+            hex::decode_to_slice(&token.sha256, &mut hash).map_err(|e| {
+                Error::invalid_argument(format!("admin token '{}': sha256 is not 64 hex digits: {e}", token.id))
+            })?;
+            tokens.push((hash, token.clone()));
+        }
+        Ok(Arc::new(Admin { registry: OnceLock::new(), tokens, max_upload_bytes: config.max_upload_bytes }))
+    }
+
+    /// The registry is open: the API serves.
+    pub fn attach(&self, registry: Arc<PluginRegistry>) {
+        let _ = self.registry.set(registry);
+    }
+
+    fn registry(&self) -> Result<Arc<PluginRegistry>> {
+        self.registry.get().cloned().ok_or_else(|| Error::unavailable("the server is still loading; retry shortly"))
+    }
+
+    /// The caller a request's bearer token identifies.
+    fn authenticate(&self, headers: &HeaderMap) -> Result<Caller> {
+        let unauthenticated = |message: &str| Error::new(Code::Unauthenticated, message.to_string());
+        let value = headers
+            .get(header::AUTHORIZATION)
+            .ok_or_else(|| unauthenticated("no Authorization header; send Authorization: Bearer TOKEN"))?;
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| unauthenticated("the Authorization header is not \"Bearer TOKEN\""))?;
+        let digest: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()).into();
+        // Every hash is compared, matched or not, so the time taken says
+        // nothing about which token (if any) is close.
+        let mut found = None;
+        for (hash, config) in &self.tokens {
+            if bool::from(hash.ct_eq(&digest)) {
+                found = Some(config);
+            }
+        }
+        let config = found.ok_or_else(|| {
+            tracing::warn!(target: "sluice::audit", "admin call with an unknown token refused");
+            unauthenticated("the token is not valid")
+        })?;
+        Ok(Caller { token_id: config.id.clone(), team: config.team.clone(), admin: config.role == Role::Admin })
+    }
+}
+
+/// The admin routes, served when `[admin] enabled = true`.
+pub fn routes() -> Router<RestState> {
+    Router::new()
+        .route("/admin/v1/plugins", get(list))
+        .route("/admin/v1/plugins/{name}", put(upload).get(show))
+        .route("/admin/v1/plugins/{name}/versions/{version}/activate", post(activate))
+        .route("/admin/v1/plugins/{name}/rollback", post(rollback))
+        .route("/admin/v1/plugins/{name}/versions/{version}", delete(remove))
+        .route("/admin/v1/pipelines/{pipeline}/plugin", put(upload_to_pipeline))
+}
+
+/// Authenticates, then runs `work` on a blocking thread; answers JSON.
+async fn call(
+    state: &RestState,
+    headers: &HeaderMap,
+    work: impl FnOnce(&PluginRegistry, &Caller) -> Result<Value> + Send + 'static,
+) -> Response {
+    let result = async {
+        let admin = state.admin.as_ref().ok_or_else(|| Error::not_found("the admin API is off"))?;
+        let caller = admin.authenticate(headers)?;
+        let registry = admin.registry()?;
+        tokio::task::spawn_blocking(move || work(&registry, &caller))
+            .await
+            .map_err(|e| Error::internal(format!("the admin call failed: {e}")))?
+    }
+    .await;
+    match result {
+        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+fn manifest_json(manifest: &Manifest) -> Value {
+    serde_json::to_value(manifest).unwrap_or(Value::Null)
+}
+
+fn version_number(text: &str) -> Result<u32> {
+    text.parse().map_err(|_| Error::invalid_argument(format!("version '{text}' is not a whole number")))
+}
+
+#[derive(Deserialize)]
+struct UploadQuery {
+    /// Activate the new version at once.
+    activate: Option<bool>,
+}
+
+async fn upload(
+    State(state): State<RestState>,
+    Path(name): Path<String>,
+    Query(query): Query<UploadQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    upload_as(state, headers, body, query.activate.unwrap_or(false), move |_| Ok(name)).await
+}
+
+/// What `sluice plugin push --pipeline` calls: a new version of the plugin
+/// the pipeline runs, activated unless `activate=false`.
+async fn upload_to_pipeline(
+    State(state): State<RestState>,
+    Path(pipeline): Path<String>,
+    Query(query): Query<UploadQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    upload_as(state, headers, body, query.activate.unwrap_or(true), move |registry| {
+        registry.plugin_of_pipeline(&pipeline)
+    })
+    .await
+}
+
+async fn upload_as(
+    state: RestState,
+    headers: HeaderMap,
+    body: Body,
+    activate: bool,
+    name_of: impl FnOnce(&PluginRegistry) -> Result<String> + Send + 'static,
+) -> Response {
+    let Some(admin) = state.admin.clone() else {
+        return error_response(&Error::not_found("the admin API is off"));
+    };
+    // Who it is first: an unauthenticated caller's body is never read.
+    if let Err(e) = admin.authenticate(&headers) {
+        return error_response(&e);
+    }
+    let bytes = match read_body(body, &headers, admin.max_upload_bytes, "admin.max_upload_bytes").await {
+        Ok(bytes) => bytes,
+        Err(e) => return error_response(&e),
+    };
+    call(&state, &headers, move |registry, caller| {
+        let name = name_of(registry)?;
+        let stored = registry.upload(caller, &name, &bytes)?;
+        let mut answer = json!({
+            "name": name,
+            "version": stored.version,
+            "sha256": stored.sha256,
+            "size": stored.size,
+            "declared": stored.declared,
+            "active": false,
+        });
+        if activate {
+            registry.activate(caller, &name, stored.version)?;
+            answer["active"] = Value::Bool(true);
+        }
+        Ok(answer)
+    })
+    .await
+}
+
+async fn list(State(state): State<RestState>, headers: HeaderMap) -> Response {
+    call(&state, &headers, |registry, caller| {
+        let manifests = registry.list(caller)?;
+        Ok(json!({ "plugins": manifests.iter().map(manifest_json).collect::<Vec<_>>() }))
+    })
+    .await
+}
+
+async fn show(State(state): State<RestState>, Path(name): Path<String>, headers: HeaderMap) -> Response {
+    call(&state, &headers, move |registry, caller| Ok(manifest_json(&registry.show(caller, &name)?))).await
+}
+
+async fn activate(
+    State(state): State<RestState>,
+    Path((name, version)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    call(&state, &headers, move |registry, caller| {
+        Ok(manifest_json(&registry.activate(caller, &name, version_number(&version)?)?))
+    })
+    .await
+}
+
+async fn rollback(State(state): State<RestState>, Path(name): Path<String>, headers: HeaderMap) -> Response {
+    call(&state, &headers, move |registry, caller| Ok(manifest_json(&registry.rollback(caller, &name)?))).await
+}
+
+async fn remove(
+    State(state): State<RestState>,
+    Path((name, version)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    call(&state, &headers, move |registry, caller| {
+        Ok(manifest_json(&registry.delete(caller, &name, version_number(&version)?)?))
+    })
+    .await
+}

@@ -1,0 +1,81 @@
+//! `sluice plugin push` and `sluice plugin list`: the admin API's command
+//! line client. The token comes from `SLUICE_TOKEN`, never a flag, so it
+//! stays out of shell history and process listings.
+
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use clap::Args;
+use http::Method;
+
+use crate::bench::client::RestClient;
+
+/// Where the admin API is and who is calling.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// The server's REST address (the admin API is under /admin/v1/).
+    #[arg(long, default_value = "http://127.0.0.1:8501")]
+    pub server: String,
+    /// The bearer token.
+    #[arg(long = "token", env = "SLUICE_TOKEN", hide_env_values = true)]
+    pub token: String,
+}
+
+/// The flags of `sluice plugin push`.
+#[derive(Debug, Clone, Args)]
+pub struct PushArgs {
+    /// The plugin, a `.wasm` component.
+    pub file: PathBuf,
+    /// Upload as a new version of the plugin this pipeline runs.
+    #[arg(long, conflicts_with = "name", required_unless_present = "name")]
+    pub pipeline: Option<String>,
+    /// Upload as a new version of the plugin called NAME.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// With --pipeline: store the version without activating it. With
+    /// --name, versions are only stored unless --activate is given.
+    #[arg(long = "no-activate", conflicts_with = "activate")]
+    pub no_activate: bool,
+    /// With --name: activate the new version at once.
+    #[arg(long)]
+    pub activate: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+async fn send(server: &ServerArgs, method: Method, path: &str, body: Bytes) -> Result<String, String> {
+    let mut client = RestClient::new(&server.server)?;
+    let authorization = format!("Bearer {}", server.token);
+    let response = client.call(method, path, &[("authorization", authorization.as_str())], body).await?;
+    let text = response.text();
+    if !response.status.is_success() {
+        let message = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or(text);
+        return Err(format!(
+            "{} {}: {message}",
+            response.status.as_u16(),
+            response.status.canonical_reason().unwrap_or("")
+        ));
+    }
+    let pretty =
+        serde_json::from_str::<serde_json::Value>(&text).and_then(|v| serde_json::to_string_pretty(&v)).unwrap_or(text);
+    Ok(pretty)
+}
+
+/// Uploads (and by default activates) a plugin; returns the server's answer.
+pub async fn push(args: &PushArgs) -> Result<String, String> {
+    let wasm = std::fs::read(&args.file).map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
+    let path = match (&args.pipeline, &args.name) {
+        (Some(pipeline), _) => format!("/admin/v1/pipelines/{pipeline}/plugin?activate={}", !args.no_activate),
+        (None, Some(name)) => format!("/admin/v1/plugins/{name}?activate={}", args.activate),
+        (None, None) => return Err("name the target: --pipeline NAME or --name PLUGIN".into()),
+    };
+    send(&args.server, Method::PUT, &path, Bytes::from(wasm)).await
+}
+
+/// The plugins the token may see, with their versions.
+pub async fn list(server: &ServerArgs) -> Result<String, String> {
+    send(server, Method::GET, "/admin/v1/plugins", Bytes::new()).await
+}

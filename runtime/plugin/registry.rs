@@ -1,0 +1,516 @@
+//! The plugin registry: uploaded plugin versions, persisted, and the
+//! pipeline stages that run them, swapped while they serve.
+//!
+//! On disk, in `[plugins] dir`: `store/blobs/SHA256.wasm` (content
+//! addressed: two uploads of the same bytes share a file) and
+//! `store/manifests/NAME.json` (the plugin's team, its versions and the
+//! active one). Every file is written atomically, so a crash leaves the
+//! old state or the new one. On start, a manifest's active version is used
+//! when its blob still has its hash; otherwise the error is logged and the
+//! stage falls back to `NAME.wasm`, so the server starts anyway.
+//!
+//! Nothing is stored or swapped before the upload passed every check:
+//! compiles, right world, `describe` answers, its sample runs under the
+//! real limits, and it fits every pipeline stage that runs it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::store::write_atomically;
+use super::{Plugin, PluginEngine, PluginStage, PluginsConfig, World};
+use crate::api::metrics::Metrics;
+use crate::config::check_name;
+use crate::error::{Code, Error, Result};
+use crate::models::ServedModel;
+use crate::pipeline::fits;
+
+/// Who is calling, as the admin API authenticated them.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The token's id (never the token), for the audit log.
+    pub token_id: String,
+    /// The team the token acts for.
+    pub team: Option<String>,
+    /// An admin token may do everything.
+    pub admin: bool,
+}
+
+impl Caller {
+    fn may(&self, team: Option<&str>) -> bool {
+        self.admin || (team.is_some() && team == self.team.as_deref())
+    }
+}
+
+/// One uploaded version.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StoredVersion {
+    /// 1, 2, …: the registry's numbering, per plugin.
+    pub version: u32,
+    /// SHA-256 of the bytes, hex; the blob's name.
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// What the plugin says it is: `name version`.
+    pub declared: String,
+    /// Seconds since the Unix epoch.
+    pub uploaded_at: u64,
+    /// The id of the token that uploaded it.
+    pub uploaded_by: String,
+}
+
+/// A plugin's manifest: its owner, its versions, the active one.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Manifest {
+    /// The plugin's name (what pipelines name in `plugin = "…"`).
+    pub name: String,
+    /// The team that owns it.
+    pub team: Option<String>,
+    /// The version stages run; none until one is activated.
+    pub active: Option<u32>,
+    /// Versions active before, most recent last: what rollback returns to.
+    pub history: Vec<u32>,
+    /// Every stored version.
+    pub versions: Vec<StoredVersion>,
+}
+
+/// A pipeline stage running a plugin.
+struct Binding {
+    pipeline: String,
+    team: Option<String>,
+    world: World,
+    stage: Arc<PluginStage>,
+    model: Arc<ServedModel>,
+}
+
+struct State {
+    manifests: BTreeMap<String, Manifest>,
+    bindings: BTreeMap<String, Vec<Binding>>,
+}
+
+/// Stored plugin versions and the stages that run them.
+pub struct PluginRegistry {
+    engine: Arc<PluginEngine>,
+    config: PluginsConfig,
+    metrics: Arc<Metrics>,
+    blobs: PathBuf,
+    manifests: PathBuf,
+    // Admin operations are rare and compile plugins; holding the lock for
+    // a whole operation keeps them simple and serial. Requests never take
+    // it: stages swap through `PluginStage`.
+    state: Mutex<State>,
+}
+
+impl PluginRegistry {
+    /// Opens the store in `[plugins] dir` (creating it) and reads every
+    /// manifest; a manifest that cannot be read, or whose active blob no
+    /// longer has its hash, is logged and left out.
+    pub fn open(engine: Arc<PluginEngine>, config: &PluginsConfig, metrics: Arc<Metrics>) -> Result<PluginRegistry> {
+        let dir = config.dir.as_ref().ok_or_else(|| {
+            Error::invalid_argument("the plugin registry needs [plugins] dir, where it stores plugins")
+        })?;
+        let store = dir.join("store");
+        let blobs = store.join("blobs");
+        let manifests_dir = store.join("manifests");
+        for d in [&blobs, &manifests_dir] {
+            std::fs::create_dir_all(d)
+                .map_err(|e| Error::internal(format!("cannot create the plugin store {}: {e}", d.display())))?;
+        }
+        let mut manifests = BTreeMap::new();
+        let entries = std::fs::read_dir(&manifests_dir)
+            .map_err(|e| Error::internal(format!("cannot read {}: {e}", manifests_dir.display())))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            match read_manifest(&path) {
+                Ok(manifest) => {
+                    manifests.insert(manifest.name.clone(), manifest);
+                }
+                Err(e) => tracing::error!(path = %path.display(), "plugin manifest refused, left out: {e}"),
+            }
+        }
+        let registry = PluginRegistry {
+            engine,
+            config: config.clone(),
+            metrics,
+            blobs,
+            manifests: manifests_dir,
+            state: Mutex::new(State { manifests, bindings: BTreeMap::new() }),
+        };
+        Ok(registry)
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        self.state.lock().map_err(|_| Error::internal("the plugin registry's lock is poisoned"))
+    }
+
+    /// The bytes a stage running `name` starts with: the active stored
+    /// version when it is intact, else `NAME.wasm` in the plugin directory.
+    pub fn initial_bytes(&self, name: &str) -> Result<Vec<u8>> {
+        let active = {
+            let state = self.lock()?;
+            state.manifests.get(name).and_then(|m| {
+                let version = m.active?;
+                m.versions.iter().find(|v| v.version == version).cloned()
+            })
+        };
+        if let Some(stored) = active {
+            match self.read_blob(&stored) {
+                Ok(bytes) => return Ok(bytes),
+                Err(e) => tracing::error!(
+                    plugin = name,
+                    version = stored.version,
+                    "stored plugin refused, falling back to {name}.wasm: {e}"
+                ),
+            }
+        }
+        let path = self.config.path_of(name)?;
+        std::fs::read(&path).map_err(|e| Error::invalid_argument(format!("cannot read plugin {}: {e}", path.display())))
+    }
+
+    /// Loads `bytes` as plugin `name` with its configured limits.
+    pub fn load(&self, name: &str, bytes: &[u8]) -> Result<Plugin> {
+        Plugin::load(&self.engine, bytes, self.config.limits_of(name), Some(&self.metrics))
+    }
+
+    /// Records that `stage` of `pipeline` (owned by `team`) runs plugin
+    /// `name`, so that activations reach it.
+    pub fn bind(
+        &self,
+        name: &str,
+        pipeline: &str,
+        team: Option<&str>,
+        world: World,
+        stage: Arc<PluginStage>,
+        model: Arc<ServedModel>,
+    ) -> Result<()> {
+        let binding = Binding { pipeline: pipeline.to_string(), team: team.map(str::to_string), world, stage, model };
+        self.lock()?.bindings.entry(name.to_string()).or_default().push(binding);
+        Ok(())
+    }
+
+    /// The plugin `pipeline` runs, for uploads addressed to a pipeline.
+    pub fn plugin_of_pipeline(&self, pipeline: &str) -> Result<String> {
+        let state = self.lock()?;
+        let names: Vec<&String> = state
+            .bindings
+            .iter()
+            .filter(|(_, bindings)| bindings.iter().any(|b| b.pipeline == pipeline))
+            .map(|(name, _)| name)
+            .collect();
+        match names.as_slice() {
+            [one] => Ok((*one).clone()),
+            [] => Err(Error::not_found(format!("pipeline '{pipeline}' runs no plugin (or does not exist)"))),
+            many => Err(Error::invalid_argument(format!(
+                "pipeline '{pipeline}' runs several plugins {many:?}; upload to /admin/v1/plugins/NAME instead"
+            ))),
+        }
+    }
+
+    /// Checks that `caller` may change plugin `name`: its owner, and the
+    /// owner of every pipeline running it.
+    fn authorize(&self, state: &State, caller: &Caller, name: &str) -> Result<()> {
+        let denied = |what: String| {
+            Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "token '{}' (team {:?}) may not change {what}",
+                    caller.token_id,
+                    caller.team.as_deref().unwrap_or("none")
+                ),
+            )
+        };
+        if let Some(manifest) = state.manifests.get(name) {
+            if !caller.may(manifest.team.as_deref()) {
+                return Err(denied(format!(
+                    "plugin '{name}', which belongs to team {:?}",
+                    manifest.team.as_deref().unwrap_or("none")
+                )));
+            }
+        }
+        for binding in state.bindings.get(name).into_iter().flatten() {
+            if !caller.may(binding.team.as_deref()) {
+                return Err(denied(format!(
+                    "plugin '{name}': pipeline '{}' runs it and belongs to team {:?}",
+                    binding.pipeline,
+                    binding.team.as_deref().unwrap_or("none (admins only)")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks an upload without storing anything: it compiles, answers
+    /// `describe`, runs its sample (or zeros shaped like its inputs) under
+    /// the real limits, and fits every stage that runs `name`.
+    fn validate(&self, state: &State, name: &str, bytes: &[u8]) -> Result<Plugin> {
+        let refused = |e: Error| Error::new(Code::Unprocessable, format!("plugin '{name}' refused: {}", e.message()));
+        let plugin = self.load(name, bytes).map_err(refused)?;
+        if plugin.description().sample.is_none() {
+            let zeros = super::check::zeros(&plugin.description().inputs).map_err(refused)?;
+            plugin.call(zeros).map_err(|e| refused(e.context("on zeros shaped like its declared inputs")))?;
+        }
+        for binding in state.bindings.get(name).into_iter().flatten() {
+            let at = |e: Error| refused(e.context(format_args!("for pipeline '{}'", binding.pipeline)));
+            if plugin.world() != binding.world {
+                return Err(at(Error::invalid_argument(format!(
+                    "it is a {}, but the stage runs a {}",
+                    plugin.world(),
+                    binding.world
+                ))));
+            }
+            for version in binding.model.versions() {
+                fits_model(&plugin, binding.world, version).map_err(at)?;
+            }
+            binding.stage.accepts(&plugin).map_err(at)?;
+        }
+        Ok(plugin)
+    }
+
+    /// Validates and stores `bytes` as the next version of `name`.
+    pub fn upload(&self, caller: &Caller, name: &str, bytes: &[u8]) -> Result<StoredVersion> {
+        check_name("plugin name", name).map_err(Error::invalid_argument)?;
+        let mut state = self.lock()?;
+        self.authorize(&state, caller, name)?;
+        let plugin = self.validate(&state, name, bytes)?;
+        let description = plugin.description();
+        let sha256 = plugin.sha256().to_string();
+        let blob = self.blob_path(&sha256);
+        if self.read_blob_at(&blob, &sha256).is_err() {
+            write_atomically(&blob, bytes).map_err(|e| Error::internal(format!("storing {}: {e}", blob.display())))?;
+        }
+        let mut manifest = state.manifests.get(name).cloned().unwrap_or_else(|| Manifest {
+            name: name.to_string(),
+            team: if caller.admin {
+                state.bindings.get(name).and_then(|b| b.first()?.team.clone())
+            } else {
+                caller.team.clone()
+            },
+            active: None,
+            history: Vec::new(),
+            versions: Vec::new(),
+        });
+        let stored = StoredVersion {
+            version: manifest.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1,
+            sha256,
+            size: bytes.len() as u64,
+            declared: format!("{} {}", description.name, description.version),
+            uploaded_at: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            uploaded_by: caller.token_id.clone(),
+        };
+        manifest.versions.push(stored.clone());
+        self.write_manifest(&manifest)?;
+        state.manifests.insert(name.to_string(), manifest);
+        audit(caller, "upload", name, Some(stored.version), None, &stored.sha256);
+        Ok(stored)
+    }
+
+    /// Makes `version` of `name` the one every stage running it serves new
+    /// requests with.
+    pub fn activate(&self, caller: &Caller, name: &str, version: u32) -> Result<Manifest> {
+        let mut state = self.lock()?;
+        self.authorize(&state, caller, name)?;
+        let manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
+        let previous = manifest.active;
+        let manifest = self.switch(&state, caller, manifest, version, true)?;
+        state.manifests.insert(name.to_string(), manifest.clone());
+        audit(caller, "activate", name, Some(version), previous, "");
+        Ok(manifest)
+    }
+
+    /// Returns `name` to the version active before the current one.
+    pub fn rollback(&self, caller: &Caller, name: &str) -> Result<Manifest> {
+        let mut state = self.lock()?;
+        self.authorize(&state, caller, name)?;
+        let mut manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
+        let previous = manifest.active;
+        let version = manifest.history.pop().ok_or_else(|| {
+            Error::failed_precondition(format!("plugin '{name}' has no earlier active version to roll back to"))
+        })?;
+        let manifest = self.switch(&state, caller, manifest, version, false)?;
+        state.manifests.insert(name.to_string(), manifest.clone());
+        audit(caller, "rollback", name, Some(version), previous, "");
+        Ok(manifest)
+    }
+
+    /// Loads `version` for every stage, swaps them all, and records it.
+    /// Every stage's plugin is loaded before any is swapped, so a failure
+    /// changes nothing.
+    fn switch(
+        &self,
+        state: &State,
+        caller: &Caller,
+        mut manifest: Manifest,
+        version: u32,
+        remember: bool,
+    ) -> Result<Manifest> {
+        let name = manifest.name.clone();
+        let stored = manifest.versions.iter().find(|v| v.version == version).cloned().ok_or_else(|| {
+            let have: Vec<String> = manifest.versions.iter().map(|v| v.version.to_string()).collect();
+            Error::not_found(format!("plugin '{name}' has no version {version} (versions: {})", have.join(", ")))
+        })?;
+        let bytes = self.read_blob(&stored)?;
+        let bindings = state.bindings.get(&name).map(Vec::as_slice).unwrap_or_default();
+        let mut loaded = Vec::with_capacity(bindings.len());
+        for binding in bindings {
+            // Each stage gets its own plugin (its own warm instances).
+            let plugin = self.validate(state, &name, &bytes)?;
+            binding.stage.accepts(&plugin)?;
+            loaded.push(Arc::new(plugin));
+        }
+        let previous = manifest.active;
+        manifest.active = Some(version);
+        if remember {
+            if let Some(previous) = previous.filter(|&p| p != version) {
+                manifest.history.push(previous);
+            }
+        }
+        self.write_manifest(&manifest)?;
+        for (binding, plugin) in bindings.iter().zip(loaded) {
+            binding.stage.swap(plugin)?;
+            tracing::info!(plugin = %name, version, pipeline = %binding.pipeline, token_id = %caller.token_id, "swapped");
+        }
+        Ok(manifest)
+    }
+
+    /// Deletes an inactive version (and its blob, unless another version
+    /// has the same bytes).
+    pub fn delete(&self, caller: &Caller, name: &str, version: u32) -> Result<Manifest> {
+        let mut state = self.lock()?;
+        self.authorize(&state, caller, name)?;
+        let mut manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
+        if manifest.active == Some(version) {
+            return Err(Error::failed_precondition(format!(
+                "version {version} of plugin '{name}' is active; activate another version first"
+            )));
+        }
+        let at = manifest
+            .versions
+            .iter()
+            .position(|v| v.version == version)
+            .ok_or_else(|| Error::not_found(format!("plugin '{name}' has no version {version}")))?;
+        let removed = manifest.versions.remove(at);
+        manifest.history.retain(|&v| v != version);
+        self.write_manifest(&manifest)?;
+        let shared = state
+            .manifests
+            .values()
+            .flat_map(|m| m.versions.iter().filter(move |v| m.name != name || v.version != version))
+            .any(|v| v.sha256 == removed.sha256);
+        if !shared {
+            let _ = std::fs::remove_file(self.blob_path(&removed.sha256));
+        }
+        state.manifests.insert(name.to_string(), manifest.clone());
+        audit(caller, "delete", name, Some(version), None, &removed.sha256);
+        Ok(manifest)
+    }
+
+    /// The manifests `caller` may see.
+    pub fn list(&self, caller: &Caller) -> Result<Vec<Manifest>> {
+        let state = self.lock()?;
+        Ok(state.manifests.values().filter(|m| caller.may(m.team.as_deref())).cloned().collect())
+    }
+
+    /// One manifest, when `caller` may see it.
+    pub fn show(&self, caller: &Caller, name: &str) -> Result<Manifest> {
+        let state = self.lock()?;
+        let manifest = state.manifests.get(name).ok_or_else(|| no_plugin(name))?;
+        if !caller.may(manifest.team.as_deref()) {
+            return Err(Error::new(Code::PermissionDenied, format!("plugin '{name}' belongs to another team")));
+        }
+        Ok(manifest.clone())
+    }
+
+    fn blob_path(&self, sha256: &str) -> PathBuf {
+        self.blobs.join(format!("{sha256}.wasm"))
+    }
+
+    fn read_blob(&self, stored: &StoredVersion) -> Result<Vec<u8>> {
+        self.read_blob_at(&self.blob_path(&stored.sha256), &stored.sha256)
+    }
+
+    /// The blob's bytes, refused when they no longer hash to its name.
+    fn read_blob_at(&self, path: &Path, sha256: &str) -> Result<Vec<u8>> {
+        let bytes = std::fs::read(path).map_err(|e| Error::internal(format!("cannot read {}: {e}", path.display())))?;
+        let actual = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        if actual != sha256 {
+            return Err(Error::internal(format!(
+                "{} is corrupted: its SHA-256 is {actual}, the manifest says {sha256}",
+                path.display()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    fn write_manifest(&self, manifest: &Manifest) -> Result<()> {
+        let path = self.manifests.join(format!("{}.json", manifest.name));
+        let bytes = serde_json::to_vec_pretty(manifest)
+            .map_err(|e| Error::internal(format!("encoding the manifest failed: {e}")))?;
+        write_atomically(&path, &bytes).map_err(|e| Error::internal(format!("writing {}: {e}", path.display())))
+    }
+}
+
+fn read_manifest(path: &Path) -> std::result::Result<Manifest, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| format!("not a manifest: {e}"))?;
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+    if manifest.name != stem {
+        return Err(format!("it names plugin '{}', but the file is {stem}.json", manifest.name));
+    }
+    check_name("name", &manifest.name)?;
+    if let Some(active) = manifest.active {
+        if !manifest.versions.iter().any(|v| v.version == active) {
+            return Err(format!("active version {active} is not among its versions"));
+        }
+    }
+    if let Some(bad) =
+        manifest.versions.iter().find(|v| v.sha256.len() != 64 || !v.sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return Err(format!("version {} has a malformed sha256 \"{}\"", bad.version, bad.sha256));
+    }
+    Ok(manifest)
+}
+
+/// A preprocessor's outputs must feed the model's inputs; a postprocessor's
+/// inputs must be the model's outputs.
+fn fits_model(plugin: &Plugin, world: World, version: &crate::models::ModelVersion) -> Result<()> {
+    let model = version.signature();
+    let description = plugin.description();
+    let (wanted, given, role) = match world {
+        World::Preprocessor => (&model.inputs, &description.outputs, "outputs"),
+        World::Postprocessor => (&description.inputs, &model.outputs, "inputs"),
+    };
+    for want in wanted {
+        let have = given.iter().find(|g| g.name == want.name).ok_or_else(|| {
+            Error::invalid_argument(format!("its {role} do not fit {version}: '{}' is missing", want.name))
+        })?;
+        fits(have, want).map_err(|e| e.context(format_args!("its {role} do not fit {version}")))?;
+    }
+    Ok(())
+}
+
+fn no_plugin(name: &str) -> Error {
+    Error::not_found(format!("no plugin '{name}' has been uploaded"))
+}
+
+/// One line per change, in the `sluice::audit` log target: who (token id
+/// and team, never the token), what, which versions.
+fn audit(caller: &Caller, action: &str, plugin: &str, version: Option<u32>, previous: Option<u32>, sha256: &str) {
+    tracing::info!(
+        target: "sluice::audit",
+        action,
+        team = caller.team.as_deref().unwrap_or("-"),
+        token_id = %caller.token_id,
+        admin = caller.admin,
+        plugin,
+        version = version.map_or(-1, i64::from),
+        previous = previous.map_or(-1, i64::from),
+        sha256,
+        "plugin {action}"
+    );
+}

@@ -1,0 +1,425 @@
+//! The plugin admin API against the real server: upload, activate, roll
+//! back and restart; twenty swaps under load without a failed request;
+//! every kind of refusal with its status and message and nothing changed;
+//! a store corrupted between runs.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Method, StatusCode};
+use serde_json::Value;
+use sluice::bench::client::RestClient;
+
+const ML: &str = "ml-secret";
+const WEB: &str = "web-secret";
+const OPS: &str = "ops-secret";
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes))
+}
+
+fn plugin_file(name: &str) -> PathBuf {
+    root().join("target/plugins").join(format!("{name}.wasm"))
+}
+
+fn plugin_bytes(name: &str) -> Vec<u8> {
+    std::fs::read(plugin_file(name)).unwrap_or_else(|e| panic!("{name}.wasm: {e} (run scripts/build-plugins)"))
+}
+
+/// A plugin directory whose `features.wasm` is the identity plugin, and a
+/// config serving pipeline `scored` (team ml) = features → MLP.
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let plugins = dir.path().join("plugins");
+        std::fs::create_dir_all(&plugins).expect("plugins dir");
+        std::fs::copy(plugin_file("identity"), plugins.join("features.wasm")).expect("copy identity.wasm");
+        let config = format!(
+            r#"
+[plugins]
+dir = "{plugins}"
+
+[admin]
+enabled = true
+max_upload_bytes = 4194304
+[[admin.tokens]]
+id = "ml-ci"
+team = "ml"
+role = "team"
+sha256 = "{ml}"
+[[admin.tokens]]
+id = "web-ci"
+team = "web"
+role = "team"
+sha256 = "{web}"
+[[admin.tokens]]
+id = "ops"
+role = "admin"
+sha256 = "{ops}"
+
+[[models]]
+name = "mlp"
+base_path = "{mlp}"
+
+[[pipelines]]
+name = "scored"
+model = "mlp"
+team = "ml"
+preprocess = {{ plugin = "features", workers = 2 }}
+"#,
+            plugins = plugins.display(),
+            ml = sha256_hex(ML.as_bytes()),
+            web = sha256_hex(WEB.as_bytes()),
+            ops = sha256_hex(OPS.as_bytes()),
+            mlp = root().join("examples/models/mlp").display(),
+        );
+        std::fs::write(dir.path().join("sluice.toml"), config).expect("write config");
+        Fixture { dir }
+    }
+
+    fn start(&self) -> Server {
+        Server::start(&["--model_config_file", self.dir.path().join("sluice.toml").to_str().expect("utf-8")])
+    }
+
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("plugins/store")
+    }
+
+    fn files_in_store(&self) -> Vec<String> {
+        let mut files = Vec::new();
+        for sub in ["blobs", "manifests"] {
+            if let Ok(entries) = std::fs::read_dir(self.store().join(sub)) {
+                files.extend(entries.flatten().map(|e| format!("{sub}/{}", e.file_name().to_string_lossy())));
+            }
+        }
+        files.sort();
+        files
+    }
+}
+
+async fn admin(server: &Server, method: Method, path: &str, token: Option<&str>, body: Vec<u8>) -> (StatusCode, Value) {
+    let mut client = RestClient::new(&server.http.to_string()).expect("client");
+    let authorization = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = authorization.iter().map(|a| ("authorization", a.as_str())).collect();
+    let response = client.call(method, path, &headers, Bytes::from(body)).await.expect("admin call");
+    (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
+}
+
+async fn ok(server: &Server, method: Method, path: &str, token: &str, body: Vec<u8>) -> Value {
+    let (status, answer) = admin(server, method.clone(), path, Some(token), body).await;
+    assert_eq!(status, StatusCode::OK, "{method} {path}: {answer}");
+    answer
+}
+
+fn input() -> Vec<f32> {
+    values(5, 64)
+}
+
+async fn logits(server: &Server, model: &str, x: &[f32]) -> Result<Vec<f32>, tonic::Status> {
+    let mut client = server.predict_client().await;
+    let response = client.predict(predict_request(model, vec![("x", f32_content(&[1, 64], x))])).await?;
+    Ok(f32_values(&response.into_inner().outputs["logits"]))
+}
+
+/// What `scored` answers with the identity plugin and with the doubling one.
+async fn references(server: &Server) -> (Vec<f32>, Vec<f32>) {
+    let x = input();
+    let doubled: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+    (logits(server, "mlp", &x).await.expect("mlp"), logits(server, "mlp", &doubled).await.expect("mlp"))
+}
+
+#[tokio::test]
+async fn upload_activate_rollback_and_restart_keep_the_chosen_version() {
+    let fixture = Fixture::new();
+    let server = fixture.start();
+    let (identity, doubled) = references(&server).await;
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "features.wasm serves at first");
+
+    let scale = plugin_bytes("scale");
+    let uploaded = ok(&server, Method::PUT, "/admin/v1/plugins/features", ML, scale.clone()).await;
+    assert_eq!(uploaded["version"], 1);
+    assert_eq!(uploaded["sha256"], sha256_hex(&scale));
+    assert_eq!(uploaded["declared"], "scale 1.0.0");
+    assert_eq!(uploaded["active"], false);
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "stored, not yet active");
+
+    ok(&server, Method::POST, "/admin/v1/plugins/features/versions/1/activate", ML, vec![]).await;
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), doubled, "version 1 (scale) serves");
+
+    let second =
+        ok(&server, Method::PUT, "/admin/v1/plugins/features?activate=true", ML, plugin_bytes("identity")).await;
+    assert_eq!((second["version"].as_u64(), second["active"].as_bool()), (Some(2), Some(true)));
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "version 2 (identity) serves");
+
+    let rolled = ok(&server, Method::POST, "/admin/v1/plugins/features/rollback", ML, vec![]).await;
+    assert_eq!(rolled["active"], 1);
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), doubled, "rolled back to version 1");
+
+    let shown = ok(&server, Method::GET, "/admin/v1/plugins/features", ML, vec![]).await;
+    assert_eq!(shown["team"], "ml");
+    assert_eq!(shown["versions"].as_array().map(Vec::len), Some(2));
+    assert_eq!(shown["versions"][0]["uploaded_by"], "ml-ci");
+    let listed = ok(&server, Method::GET, "/admin/v1/plugins", WEB, vec![]).await;
+    assert_eq!(listed["plugins"], Value::Array(vec![]), "another team sees nothing of team ml's");
+
+    let log = server.log().join("\n");
+    assert!(
+        log.contains("plugin upload") && log.contains("plugin activate") && log.contains("plugin rollback"),
+        "{log}"
+    );
+    assert!(log.contains("ml-ci"), "the audit log names the token id: {log}");
+    for secret in [ML, WEB, OPS] {
+        assert!(!log.contains(secret), "a token appeared in the log");
+    }
+
+    drop(server);
+    let server = fixture.start();
+    assert_eq!(
+        logits(&server, "scored", &input()).await.expect("scored"),
+        doubled,
+        "after a restart, version 1 still serves"
+    );
+    let shown = ok(&server, Method::GET, "/admin/v1/plugins/features", OPS, vec![]).await;
+    assert_eq!((shown["active"].as_u64(), shown["history"].clone()), (Some(1), serde_json::json!([])));
+
+    // The command-line client: push to the pipeline (activates), then list.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["plugin", "push"])
+        .arg(plugin_file("identity"))
+        .args(["--pipeline", "scored", "--server", &format!("http://{}", server.http)])
+        .env("SLUICE_TOKEN", ML)
+        .output()
+        .expect("sluice plugin push");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("\"version\": 3") && stdout.contains("\"active\": true"), "{stdout}");
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "the pushed version serves");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["plugin", "list", "--server", &format!("http://{}", server.http)])
+        .env("SLUICE_TOKEN", WEB)
+        .output()
+        .expect("sluice plugin list");
+    assert!(output.status.success());
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("features"), "team web does not see team ml's plugin");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["plugin", "push"])
+        .arg(plugin_file("identity"))
+        .args(["--pipeline", "scored", "--server", &format!("http://{}", server.http)])
+        .env("SLUICE_TOKEN", WEB)
+        .output()
+        .expect("sluice plugin push");
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("403"), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[tokio::test]
+async fn twenty_swaps_under_load_fail_no_request_and_every_answer_is_one_version() {
+    let fixture = Fixture::new();
+    let server = fixture.start();
+    let (identity, doubled) = references(&server).await;
+    ok(&server, Method::PUT, "/admin/v1/plugins/features", ML, plugin_bytes("scale")).await;
+    ok(&server, Method::PUT, "/admin/v1/plugins/features", ML, plugin_bytes("identity")).await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let mut client = server.predict_client().await;
+        let stop = stop.clone();
+        let (identity, doubled) = (identity.clone(), doubled.clone());
+        clients.push(tokio::spawn(async move {
+            let (mut answers, mut failures, mut mixed) = ([0usize; 2], Vec::new(), 0usize);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let request = predict_request("scored", vec![("x", f32_content(&[1, 64], &input()))]);
+                match client.predict(request).await {
+                    Ok(response) => {
+                        let got = f32_values(&response.into_inner().outputs["logits"]);
+                        if got == identity {
+                            answers[0] += 1;
+                        } else if got == doubled {
+                            answers[1] += 1;
+                        } else {
+                            mixed += 1;
+                        }
+                    }
+                    Err(status) => failures.push(status),
+                }
+            }
+            (answers, failures, mixed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for swap in 0..20 {
+        let version = 1 + swap % 2;
+        ok(&server, Method::POST, &format!("/admin/v1/plugins/features/versions/{version}/activate"), ML, vec![]).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut answers, mut failures, mut mixed) = ([0usize; 2], Vec::new(), 0);
+    for client in clients {
+        let (a, f, m) = client.await.expect("client task");
+        answers[0] += a[0];
+        answers[1] += a[1];
+        failures.extend(f);
+        mixed += m;
+    }
+    assert!(failures.is_empty(), "{} requests failed during the swaps: {:?}", failures.len(), failures.first());
+    assert_eq!(mixed, 0, "an answer matched neither version");
+    assert!(answers[0] > 0 && answers[1] > 0, "both versions served: {answers:?}");
+    let shown = ok(&server, Method::GET, "/admin/v1/plugins/features", ML, vec![]).await;
+    assert_eq!(shown["active"], 2);
+}
+
+/// Method, path, token, body; the status and a fragment of the message.
+type Refusal<'a> = (Method, &'a str, Option<&'a str>, Vec<u8>, StatusCode, &'a str);
+
+#[tokio::test]
+async fn every_refusal_has_its_status_and_message_and_changes_nothing() {
+    let fixture = Fixture::new();
+    let server = fixture.start();
+    let (identity, _) = references(&server).await;
+    let features = "/admin/v1/plugins/features";
+    let scale = plugin_bytes("scale");
+    let cases: Vec<Refusal> = vec![
+        (Method::PUT, features, None, scale.clone(), StatusCode::UNAUTHORIZED, "no Authorization header"),
+        (Method::PUT, features, Some("guess"), scale.clone(), StatusCode::UNAUTHORIZED, "the token is not valid"),
+        (Method::GET, "/admin/v1/plugins", Some(""), vec![], StatusCode::UNAUTHORIZED, "not \"Bearer TOKEN\""),
+        (
+            Method::PUT,
+            features,
+            Some(WEB),
+            scale.clone(),
+            StatusCode::FORBIDDEN,
+            "pipeline 'scored' runs it and belongs to team \"ml\"",
+        ),
+        (Method::PUT, "/admin/v1/plugins/..", Some(ML), scale.clone(), StatusCode::BAD_REQUEST, "names are 1 to 128"),
+        (
+            Method::PUT,
+            "/admin/v1/plugins/a%2F..%2F..%2Fetc",
+            Some(ML),
+            scale.clone(),
+            StatusCode::BAD_REQUEST,
+            "\"a/../../etc\"",
+        ),
+        (
+            Method::PUT,
+            "/admin/v1/plugins/.hidden",
+            Some(ML),
+            scale.clone(),
+            StatusCode::BAD_REQUEST,
+            "not starting with '.'",
+        ),
+        (Method::PUT, features, Some(ML), vec![7u8; 5 << 20], StatusCode::PAYLOAD_TOO_LARGE, "admin.max_upload_bytes"),
+        (Method::PUT, features, Some(ML), b"\0asm not really".to_vec(), StatusCode::UNPROCESSABLE_ENTITY, "refused"),
+        (
+            Method::PUT,
+            features,
+            Some(ML),
+            plugin_bytes("topk_labels"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "it is a postprocessor, but the stage runs a preprocessor",
+        ),
+        (
+            Method::PUT,
+            features,
+            Some(ML),
+            plugin_bytes("hostile"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "on zeros shaped like its declared inputs",
+        ),
+        (
+            Method::PUT,
+            features,
+            Some(ML),
+            plugin_bytes("feature_transform"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "do not fit model 'mlp'",
+        ),
+        (Method::PUT, features, Some(ML), plugin_bytes("bad_imports"), StatusCode::UNPROCESSABLE_ENTITY, "imports"),
+        (Method::GET, features, Some(ML), vec![], StatusCode::NOT_FOUND, "no plugin 'features' has been uploaded"),
+        (
+            Method::POST,
+            "/admin/v1/plugins/features/versions/1/activate",
+            Some(ML),
+            vec![],
+            StatusCode::NOT_FOUND,
+            "no plugin",
+        ),
+        (Method::POST, "/admin/v1/plugins/features/rollback", Some(OPS), vec![], StatusCode::NOT_FOUND, "no plugin"),
+        (
+            Method::PUT,
+            "/admin/v1/pipelines/nope/plugin",
+            Some(OPS),
+            scale.clone(),
+            StatusCode::NOT_FOUND,
+            "pipeline 'nope'",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (method, path, token, body, status, fragment) in cases {
+        let (got, answer) = admin(&server, method.clone(), path, token, body).await;
+        let message = answer["error"].as_str().unwrap_or_default();
+        if got != status || !message.contains(fragment) {
+            failures
+                .push(format!("{method} {path} as {token:?}: got {got} {answer}; expected {status} with {fragment:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(fixture.files_in_store(), Vec::<String>::new(), "nothing was stored");
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "the pipeline is unchanged");
+
+    // A version that is active cannot be deleted; an inactive one can.
+    ok(&server, Method::PUT, "/admin/v1/plugins/features?activate=true", ML, scale.clone()).await;
+    ok(&server, Method::PUT, features, ML, plugin_bytes("identity")).await;
+    let (status, answer) =
+        admin(&server, Method::DELETE, "/admin/v1/plugins/features/versions/1", Some(ML), vec![]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(answer["error"].as_str().unwrap_or_default().contains("is active"), "{answer}");
+    let (status, _) = admin(&server, Method::DELETE, "/admin/v1/plugins/features/versions/2", Some(WEB), vec![]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let remaining = ok(&server, Method::DELETE, "/admin/v1/plugins/features/versions/2", ML, vec![]).await;
+    assert_eq!(remaining["versions"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        fixture.files_in_store(),
+        vec!["blobs/".to_string() + &sha256_hex(&scale) + ".wasm", "manifests/features.json".into()]
+    );
+}
+
+#[tokio::test]
+async fn a_store_corrupted_between_runs_is_refused_in_the_log_and_the_server_starts() {
+    let fixture = Fixture::new();
+    let server = fixture.start();
+    let (identity, doubled) = references(&server).await;
+    let scale = plugin_bytes("scale");
+    ok(&server, Method::PUT, "/admin/v1/plugins/features?activate=true", ML, scale.clone()).await;
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), doubled);
+    drop(server);
+
+    // Flip bytes of the active blob, and leave a manifest that is not JSON.
+    let blob = fixture.store().join("blobs").join(format!("{}.wasm", sha256_hex(&scale)));
+    let mut bytes = std::fs::read(&blob).expect("blob");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&blob, bytes).expect("corrupt the blob");
+    std::fs::write(fixture.store().join("manifests/other.json"), b"{ not json").expect("corrupt manifest");
+
+    let server = fixture.start();
+    let log = server.log().join("\n");
+    assert!(log.contains("is corrupted: its SHA-256 is"), "{log}");
+    assert!(log.contains("falling back to features.wasm"), "{log}");
+    assert!(log.contains("plugin manifest refused") && log.contains("other.json"), "{log}");
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "features.wasm serves again");
+    // Activating the corrupted version is refused; nothing swaps.
+    let (status, answer) =
+        admin(&server, Method::POST, "/admin/v1/plugins/features/versions/1/activate", Some(ML), vec![]).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+    assert!(answer["error"].as_str().unwrap_or_default().contains("corrupted"), "{answer}");
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity);
+}
