@@ -1,0 +1,137 @@
+//! p99 latency while a pipeline's plugin is swapped 20 times, against the
+//! same load without swaps, in one run on one server.
+//!
+//! cargo bench --bench swap [-- --duration 10]
+//!
+//! Pipeline `scored` = plugin → MLP, under a closed loop of 16 gRPC
+//! streams. Steady: the load alone. Swapping: the same load while another
+//! thread activates the two uploaded versions (identity, scale) in turn,
+//! 20 times spread over the run. Needs scripts/build-plugins.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Method;
+use sluice::bench::client::RestClient;
+use sluice::bench::inputs::{input_specs, random_pool};
+use sluice::bench::load::{self, LoadPlan};
+use sluice::bench::process::ServerProcess;
+use sluice::bench::stats::Summary;
+use sluice::proto::tensorflow::serving::ModelSpec;
+
+const TOKEN: &str = "bench-token";
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+async fn admin(http: &str, method: Method, path: &str, body: Vec<u8>) {
+    let mut client = RestClient::new(http).expect("client");
+    let authorization = format!("Bearer {TOKEN}");
+    let response =
+        client.call(method, path, &[("authorization", &authorization)], Bytes::from(body)).await.expect("admin call");
+    assert!(response.status.is_success(), "{path}: {}", response.text());
+}
+
+fn main() {
+    let duration = Duration::from_secs(arg("--duration").and_then(|d| d.parse().ok()).unwrap_or(10));
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let built = root.join("target/plugins");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugins dir");
+    std::fs::copy(built.join("identity.wasm"), plugins.join("features.wasm")).expect("run scripts/build-plugins");
+    let hash = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes()));
+    let config = format!(
+        r#"
+[plugins]
+dir = "{plugins}"
+[admin]
+enabled = true
+[[admin.tokens]]
+id = "bench"
+role = "admin"
+sha256 = "{hash}"
+[[models]]
+name = "mlp"
+base_path = "{mlp}"
+onnx = {{ sessions = 2, intra_op_threads = 1 }}
+[[pipelines]]
+name = "scored"
+model = "mlp"
+preprocess = {{ plugin = "features", workers = 2 }}
+"#,
+        plugins = plugins.display(),
+        mlp = root.join("examples/models/mlp").display(),
+    );
+    let config_path = dir.path().join("sluice.toml");
+    std::fs::write(&config_path, config).expect("config");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
+        .arg("--model_config_file")
+        .arg(&config_path);
+    let server =
+        ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true).expect("sluice");
+    let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        admin(&http, Method::PUT, "/admin/v1/plugins/features", std::fs::read(built.join("identity.wasm")).expect("wasm"))
+            .await;
+        admin(&http, Method::PUT, "/admin/v1/plugins/features?activate=true", std::fs::read(built.join("scale.wasm")).expect("wasm"))
+            .await;
+    });
+    let target = server.url();
+    let pool = runtime.block_on(async {
+        let spec = ModelSpec { name: "scored".into(), ..Default::default() };
+        let specs = input_specs(&target, &spec).await.expect("metadata");
+        random_pool(&specs, &spec, 1, &Default::default(), 16, 7).expect("pool")
+    });
+    let plan = LoadPlan {
+        target: target.clone(),
+        connections: 4,
+        concurrency: 16,
+        rps: None,
+        duration,
+        warmup: Duration::from_secs(2),
+        timeout: None,
+        progress: false,
+        rest_path: None,
+    };
+    let run = |label: &str| -> Summary {
+        let summary = runtime.block_on(load::run(&plan, pool.requests.clone(), pool.rows)).expect("load");
+        eprintln!("{label}\n  {}", summary.text().replace('\n', "\n  "));
+        summary
+    };
+    let steady = run("steady: 16 streams, no swaps");
+    // Swaps start after the warm-up, spread over the measured time.
+    let swapper = {
+        let http = http.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            std::thread::sleep(Duration::from_secs(2));
+            let every = duration / 21;
+            let started = Instant::now();
+            for swap in 0..20u32 {
+                std::thread::sleep(every);
+                let path = format!("/admin/v1/plugins/features/versions/{}/activate", 1 + swap % 2);
+                runtime.block_on(admin(&http, Method::POST, &path, vec![]));
+            }
+            started.elapsed()
+        })
+    };
+    let swapping = run("swapping: the same load, 20 activations");
+    let took = swapper.join().expect("swapper");
+    assert_eq!(swapping.ok, swapping.requests, "no request may fail during the swaps");
+    println!();
+    println!("| | p50 ms | p99 ms | req/s | failed |");
+    println!("|---|---|---|---|---|");
+    for (label, s) in [("steady", &steady), ("20 swaps in {took:?}", &swapping)] {
+        let label = label.replace("{took:?}", &format!("{:.1} s", took.as_secs_f64()));
+        println!("| {label} | {:.3} | {:.3} | {:.0} | {} |", s.p50_ms, s.p99_ms, s.requests_per_second, s.requests - s.ok);
+    }
+    println!("\np99 during swaps / steady p99: {:.2}× (target ≤ 1.2×)", swapping.p99_ms / steady.p99_ms);
+}
