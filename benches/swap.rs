@@ -74,15 +74,25 @@ preprocess = {{ plugin = "features", workers = 2 }}
         .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
         .arg("--model_config_file")
         .arg(&config_path);
-    let server =
-        ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true).expect("sluice");
+    let server = ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true)
+        .expect("sluice");
     let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
-        admin(&http, Method::PUT, "/admin/v1/plugins/features", std::fs::read(built.join("identity.wasm")).expect("wasm"))
-            .await;
-        admin(&http, Method::PUT, "/admin/v1/plugins/features?activate=true", std::fs::read(built.join("scale.wasm")).expect("wasm"))
-            .await;
+        admin(
+            &http,
+            Method::PUT,
+            "/admin/v1/plugins/features",
+            std::fs::read(built.join("identity.wasm")).expect("wasm"),
+        )
+        .await;
+        admin(
+            &http,
+            Method::PUT,
+            "/admin/v1/plugins/features?activate=true",
+            std::fs::read(built.join("scale.wasm")).expect("wasm"),
+        )
+        .await;
     });
     let target = server.url();
     let pool = runtime.block_on(async {
@@ -131,7 +141,13 @@ preprocess = {{ plugin = "features", workers = 2 }}
     println!("|---|---|---|---|---|");
     for (label, s) in [("steady", &steady), ("20 swaps in {took:?}", &swapping)] {
         let label = label.replace("{took:?}", &format!("{:.1} s", took.as_secs_f64()));
-        println!("| {label} | {:.3} | {:.3} | {:.0} | {} |", s.p50_ms, s.p99_ms, s.requests_per_second, s.requests - s.ok);
+        println!(
+            "| {label} | {:.3} | {:.3} | {:.0} | {} |",
+            s.p50_ms,
+            s.p99_ms,
+            s.requests_per_second,
+            s.requests - s.ok
+        );
     }
     println!("\np99 during swaps / steady p99: {:.2}× (target ≤ 1.2×)", swapping.p99_ms / steady.p99_ms);
 }

@@ -43,28 +43,28 @@ pub struct ModelLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     /// The model that served (or was asked for).
-    pub model_name: String,
+    pub model_name: Arc<str>,
     /// The pipeline (the model's name for a model served directly).
-    pub pipeline: String,
+    pub pipeline: Arc<str>,
     /// `predict`, `get_model_metadata`, `get_model_status`.
-    pub api: String,
+    pub api: &'static str,
     /// `grpc` or `rest`.
-    pub entrypoint: String,
+    pub entrypoint: &'static str,
     /// The canonical code: `OK`, `INVALID_ARGUMENT`, …
-    pub status: String,
+    pub status: &'static str,
 }
 
 /// Labels of request latency, as TF Serving's `request_latency`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LatencyLabels {
     /// The model.
-    pub model_name: String,
+    pub model_name: Arc<str>,
     /// The pipeline.
-    pub pipeline: String,
+    pub pipeline: Arc<str>,
     /// The API.
-    pub api: String,
+    pub api: &'static str,
     /// `grpc` or `rest`.
-    pub entrypoint: String,
+    pub entrypoint: &'static str,
 }
 
 /// Labels of a plugin call.

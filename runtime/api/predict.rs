@@ -145,17 +145,17 @@ impl<'a> RequestMeter<'a> {
             Ok(_) => "OK",
             Err(e) => e.code().as_str(),
         };
+        // Shared names and static strings: counting a request allocates
+        // nothing once its series exists.
         let (model, pipeline) = match target {
-            Some(t) => (t.version.model().to_string(), t.pipeline.name().to_string()),
-            None => (name.to_string(), name.to_string()),
+            Some(t) => (t.version.model_label(), t.pipeline.name_label()),
+            None => {
+                let name: Arc<str> = Arc::from(name);
+                (name.clone(), name)
+            }
         };
-        let labels = RequestLabels {
-            model_name: model,
-            pipeline,
-            api: self.api.to_string(),
-            entrypoint: self.entrypoint.to_string(),
-            status: code.to_string(),
-        };
+        let labels =
+            RequestLabels { model_name: model, pipeline, api: self.api, entrypoint: self.entrypoint, status: code };
         self.metrics.requests.get_or_create(&labels).inc();
         let latency = super::metrics::LatencyLabels {
             model_name: labels.model_name,

@@ -32,7 +32,8 @@ pub enum VersionChoice<'a> {
 
 /// One loaded version of a model.
 pub struct ModelVersion {
-    model: String,
+    // Shared, not copied, into every request's metric labels.
+    model: Arc<str>,
     version: i64,
     backend: Arc<dyn Backend>,
     /// Present when batching is on for the model.
@@ -48,7 +49,7 @@ impl fmt::Display for ModelVersion {
 impl ModelVersion {
     /// Wraps a loaded backend, with a batcher in front of it or not.
     pub fn new(
-        model: impl Into<String>,
+        model: impl Into<Arc<str>>,
         version: i64,
         backend: Arc<dyn Backend>,
         batcher: Option<Batcher>,
@@ -71,6 +72,11 @@ impl ModelVersion {
     /// The model's name.
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// The model's name, shared.
+    pub fn model_label(&self) -> Arc<str> {
+        self.model.clone()
     }
 
     /// The version number.

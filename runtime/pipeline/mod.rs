@@ -52,7 +52,8 @@ pub enum Mode {
 
 /// One name clients call, and what runs behind it.
 pub struct Pipeline {
-    name: String,
+    // Shared, not copied, into every request's metric labels.
+    name: Arc<str>,
     model: Arc<ServedModel>,
     admission: Admission,
     preprocess: Option<StageRunner>,
@@ -70,7 +71,7 @@ impl Pipeline {
         let admission =
             Admission::new(format!("the request queue of model '{name}'"), max_in_flight, queue.full, queue.depth);
         let signatures = model.versions().map(|v| (v.version(), v.signature().clone())).collect();
-        Pipeline { name, model, admission, preprocess: None, postprocess: None, signatures }
+        Pipeline { name: name.into(), model, admission, preprocess: None, postprocess: None, signatures }
     }
 
     /// A configured pipeline, its stages checked against every loaded
@@ -116,12 +117,17 @@ impl Pipeline {
             queue.full,
             queue.depth,
         );
-        Ok(Pipeline { name, model, admission, preprocess, postprocess, signatures })
+        Ok(Pipeline { name: name.into(), model, admission, preprocess, postprocess, signatures })
     }
 
     /// The name clients call.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The name clients call, shared.
+    pub fn name_label(&self) -> Arc<str> {
+        self.name.clone()
     }
 
     /// True when it runs any stage around the model.
