@@ -234,8 +234,11 @@ async fn shutdown_signal() {
 struct StdoutAnnounce;
 
 impl sluice::server::Announce for StdoutAnnounce {
-    fn http_open(&mut self, http: std::net::SocketAddr) {
-        println!("sluice: serving HTTP on {http}");
+    fn http_open(&mut self, addresses: sluice::server::Addresses) {
+        println!("sluice: serving HTTP on {}", addresses.http);
+        if let Some(admin) = addresses.admin {
+            println!("sluice: serving admin on {admin}");
+        }
     }
 
     fn ready(&mut self, addresses: sluice::server::Addresses) {

@@ -38,12 +38,15 @@ pub struct Addresses {
     pub grpc: SocketAddr,
     /// The HTTP port's address (REST, health, metrics).
     pub http: SocketAddr,
+    /// The admin API's own port, when it has one.
+    pub admin: Option<SocketAddr>,
 }
 
 /// What the server tells its caller as it starts.
 pub trait Announce {
-    /// The HTTP port is open (health and metrics answer; models load).
-    fn http_open(&mut self, http: SocketAddr);
+    /// The HTTP port (and the admin port, if any) is open: health and
+    /// metrics answer while models load. gRPC is bound, not yet serving.
+    fn http_open(&mut self, addresses: Addresses);
     /// Everything is loaded and both ports serve.
     fn ready(&mut self, addresses: Addresses);
 }
@@ -63,7 +66,15 @@ pub async fn serve(
     // the start at once instead of after a long load.
     let grpc_listener = bind(&config.server.host, config.server.port).await?;
     let http_listener = bind(&config.server.host, config.server.rest_api_port).await?;
-    let addresses = Addresses { grpc: local_addr(&grpc_listener)?, http: local_addr(&http_listener)? };
+    let admin_listener = match (config.admin.enabled, config.admin.port) {
+        (true, Some(port)) => Some(bind(&config.server.host, port).await?),
+        _ => None,
+    };
+    let addresses = Addresses {
+        grpc: local_addr(&grpc_listener)?,
+        http: local_addr(&http_listener)?,
+        admin: admin_listener.as_ref().map(local_addr).transpose()?,
+    };
 
     let (stopping_tx, stopping_rx) = watch::channel(false);
     tokio::spawn({
@@ -81,15 +92,24 @@ pub async fn serve(
         lifecycle: lifecycle.clone(),
         metrics: metrics.clone(),
         max_body_bytes: config.server.max_message_bytes,
-        admin: admin.clone(),
+        // On the REST port unless it has a port of its own.
+        admin: if admin_listener.is_some() { None } else { admin.clone() },
     };
     let (http_stop_tx, http_stop_rx) = watch::channel(false);
+    let admin_server = admin_listener.map(|listener| {
+        let state = RestState { admin: admin.clone(), ..rest_state.clone() };
+        tokio::spawn(
+            axum::serve(listener.tap_io(no_delay), rest::admin_router(state))
+                .with_graceful_shutdown(stopped(http_stop_rx.clone()))
+                .into_future(),
+        )
+    });
     let http = tokio::spawn(
         axum::serve(http_listener.tap_io(no_delay), rest::router(rest_state))
             .with_graceful_shutdown(stopped(http_stop_rx))
             .into_future(),
     );
-    announce.http_open(addresses.http);
+    announce.http_open(addresses);
     tracing::info!(http = %addresses.http, "HTTP port open (health, metrics); loading models");
 
     let (endpoints, plugins) = tokio::select! {
@@ -98,6 +118,9 @@ pub async fn serve(
             tracing::info!("shutdown requested while loading; stopping");
             let _ = http_stop_tx.send(true);
             let _ = http.await;
+            if let Some(admin_server) = admin_server {
+                let _ = admin_server.await;
+            }
             return Ok(());
         }
     };
@@ -159,6 +182,9 @@ pub async fn serve(
     tokio::select! {
         _ = http => {}
         () = &mut drain_deadline => tracing::warn!(timeout_secs = drain.as_secs(), "drain timeout reached; abandoning in-flight REST requests"),
+    }
+    if let Some(admin_server) = admin_server {
+        admin_server.abort();
     }
     drop(endpoints);
     tracing::info!("stopped");

@@ -38,6 +38,11 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
+        Fixture::with_admin("")
+    }
+
+    /// `admin` is extra keys of `[admin]`.
+    fn with_admin(admin: &str) -> Fixture {
         let dir = tempfile::tempdir().expect("temp dir");
         let plugins = dir.path().join("plugins");
         std::fs::create_dir_all(&plugins).expect("plugins dir");
@@ -50,6 +55,7 @@ dir = "{plugins}"
 [admin]
 enabled = true
 max_upload_bytes = 4194304
+{admin}
 [[admin.tokens]]
 id = "ml-ci"
 team = "ml"
@@ -80,6 +86,7 @@ preprocess = {{ plugin = "features", workers = 2 }}
             web = sha256_hex(WEB.as_bytes()),
             ops = sha256_hex(OPS.as_bytes()),
             mlp = root().join("examples/models/mlp").display(),
+            admin = admin,
         );
         std::fs::write(dir.path().join("sluice.toml"), config).expect("write config");
         Fixture { dir }
@@ -422,4 +429,21 @@ async fn a_store_corrupted_between_runs_is_refused_in_the_log_and_the_server_sta
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
     assert!(answer["error"].as_str().unwrap_or_default().contains("corrupted"), "{answer}");
     assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity);
+}
+
+#[tokio::test]
+async fn the_admin_api_can_have_a_port_of_its_own() {
+    let fixture = Fixture::with_admin("port = 0");
+    let server = fixture.start();
+    let admin_addr = server.stdout_after("sluice: serving admin on ").expect("the admin address is printed");
+    let mut on_rest = RestClient::new(&server.http.to_string()).expect("client");
+    let authorization = format!("Bearer {ML}");
+    let headers = [("authorization", authorization.as_str())];
+    let response = on_rest.call(Method::GET, "/admin/v1/plugins", &headers, Bytes::new()).await.expect("call");
+    assert_eq!(response.status, StatusCode::NOT_FOUND, "not on the REST port: {}", response.text());
+    let mut on_admin = RestClient::new(&admin_addr).expect("client");
+    let response = on_admin.call(Method::GET, "/admin/v1/plugins", &headers, Bytes::new()).await.expect("call");
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    let response = on_admin.call(Method::GET, "/v1/models/mlp", &headers, Bytes::new()).await.expect("call");
+    assert_eq!(response.status, StatusCode::NOT_FOUND, "the admin port serves only the admin API");
 }

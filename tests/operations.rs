@@ -343,3 +343,39 @@ async fn sigterm_turns_readiness_off_refuses_new_requests_and_drains_in_flight_o
     assert!(log.contains("SIGTERM received"), "{log}");
     assert!(log.contains("stopped"), "{log}");
 }
+
+#[tokio::test]
+async fn every_request_carries_an_id_into_its_answer_and_its_json_log_lines() {
+    let server =
+        Server::start(&["--model_name", "mlp", "--model_base_path", "examples/models/mlp", "--log_format", "json"]);
+    let mut client = server.predict_client().await;
+    let with_id = |id: &str, rows: i64, cols: i64| {
+        let mut request = tonic::Request::new(predict_request(
+            "mlp",
+            vec![("x", f32_content(&[rows, cols], &values(1, (rows * cols) as usize)))],
+        ));
+        request.metadata_mut().insert("x-request-id", id.parse().expect("metadata value"));
+        request
+    };
+    let response = client.predict(with_id("trace-ok-1", 1, 64)).await.expect("predict");
+    assert_eq!(response.metadata().get("x-request-id").and_then(|v| v.to_str().ok()), Some("trace-ok-1"));
+    let failure = client.predict(with_id("trace-bad-2", 1, 63)).await.expect_err("a wrong shape");
+    assert_eq!(failure.metadata().get("x-request-id").and_then(|v| v.to_str().ok()), Some("trace-bad-2"));
+    // Without an id from the client, the server makes one up.
+    let response = client
+        .predict(predict_request("mlp", vec![("x", f32_content(&[1, 64], &values(2, 64)))]))
+        .await
+        .expect("predict");
+    let made_up = response.metadata().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    assert_eq!(made_up.len(), 16, "a generated id: {made_up:?}");
+
+    // The failure's log line is JSON and carries the id in its span.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let lines = server.log();
+    let line =
+        lines.iter().find(|l| l.contains("trace-bad-2")).unwrap_or_else(|| panic!("no log line has the id: {lines:?}"));
+    let record: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    assert_eq!(record["span"]["id"], "trace-bad-2", "{record}");
+    assert_eq!(record["fields"]["code"], "INVALID_ARGUMENT", "{record}");
+    assert!(record["fields"]["message"].as_str().unwrap_or_default().contains("request failed"), "{record}");
+}

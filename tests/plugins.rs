@@ -357,3 +357,24 @@ fn plugin_check_prints_the_declaration_time_and_peak_memory() {
         assert!(stdout.contains(fragment), "{fragment:?} not in {stdout}");
     }
 }
+
+#[test]
+fn plugin_check_stops_an_endless_loop_by_fuel_and_says_so() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let input = dir.path().join("loop.json");
+    let x = vec![0.0f32; 64];
+    std::fs::write(&input, serde_json::json!({ "inputs": { "attack": ["loop"], "x": [x] } }).to_string())
+        .expect("write input");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["plugin", "check"])
+        .arg(root().join("target/plugins/hostile.wasm"))
+        .arg("--input")
+        .arg(&input)
+        // A generous time limit: fuel, not the clock, must stop it.
+        .args(["--fuel", "100000", "--timeout_ms", "10000"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("ran out of fuel (100000 units)"), "{stderr}");
+}

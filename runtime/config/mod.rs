@@ -68,6 +68,9 @@ pub struct Config {
 pub struct AdminConfig {
     /// Serve the admin API at all.
     pub enabled: bool,
+    /// A port of its own (for a network only deploy tooling reaches); 0
+    /// picks a free one. Unset: the admin API is on the REST port.
+    pub port: Option<u16>,
     /// Largest plugin upload accepted, in bytes.
     pub max_upload_bytes: usize,
     /// Who may call it.
@@ -76,7 +79,7 @@ pub struct AdminConfig {
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        AdminConfig { enabled: false, max_upload_bytes: 20 << 20, tokens: Vec::new() }
+        AdminConfig { enabled: false, port: None, max_upload_bytes: 20 << 20, tokens: Vec::new() }
     }
 }
 

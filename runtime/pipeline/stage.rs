@@ -40,6 +40,9 @@ struct StageJob {
     deadline: Deadline,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Vec<NamedTensor>>>,
+    /// The request's span: what a worker (or a plugin's captured output)
+    /// logs carries the request id.
+    span: tracing::Span,
 }
 
 /// Runs one stage of one pipeline, through its own queue and threads or
@@ -99,7 +102,7 @@ impl StageRunner {
             return tokio::task::block_in_place(|| run_stage(&*self.stage, &self.label, tensors, &self.metrics));
         };
         let (reply, answer) = oneshot::channel();
-        let job = StageJob { tensors, deadline, enqueued: Instant::now(), reply };
+        let job = StageJob { tensors, deadline, enqueued: Instant::now(), reply, span: tracing::Span::current() };
         queue.try_send(job).map_err(|e| match e {
             async_channel::TrySendError::Full(_) => {
                 self.metrics.full.inc();
@@ -125,6 +128,7 @@ impl Drop for StageRunner {
 
 fn worker(stage: Arc<dyn Stage>, label: &str, jobs: async_channel::Receiver<StageJob>, metrics: QueueMetrics) {
     while let Ok(job) = jobs.recv_blocking() {
+        let _in_request = job.span.enter();
         metrics.depth.dec();
         metrics.wait.observe(job.enqueued.elapsed().as_secs_f64());
         if job.reply.is_closed() {

@@ -112,6 +112,11 @@ impl Server {
         metric_value(&self.metrics().await, series)
     }
 
+    /// The rest of the first stdout line starting with `prefix`.
+    pub fn stdout_after(&self, prefix: &str) -> Option<String> {
+        self.process.stdout_after(prefix)
+    }
+
     /// Log lines written since the last call.
     pub fn log(&self) -> Vec<String> {
         self.process.log()

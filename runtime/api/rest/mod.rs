@@ -64,6 +64,15 @@ pub fn router(state: RestState) -> Router {
         .with_state(state)
 }
 
+/// The admin API alone, for its own port.
+pub fn admin_router(state: RestState) -> Router {
+    admin::routes()
+        .fallback(|uri: axum::http::Uri| async move {
+            error_response(&Error::not_found(format!("no such endpoint: {}; this port serves /admin/v1/", uri.path())))
+        })
+        .with_state(state)
+}
+
 async fn scrape(State(state): State<RestState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], state.metrics.encode())
 }
