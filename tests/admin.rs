@@ -126,6 +126,16 @@ async fn ok(server: &Server, method: Method, path: &str, token: &str, body: Vec<
     answer
 }
 
+/// `sluice plugin ARGS…` with `token` in SLUICE_TOKEN.
+fn sluice_plugin(args: &[&str], token: &str) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("plugin")
+        .args(args)
+        .env("SLUICE_TOKEN", token)
+        .output()
+        .expect("run sluice plugin")
+}
+
 fn input() -> Vec<f32> {
     values(5, 64)
 }
@@ -198,31 +208,18 @@ async fn upload_activate_rollback_and_restart_keep_the_chosen_version() {
     assert_eq!((shown["active"].as_u64(), shown["history"].clone()), (Some(1), serde_json::json!([])));
 
     // The command-line client: push to the pipeline (activates), then list.
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["plugin", "push"])
-        .arg(plugin_file("identity"))
-        .args(["--pipeline", "scored", "--server", &format!("http://{}", server.http)])
-        .env("SLUICE_TOKEN", ML)
-        .output()
-        .expect("sluice plugin push");
+    let server_url = format!("http://{}", server.http);
+    let identity_file = plugin_file("identity");
+    let push = ["push", identity_file.to_str().expect("utf-8"), "--pipeline", "scored", "--server", &server_url];
+    let output = sluice_plugin(&push, ML);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("\"version\": 3") && stdout.contains("\"active\": true"), "{stdout}");
     assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "the pushed version serves");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["plugin", "list", "--server", &format!("http://{}", server.http)])
-        .env("SLUICE_TOKEN", WEB)
-        .output()
-        .expect("sluice plugin list");
+    let output = sluice_plugin(&["list", "--server", &server_url], WEB);
     assert!(output.status.success());
     assert!(!String::from_utf8_lossy(&output.stdout).contains("features"), "team web does not see team ml's plugin");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["plugin", "push"])
-        .arg(plugin_file("identity"))
-        .args(["--pipeline", "scored", "--server", &format!("http://{}", server.http)])
-        .env("SLUICE_TOKEN", WEB)
-        .output()
-        .expect("sluice plugin push");
+    let output = sluice_plugin(&push, WEB);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("403"), "{}", String::from_utf8_lossy(&output.stderr));
 }
