@@ -67,6 +67,30 @@ pub struct LatencyLabels {
     pub entrypoint: &'static str,
 }
 
+/// The APIs requests are counted under.
+pub const APIS: [&str; 3] = ["predict", "get_model_metadata", "get_model_status"];
+
+/// The entry points requests come through.
+pub const ENTRYPOINTS: [&str; 2] = ["grpc", "rest"];
+
+/// One pipeline's successful-request counters and latency histograms for
+/// every API and entry point, resolved when the pipeline is built, so that
+/// answering a request touches no label map.
+pub struct RequestHandles {
+    ok: Vec<Counter>,
+    latency: Vec<Histogram>,
+}
+
+impl RequestHandles {
+    /// The OK counter and latency histogram of `api` through `entrypoint`.
+    pub fn get(&self, api: &str, entrypoint: &str) -> Option<(&Counter, &Histogram)> {
+        let a = APIS.iter().position(|&x| x == api)?;
+        let e = ENTRYPOINTS.iter().position(|&x| x == entrypoint)?;
+        let i = a * ENTRYPOINTS.len() + e;
+        Some((self.ok.get(i)?, self.latency.get(i)?))
+    }
+}
+
 /// Labels of a plugin call.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginCallLabels {
@@ -235,6 +259,21 @@ impl Metrics {
             expired: rejection("deadline"),
             cancelled: rejection("cancelled"),
         }
+    }
+
+    /// The request handles of pipeline `pipeline` running model `model`.
+    pub fn request_handles(&self, model: &Arc<str>, pipeline: &Arc<str>) -> RequestHandles {
+        let mut handles = RequestHandles { ok: Vec::new(), latency: Vec::new() };
+        for api in APIS {
+            for entrypoint in ENTRYPOINTS {
+                let (model_name, pipeline) = (model.clone(), pipeline.clone());
+                let ok = RequestLabels { model_name, pipeline, api, entrypoint, status: "OK" };
+                handles.ok.push(self.requests.get_or_create_owned(&ok));
+                let latency = LatencyLabels { model_name: ok.model_name, pipeline: ok.pipeline, api, entrypoint };
+                handles.latency.push(self.request_latency.get_or_create_owned(&latency));
+            }
+        }
+        handles
     }
 
     /// The handles of one model version.

@@ -141,6 +141,21 @@ impl<'a> RequestMeter<'a> {
     /// Records the outcome; `target` is what the request resolved to, if
     /// it got that far, and `name` what it asked for.
     pub fn finish<T>(self, name: &str, target: Option<&Target>, result: &Result<T>) {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        if let Err(e) = result {
+            // Failures are worth a line; successes are what metrics are for.
+            tracing::info!(code = %e.code(), api = self.api, "request failed: {}", e.message());
+        }
+        // The common case, a request that reached its pipeline: handles
+        // resolved when the pipeline was built, no label lookup.
+        let handles = target.and_then(|t| t.pipeline.request_handles().get(self.api, self.entrypoint));
+        if let Some((ok, latency)) = handles {
+            latency.observe(elapsed);
+            if result.is_ok() {
+                ok.inc();
+                return;
+            }
+        }
         let code = match result {
             Ok(_) => "OK",
             Err(e) => e.code().as_str(),
@@ -157,16 +172,14 @@ impl<'a> RequestMeter<'a> {
         let labels =
             RequestLabels { model_name: model, pipeline, api: self.api, entrypoint: self.entrypoint, status: code };
         self.metrics.requests.get_or_create(&labels).inc();
-        let latency = super::metrics::LatencyLabels {
-            model_name: labels.model_name,
-            pipeline: labels.pipeline,
-            api: labels.api,
-            entrypoint: labels.entrypoint,
-        };
-        self.metrics.request_latency.get_or_create(&latency).observe(self.started.elapsed().as_secs_f64());
-        if let Err(e) = result {
-            // Failures are worth a line; successes are what metrics are for.
-            tracing::info!(code = %e.code(), api = self.api, "request failed: {}", e.message());
+        if handles.is_none() {
+            let latency = super::metrics::LatencyLabels {
+                model_name: labels.model_name,
+                pipeline: labels.pipeline,
+                api: labels.api,
+                entrypoint: labels.entrypoint,
+            };
+            self.metrics.request_latency.get_or_create(&latency).observe(elapsed);
         }
     }
 }

@@ -118,7 +118,7 @@ impl ModelVersion {
 
 /// A model and its loaded versions.
 pub struct ServedModel {
-    name: String,
+    name: Arc<str>,
     versions: BTreeMap<i64, Arc<ModelVersion>>,
     labels: BTreeMap<String, i64>,
 }
@@ -127,6 +127,11 @@ impl ServedModel {
     /// The model's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The model's name, shared (metric labels).
+    pub fn name_label(&self) -> Arc<str> {
+        self.name.clone()
     }
 
     /// Loaded versions, lowest first.
@@ -265,5 +270,5 @@ async fn load_model(config: &ModelConfig, library: Option<&Path>, metrics: &Metr
             )));
         }
     }
-    Ok(ServedModel { name: config.name.clone(), versions, labels: config.version_labels.clone() })
+    Ok(ServedModel { name: config.name.as_str().into(), versions, labels: config.version_labels.clone() })
 }

@@ -28,7 +28,7 @@ use serde::Deserialize;
 use self::admission::Admission;
 use self::deadline::Deadline;
 use self::stage::{Stage, StageRunner};
-use crate::api::metrics::Metrics;
+use crate::api::metrics::{Metrics, RequestHandles};
 use crate::config::{Config, PipelineConfig, StageConfig};
 use crate::error::{Error, Result};
 use crate::infer::{check_tensor, Signature, TensorSpec};
@@ -61,6 +61,8 @@ pub struct Pipeline {
     /// What clients see for each model version: the first stage's inputs
     /// (or the model's) and the last stage's outputs (or the model's).
     signatures: BTreeMap<i64, Signature>,
+    /// Request counts and latencies, resolved once.
+    requests: RequestHandles,
 }
 
 impl Pipeline {
@@ -71,7 +73,9 @@ impl Pipeline {
         let admission =
             Admission::new(format!("the request queue of model '{name}'"), max_in_flight, queue.full, queue.depth);
         let signatures = model.versions().map(|v| (v.version(), v.signature().clone())).collect();
-        Pipeline { name: name.into(), model, admission, preprocess: None, postprocess: None, signatures }
+        let name: Arc<str> = name.into();
+        let requests = metrics.request_handles(&model.name_label(), &name);
+        Pipeline { name, model, admission, preprocess: None, postprocess: None, signatures, requests }
     }
 
     /// A configured pipeline, its stages checked against every loaded
@@ -117,7 +121,9 @@ impl Pipeline {
             queue.full,
             queue.depth,
         );
-        Ok(Pipeline { name: name.into(), model, admission, preprocess, postprocess, signatures })
+        let name: Arc<str> = name.into();
+        let requests = metrics.request_handles(&model.name_label(), &name);
+        Ok(Pipeline { name, model, admission, preprocess, postprocess, signatures, requests })
     }
 
     /// The name clients call.
@@ -128,6 +134,11 @@ impl Pipeline {
     /// The name clients call, shared.
     pub fn name_label(&self) -> Arc<str> {
         self.name.clone()
+    }
+
+    /// Its request counters and latency histograms.
+    pub fn request_handles(&self) -> &RequestHandles {
+        &self.requests
     }
 
     /// True when it runs any stage around the model.
