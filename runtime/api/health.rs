@@ -85,14 +85,10 @@ impl Lifecycle {
     /// serves reports SERVING (the empty name is the whole server, as the
     /// health protocol defines).
     pub async fn ready(&self, state: ServingState) {
-        let names: Vec<String> = state.endpoints.all().map(|p| p.name().to_string()).collect();
         // Set once: a second call would be a bug in `server`, and the first
         // state stays authoritative.
         let _ = self.serving.set(state);
-        for name in names {
-            self.reporter.set_service_status(name, ServingStatus::Serving).await;
-        }
-        self.reporter.set_service_status("", ServingStatus::Serving).await;
+        self.report(ServingStatus::Serving).await;
         let became_ready = self.phase.0.compare_exchange(
             Phase::Loading as u8,
             Phase::Ready as u8,
@@ -101,7 +97,7 @@ impl Lifecycle {
         );
         if became_ready.is_err() {
             // A shutdown arrived while loading: stay draining.
-            self.report_not_serving().await;
+            self.report(ServingStatus::NotServing).await;
         }
     }
 
@@ -109,16 +105,18 @@ impl Lifecycle {
     /// NOT_SERVING, and REST predictions are refused.
     pub async fn drain(&self) {
         self.phase.0.store(Phase::Draining as u8, Ordering::Release);
-        self.report_not_serving().await;
+        self.report(ServingStatus::NotServing).await;
     }
 
-    async fn report_not_serving(&self) {
+    /// Reports `status` for every served name and for the whole server
+    /// (the empty name, as the health protocol defines).
+    async fn report(&self, status: ServingStatus) {
         if let Some(state) = self.serving.get() {
             for pipeline in state.endpoints.all() {
-                self.reporter.set_service_status(pipeline.name(), ServingStatus::NotServing).await;
+                self.reporter.set_service_status(pipeline.name(), status).await;
             }
         }
-        self.reporter.set_service_status("", ServingStatus::NotServing).await;
+        self.reporter.set_service_status("", status).await;
     }
 
     /// What serves requests, or UNAVAILABLE with the reason while loading

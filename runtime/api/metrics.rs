@@ -235,7 +235,7 @@ impl Metrics {
 
     /// Everything in Prometheus' text format, with process memory read now.
     pub fn encode(&self) -> String {
-        if let Some(rss) = resident_bytes() {
+        if let Some(rss) = resident_bytes(None) {
             self.resident_memory.set(rss as i64);
         }
         let mut out = String::new();
@@ -334,9 +334,13 @@ impl PluginMetrics {
     }
 }
 
-/// Resident memory of this process, from /proc.
-fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+/// Resident memory of process `pid` (this one when `None`), from /proc.
+pub fn resident_bytes(pid: Option<u32>) -> Option<u64> {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    let status = std::fs::read_to_string(path).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }

@@ -59,10 +59,7 @@ impl Target {
         choice: VersionChoice<'_>,
         signature_name: &str,
     ) -> Result<Target> {
-        if name.is_empty() {
-            return Err(Error::invalid_argument("the model name is empty; name the model to use"));
-        }
-        let pipeline = endpoints.get(name)?;
+        let pipeline = named(endpoints, name)?;
         let version = pipeline.model().resolve(choice)?;
         if !signature_name.is_empty() && signature_name != DEFAULT_SIGNATURE {
             return Err(Error::failed_precondition(format!(
@@ -109,13 +106,19 @@ impl Target {
     }
 }
 
-/// The versions a status request asks about: every loaded one without a
-/// version, else the one named.
-pub fn status_versions(endpoints: &Endpoints, name: &str, choice: VersionChoice<'_>) -> Result<Vec<Arc<ModelVersion>>> {
+/// The endpoint a request names; an empty name is the client's mistake,
+/// not an unknown model.
+fn named<'e>(endpoints: &'e Endpoints, name: &str) -> Result<&'e Arc<Pipeline>> {
     if name.is_empty() {
         return Err(Error::invalid_argument("the model name is empty; name the model to use"));
     }
-    let model = endpoints.get(name)?.model();
+    endpoints.get(name)
+}
+
+/// The versions a status request asks about: every loaded one without a
+/// version, else the one named.
+pub fn status_versions(endpoints: &Endpoints, name: &str, choice: VersionChoice<'_>) -> Result<Vec<Arc<ModelVersion>>> {
+    let model = named(endpoints, name)?.model();
     Ok(match choice {
         VersionChoice::Latest => model.versions().cloned().collect(),
         choice => vec![model.resolve(choice)?.clone()],

@@ -120,10 +120,7 @@ impl ServerProcess {
 
     /// Resident memory of the process in bytes (from /proc), if readable.
     pub fn rss_bytes(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
+        crate::api::metrics::resident_bytes(Some(self.child.id()))
     }
 }
 

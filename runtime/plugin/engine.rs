@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
 
@@ -146,7 +145,7 @@ impl PluginEngine {
         let Some(dir) = &self.cache_dir else { return self.compile_fresh(wasm) };
         let mut settings = std::collections::hash_map::DefaultHasher::new();
         self.engine.precompile_compatibility_hash().hash(&mut settings);
-        let key = format!("{}-{:016x}.cwasm", hex::encode(Sha256::digest(wasm)), settings.finish());
+        let key = format!("{}-{:016x}.cwasm", super::store::sha256_hex(wasm), settings.finish());
         let path = dir.join(key);
         if path.is_file() {
             // SAFETY: the file is one this server wrote into its own cache

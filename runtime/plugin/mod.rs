@@ -191,7 +191,7 @@ impl Plugin {
             )));
         }
         let (world, pre) = instantiate_pre(engine, &component)?;
-        let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(wasm));
+        let sha256 = store::sha256_hex(wasm);
         // `describe` runs once, in an instance of its own, before the
         // plugin's name is known.
         let unnamed = PluginLimits { reuse_instance: false, ..limits.clone() };

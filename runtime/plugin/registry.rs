@@ -20,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::store::write_atomically;
+use super::store::{sha256_hex, write_atomically};
 use super::{Plugin, PluginEngine, PluginStage, PluginsConfig, World};
 use crate::api::metrics::Metrics;
 use crate::config::check_name;
@@ -356,13 +356,10 @@ impl PluginRegistry {
         })?;
         let bytes = self.read_blob(&stored)?;
         let bindings = state.bindings.get(&name).map(Vec::as_slice).unwrap_or_default();
-        let mut loaded = Vec::with_capacity(bindings.len());
-        for binding in bindings {
-            // Each stage gets its own plugin (its own warm instances).
-            let plugin = self.validate(state, &name, &bytes)?;
-            binding.stage.accepts(&plugin)?;
-            loaded.push(Arc::new(plugin));
-        }
+        // Each stage gets its own plugin (its own warm instances);
+        // `validate` checks it against every stage.
+        let loaded =
+            bindings.iter().map(|_| self.validate(state, &name, &bytes).map(Arc::new)).collect::<Result<Vec<_>>>()?;
         let previous = manifest.active;
         manifest.active = Some(version);
         if remember {
@@ -437,7 +434,7 @@ impl PluginRegistry {
     /// The blob's bytes, refused when they no longer hash to its name.
     fn read_blob_at(&self, path: &Path, sha256: &str) -> Result<Vec<u8>> {
         let bytes = std::fs::read(path).map_err(|e| Error::internal(format!("cannot read {}: {e}", path.display())))?;
-        let actual = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        let actual = sha256_hex(&bytes);
         if actual != sha256 {
             return Err(Error::internal(format!(
                 "{} is corrupted: its SHA-256 is {actual}, the manifest says {sha256}",

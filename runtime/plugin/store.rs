@@ -1,9 +1,15 @@
-//! Files written so that a crash never leaves a half-written one: a
+//! Files written so that a crash never leaves a half-written one (a
 //! temporary file in the same directory, synced, then renamed over the
-//! target, then the directory synced.
+//! target, then the directory synced), and the hash that names stored and
+//! compiled plugins.
 
 use std::io::Write;
 use std::path::Path;
+
+/// The SHA-256 of `bytes`, as 64 lower-case hex digits.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes))
+}
 
 /// Writes `bytes` to `path` atomically.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

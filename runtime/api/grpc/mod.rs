@@ -56,10 +56,20 @@ pub fn version_choice(spec: &ModelSpec) -> VersionChoice<'_> {
     }
 }
 
+/// The request's model spec, which every call needs.
+pub fn required_spec(spec: Option<&ModelSpec>) -> Result<&ModelSpec> {
+    spec.ok_or_else(|| crate::error::Error::invalid_argument("model_spec is missing; set model_spec.name"))
+}
+
+/// The name a request asks for, for its log span and metrics (empty when
+/// the spec is missing).
+pub fn spec_name(spec: Option<&ModelSpec>) -> String {
+    spec.map(|s| s.name.clone()).unwrap_or_default()
+}
+
 /// What a model spec names.
 pub fn resolve(endpoints: &Endpoints, spec: Option<&ModelSpec>) -> Result<Target> {
-    let spec =
-        spec.ok_or_else(|| crate::error::Error::invalid_argument("model_spec is missing; set model_spec.name"))?;
+    let spec = required_spec(spec)?;
     Target::resolve(endpoints, &spec.name, version_choice(spec), &spec.signature_name)
 }
 

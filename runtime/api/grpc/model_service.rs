@@ -2,9 +2,8 @@
 
 use tonic::{Request, Response, Status};
 
-use super::{handle, version_choice, ServingState};
+use super::{handle, required_spec, spec_name, version_choice, ServingState};
 use crate::api::predict::status_versions;
-use crate::error::Error;
 use crate::proto::tensorflow::serving::model_service_server::ModelService;
 use crate::proto::tensorflow::serving::{
     model_version_status, GetModelStatusRequest, GetModelStatusResponse, ModelVersionStatus, StatusProto,
@@ -29,13 +28,11 @@ impl ModelService for ModelStatusApi {
         request: Request<GetModelStatusRequest>,
     ) -> Result<Response<GetModelStatusResponse>, Status> {
         let (metadata, _, request) = request.into_parts();
-        let name = request.model_spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        let name = spec_name(request.model_spec.as_ref());
         handle(&self.state, "get_model_status", &metadata, &name, async move {
             let result = (|| {
-                let spec = request
-                    .model_spec
-                    .ok_or_else(|| Error::invalid_argument("model_spec is missing; set model_spec.name"))?;
-                let versions = status_versions(&self.state.endpoints, &spec.name, version_choice(&spec))?;
+                let spec = required_spec(request.model_spec.as_ref())?;
+                let versions = status_versions(&self.state.endpoints, &spec.name, version_choice(spec))?;
                 let model_version_status = versions
                     .iter()
                     .map(|v| ModelVersionStatus {

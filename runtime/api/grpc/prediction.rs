@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use tonic::{Request, Response, Status};
 
-use super::{deadline_of, handle, resolve, ServingState};
+use super::{deadline_of, handle, resolve, spec_name, ServingState};
 use crate::api::predict::Target;
 use crate::error::Error;
 use crate::infer::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
@@ -55,7 +55,7 @@ impl PredictionService for PredictionApi {
     async fn predict(&self, request: Request<PredictRequest>) -> Result<Response<PredictResponse>, Status> {
         let deadline = deadline_of(request.metadata());
         let (metadata, _, request) = request.into_parts();
-        let name = request.model_spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        let name = spec_name(request.model_spec.as_ref());
         let encoding = self.state.output_encoding;
         handle(&self.state, "predict", &metadata, &name, async move {
             let target = match resolve(&self.state.endpoints, request.model_spec.as_ref()) {
@@ -73,7 +73,7 @@ impl PredictionService for PredictionApi {
         request: Request<GetModelMetadataRequest>,
     ) -> Result<Response<GetModelMetadataResponse>, Status> {
         let (metadata, _, request) = request.into_parts();
-        let name = request.model_spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        let name = spec_name(request.model_spec.as_ref());
         handle(&self.state, "get_model_metadata", &metadata, &name, async move {
             let target = match resolve(&self.state.endpoints, request.model_spec.as_ref()) {
                 Ok(target) => target,

@@ -98,6 +98,27 @@ pub fn routes() -> Router<RestState> {
         .route("/admin/v1/pipelines/{pipeline}/plugin", put(upload_to_pipeline))
 }
 
+type Work = Box<dyn FnOnce(&PluginRegistry, &Caller) -> Result<Value> + Send>;
+
+fn admin_of(state: &RestState) -> Result<&Admin> {
+    state.admin.as_deref().ok_or_else(|| Error::not_found("the admin API is off"))
+}
+
+/// Runs `work` for an authenticated caller on a blocking thread.
+async fn run(admin: &Admin, caller: Caller, work: Work) -> Result<Value> {
+    let registry = admin.registry()?;
+    tokio::task::spawn_blocking(move || work(&registry, &caller))
+        .await
+        .map_err(|e| Error::internal(format!("the admin call failed: {e}")))?
+}
+
+fn respond(result: Result<Value>) -> Response {
+    match result {
+        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
 /// Authenticates, then runs `work` on a blocking thread; answers JSON.
 async fn call(
     state: &RestState,
@@ -105,18 +126,12 @@ async fn call(
     work: impl FnOnce(&PluginRegistry, &Caller) -> Result<Value> + Send + 'static,
 ) -> Response {
     let result = async {
-        let admin = state.admin.as_ref().ok_or_else(|| Error::not_found("the admin API is off"))?;
+        let admin = admin_of(state)?;
         let caller = admin.authenticate(headers)?;
-        let registry = admin.registry()?;
-        tokio::task::spawn_blocking(move || work(&registry, &caller))
-            .await
-            .map_err(|e| Error::internal(format!("the admin call failed: {e}")))?
+        run(admin, caller, Box::new(work)).await
     }
     .await;
-    match result {
-        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response(),
-        Err(e) => error_response(&e),
-    }
+    respond(result)
 }
 
 fn manifest_json(manifest: &Manifest) -> Value {
@@ -165,35 +180,36 @@ async fn upload_as(
     activate: bool,
     name_of: impl FnOnce(&PluginRegistry) -> Result<String> + Send + 'static,
 ) -> Response {
-    let Some(admin) = state.admin.clone() else {
-        return error_response(&Error::not_found("the admin API is off"));
-    };
-    // Who it is first: an unauthenticated caller's body is never read.
-    if let Err(e) = admin.authenticate(&headers) {
-        return error_response(&e);
+    let result = async {
+        let admin = admin_of(&state)?;
+        // Who it is first: an unauthenticated caller's body is never read.
+        let caller = admin.authenticate(&headers)?;
+        let bytes = read_body(body, &headers, admin.max_upload_bytes, "admin.max_upload_bytes").await?;
+        run(
+            admin,
+            caller,
+            Box::new(move |registry, caller| {
+                let name = name_of(registry)?;
+                let stored = registry.upload(caller, &name, &bytes)?;
+                let mut answer = json!({
+                    "name": name,
+                    "version": stored.version,
+                    "sha256": stored.sha256,
+                    "size": stored.size,
+                    "declared": stored.declared,
+                    "active": false,
+                });
+                if activate {
+                    registry.activate(caller, &name, stored.version)?;
+                    answer["active"] = Value::Bool(true);
+                }
+                Ok(answer)
+            }),
+        )
+        .await
     }
-    let bytes = match read_body(body, &headers, admin.max_upload_bytes, "admin.max_upload_bytes").await {
-        Ok(bytes) => bytes,
-        Err(e) => return error_response(&e),
-    };
-    call(&state, &headers, move |registry, caller| {
-        let name = name_of(registry)?;
-        let stored = registry.upload(caller, &name, &bytes)?;
-        let mut answer = json!({
-            "name": name,
-            "version": stored.version,
-            "sha256": stored.sha256,
-            "size": stored.size,
-            "declared": stored.declared,
-            "active": false,
-        });
-        if activate {
-            registry.activate(caller, &name, stored.version)?;
-            answer["active"] = Value::Bool(true);
-        }
-        Ok(answer)
-    })
-    .await
+    .await;
+    respond(result)
 }
 
 async fn list(State(state): State<RestState>, headers: HeaderMap) -> Response {
