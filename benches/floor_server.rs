@@ -18,7 +18,8 @@ use sluice::proto::tensorflow::serving::prediction_service_server::{PredictionSe
 use sluice::proto::tensorflow::serving::{
     GetModelMetadataRequest, GetModelMetadataResponse, PredictRequest, PredictResponse,
 };
-use sluice::tensor::proto::{encode, OutputEncoding};
+use sluice::config::OutputEncoding;
+use sluice::tensor::proto::encode;
 use sluice::tensor::Tensor;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};

@@ -14,11 +14,15 @@
 //! cargo bench --bench overhead [-- --requests 5000 --rounds 6]
 //! ```
 
+#[allow(dead_code)]
+#[path = "../tests/common/process.rs"]
+mod process;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sluice::bench::process::ServerProcess;
+use process::ServerProcess;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
 use sluice::proto::tensorflow::{DataType, TensorProto};

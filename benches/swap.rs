@@ -8,17 +8,21 @@
 //! thread activates the two uploaded versions (identity, scale) in turn,
 //! 20 times spread over the run. Needs scripts/build-plugins.
 
+#[allow(dead_code)]
+#[path = "../tests/common/process.rs"]
+mod process;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Method;
-use sluice::bench::client::RestClient;
-use sluice::bench::inputs::{input_specs, random_pool};
-use sluice::bench::load::{self, LoadPlan};
-use sluice::bench::process::ServerProcess;
-use sluice::bench::stats::Summary;
+use sluice::cli::bench::client::RestClient;
+use sluice::cli::bench::inputs::{input_specs, random_pool};
+use sluice::cli::bench::load::{self, LoadPlan};
+use process::ServerProcess;
+use sluice::cli::bench::stats::Summary;
 use sluice::proto::tensorflow::serving::ModelSpec;
 
 const TOKEN: &str = "bench-token";

@@ -14,7 +14,8 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use prost::Message;
 use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
-use sluice::tensor::proto::{decode, encode, OutputEncoding};
+use sluice::config::OutputEncoding;
+use sluice::tensor::proto::{decode, encode};
 use sluice::tensor::Tensor;
 
 fn request(tensor: &Tensor, encoding: OutputEncoding) -> Bytes {

@@ -12,15 +12,19 @@
 //! cargo bench --bench throughput [-- --duration 8 --only cnn,mlp,rest,pipeline,latency,overload]
 //! ```
 
+#[allow(dead_code)]
+#[path = "../tests/common/process.rs"]
+mod process;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sluice::bench::inputs::{input_specs, random_pool, rest_bodies, RequestPool};
-use sluice::bench::load::{self, LoadPlan};
-use sluice::bench::process::ServerProcess;
-use sluice::bench::stats::Summary;
+use sluice::cli::bench::inputs::{input_specs, random_pool, rest_bodies, RequestPool};
+use sluice::cli::bench::load::{self, LoadPlan};
+use process::ServerProcess;
+use sluice::cli::bench::stats::Summary;
 use sluice::proto::tensorflow::serving::ModelSpec;
 
 fn arg(name: &str) -> Option<String> {

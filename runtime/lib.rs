@@ -1,17 +1,31 @@
 //! sluice: a model-serving runtime.
 //!
-//! A request enters through [`api`] (TF Serving's gRPC API), is validated
-//! into [`tensor`]s against the model's signature, passes the bounded
-//! queues of [`pipeline`], and is run by a backend from [`infer`] on a model
-//! version that [`models`] loaded. [`server`] puts these together;
-//! [`config`] describes them; [`error`] is the one error type all of them
-//! return.
+//! The layers, top to bottom; each imports only layers below it (the test
+//! `tests/layers.rs` fails on any import that points up or sideways):
+//!
+//! - [`cli`]: commands other than `serve` (`bench`, `plugin check/push`,
+//!   `config check`); nothing in the library imports it.
+//! - [`server`]: starts and stops everything below.
+//! - [`api`]: thin codecs — TF Serving's gRPC and REST APIs, the plugin
+//!   admin API, health — that turn a client's request into one validated
+//!   [`pipeline::ValidRequest`] and its answer back into bytes.
+//! - [`pipeline`]: admission, the stages (built-in transforms and the
+//!   plugin adapter), the dynamic batcher, the inference stage.
+//! - [`models`] and [`plugin`]: the loaded model versions; the WebAssembly
+//!   host and the plugin registry. Neither imports the other.
+//! - [`infer`]: the backends that run a batch through a model.
+//! - [`tensor`]: tensors, signatures and their wire conversions.
+//! - [`config`], [`metrics`], [`error`], [`proto`]: types every layer
+//!   shares; they import none of the above.
+//!
+//! `docs/ARCHITECTURE.md` follows one request through these files.
 
 pub mod api;
-pub mod bench;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod infer;
+pub mod metrics;
 pub mod models;
 pub mod pipeline;
 pub mod plugin;

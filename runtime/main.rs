@@ -6,8 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use sluice::config::{Config, ModelConfig};
-use sluice::pipeline::batching::BatchingParameters;
-use sluice::tensor::proto::OutputEncoding;
+use sluice::config::{BatchingParameters, OutputEncoding};
 
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -35,7 +34,7 @@ enum Command {
     Serve(ServeArgs),
     /// Load a Predict endpoint (sluice or TF Serving) and report throughput
     /// and latency percentiles.
-    Bench(sluice::bench::BenchArgs),
+    Bench(sluice::cli::bench::BenchArgs),
     /// Work with WebAssembly plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -59,12 +58,12 @@ enum ConfigCommand {
 enum PluginCommand {
     /// Load a plugin as the server would, print what it declares, and run a
     /// sample under the real limits, with its time and peak memory.
-    Check(sluice::plugin::check::CheckArgs),
+    Check(sluice::cli::plugin_check::CheckArgs),
     /// Upload a plugin to a running server (admin API) and, by default,
     /// activate it for the pipeline. The token comes from SLUICE_TOKEN.
-    Push(sluice::plugin::push::PushArgs),
+    Push(sluice::cli::plugin_push::PushArgs),
     /// List the plugins the token may see, with versions and the active one.
-    List(sluice::plugin::push::ServerArgs),
+    List(sluice::cli::plugin_push::ServerArgs),
 }
 
 /// Flags named as TF Serving names them, so its users feel at home. Flags
@@ -269,24 +268,24 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
-            Command::Bench(args) => sluice::bench::run(args).await.map_err(anyhow::Error::msg),
+            Command::Bench(args) => sluice::cli::bench::run(args).await.map_err(anyhow::Error::msg),
             Command::Plugin(PluginCommand::Check(args)) => {
-                let report = tokio::task::spawn_blocking(move || sluice::plugin::check::run(&args))
+                let report = tokio::task::spawn_blocking(move || sluice::cli::plugin_check::run(&args))
                     .await
                     .map_err(|e| anyhow::anyhow!("the check panicked: {e}"))??;
                 print!("{report}");
                 Ok(())
             }
             Command::Plugin(PluginCommand::Push(args)) => {
-                println!("{}", sluice::plugin::push::push(&args).await.map_err(anyhow::Error::msg)?);
+                println!("{}", sluice::cli::plugin_push::push(&args).await.map_err(anyhow::Error::msg)?);
                 Ok(())
             }
             Command::Plugin(PluginCommand::List(args)) => {
-                println!("{}", sluice::plugin::push::list(&args).await.map_err(anyhow::Error::msg)?);
+                println!("{}", sluice::cli::plugin_push::list(&args).await.map_err(anyhow::Error::msg)?);
                 Ok(())
             }
             Command::Config(ConfigCommand::Check { file }) => {
-                let summary = sluice::config::files::check(&file)?;
+                let summary = sluice::cli::config_check::check(&file)?;
                 println!("{}: ok", file.display());
                 print!("{summary}");
                 Ok(())

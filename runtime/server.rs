@@ -17,15 +17,16 @@ use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::api::grpc::{ModelStatusApi, PredictionApi, ServingState};
+use crate::api::context::ServingState;
+use crate::api::grpc::{ModelStatusApi, PredictionApi};
 use crate::api::health::Lifecycle;
-use crate::api::metrics::Metrics;
 use crate::api::rest::admin::Admin;
 use crate::api::rest::{self, RestState};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::models::ModelRegistry;
-use crate::pipeline::{Endpoints, StageContext};
+use crate::pipeline::{BuildContext, Endpoints};
 use crate::plugin::registry::PluginRegistry;
 use crate::plugin::PluginEngine;
 use crate::proto::tensorflow::serving::model_service_server::ModelServiceServer;
@@ -195,10 +196,7 @@ pub async fn serve(
 /// plugin or the admin API is on, and builds every endpoint.
 async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>, Option<Arc<PluginRegistry>>)> {
     let models = Arc::new(ModelRegistry::load(&config.models, config.onnxruntime.library.as_deref(), metrics).await?);
-    let uses_plugins = config
-        .pipelines
-        .iter()
-        .any(|p| [&p.preprocess, &p.postprocess].into_iter().flatten().any(|stage| stage.plugin.is_some()));
+    let uses_plugins = config.pipelines.iter().any(|p| p.uses_plugins());
     let plugins = if uses_plugins || config.admin.enabled {
         // Compiled plugins are cached on disk by default, next to the
         // store: a restart, and every activation of a version compiled
@@ -217,8 +215,12 @@ async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>
     let registry = plugins.clone();
     // Compiling plugins and starting stage threads is blocking work.
     let endpoints = tokio::task::spawn_blocking(move || {
-        let stages = StageContext { plugins: &config.plugins, registry: registry.as_ref(), metrics: &metrics };
-        Endpoints::build(&config, models, &stages)
+        let cx = BuildContext {
+            registry: registry.as_ref(),
+            metrics: &metrics,
+            max_tensor_bytes: config.server.max_tensor_bytes,
+        };
+        Endpoints::build(&config, models, &cx)
     })
     .await
     .map_err(|e| Error::internal(format!("building the pipelines failed: {e}")))??;

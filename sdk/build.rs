@@ -22,22 +22,8 @@ macro_rules! MACRO {
             use self::sluice::plugin::types as wit;
 
             fn dtype_in(d: wit::Dtype) -> $crate::DType {
-                match d {
-                    wit::Dtype::F32 => $crate::DType::F32,
-                    wit::Dtype::F64 => $crate::DType::F64,
-                    wit::Dtype::F16 => $crate::DType::F16,
-                    wit::Dtype::Bf16 => $crate::DType::BF16,
-                    wit::Dtype::I8 => $crate::DType::I8,
-                    wit::Dtype::I16 => $crate::DType::I16,
-                    wit::Dtype::I32 => $crate::DType::I32,
-                    wit::Dtype::I64 => $crate::DType::I64,
-                    wit::Dtype::U8 => $crate::DType::U8,
-                    wit::Dtype::U16 => $crate::DType::U16,
-                    wit::Dtype::U32 => $crate::DType::U32,
-                    wit::Dtype::U64 => $crate::DType::U64,
-                    wit::Dtype::Boolean => $crate::DType::Bool,
-                    wit::Dtype::String => $crate::DType::String,
-                }
+                // The dtype enum of the plugin interface and DType agree in order.
+                $crate::DType::from_wit_index(d as u8).expect("the interface dtype enum and DType agree")
             }
 
             fn dtype_out(d: $crate::DType) -> wit::Dtype {

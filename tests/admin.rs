@@ -12,7 +12,7 @@ use bytes::Bytes;
 use common::*;
 use http::{Method, StatusCode};
 use serde_json::Value;
-use sluice::bench::client::RestClient;
+use sluice::cli::bench::client::RestClient;
 
 const ML: &str = "ml-secret";
 const WEB: &str = "web-secret";

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use common::*;
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
-use sluice::bench::client::{RestClient, RestResponse};
+use sluice::cli::bench::client::{RestClient, RestResponse};
 
 fn client(server: &Server) -> RestClient {
     RestClient::new(&server.http.to_string()).expect("REST client")

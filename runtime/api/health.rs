@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use super::grpc::ServingState;
+use super::context::ServingState;
 use crate::error::{Error, Result};
 
 /// Where the server is in its life.

@@ -6,37 +6,23 @@
 //! to the file's own directory, so a config works from any working
 //! directory.
 
-pub mod files;
+pub mod batching;
+pub mod onnx;
+pub mod plugins;
+pub mod stage;
 
 use std::collections::{BTreeMap, HashSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::infer::onnx::OnnxOptions;
-use crate::pipeline::batching::BatchingParameters;
-use crate::pipeline::builtin::{ImageNormalizeConfig, ReduceConfig, TopKConfig};
-use crate::pipeline::Mode;
-use crate::plugin::PluginsConfig;
-use crate::tensor::proto::OutputEncoding;
+pub use crate::error::{ConfigError, Invalid};
+use crate::invalid;
 
-/// A configuration error: which file and what is wrong in it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The file, or `command line`.
-    pub source: String,
-    /// What is wrong, naming the key and the value.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.source, self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
+pub use self::batching::BatchingParameters;
+pub use self::onnx::OnnxOptions;
+pub use self::plugins::{PluginLimits, PluginsConfig};
+pub use self::stage::{StageConfig, StageKind, StageRole};
 
 /// Everything the server is configured with.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -131,36 +117,43 @@ pub struct PipelineConfig {
     pub postprocess: Option<StageConfig>,
 }
 
-/// One stage: its workers, its queue, and what it does (exactly one of the
-/// built-ins).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StageConfig {
-    /// Worker threads.
-    #[serde(default = "default_workers")]
-    pub workers: usize,
-    /// Requests that may wait for a worker; more are refused.
-    #[serde(default = "default_stage_queue")]
-    pub queue_capacity: usize,
-    /// Preprocess: u8 images to the model's normalised f32 input.
-    pub image_normalize: Option<ImageNormalizeConfig>,
-    /// Postprocess: softmax over classes.
-    pub softmax: Option<ReduceConfig>,
-    /// Postprocess: the best class per row.
-    pub argmax: Option<ReduceConfig>,
-    /// Postprocess: the k best classes per row, with scores and labels.
-    pub top_k: Option<TopKConfig>,
-    /// Pre- or postprocess: a WebAssembly plugin, by name (`NAME.wasm` in
-    /// `[plugins] dir`).
-    pub plugin: Option<String>,
+/// How a pipeline runs its stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Each stage on its own queue and threads; stages of different
+    /// requests overlap.
+    #[default]
+    Pipelined,
+    /// The stages one after another in the caller's task: the baseline the
+    /// gain of pipelining is measured against.
+    Sequential,
 }
 
-fn default_workers() -> usize {
-    1
+/// How numeric outputs are written into a `TensorProto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputEncoding {
+    /// Typed fields (`float_val`, `int64_val`, …): what TF Serving sends by
+    /// default, and what client code reading `.float_val` expects.
+    #[default]
+    TypedFields,
+    /// Packed `tensor_content`: one copy of the bytes, the fastest.
+    TensorContent,
 }
 
-fn default_stage_queue() -> usize {
-    256
+impl PipelineConfig {
+    /// Its stages, in the order a request passes them.
+    pub fn stages(&self) -> impl Iterator<Item = (StageRole, &StageConfig)> {
+        [(StageRole::Preprocess, &self.preprocess), (StageRole::Postprocess, &self.postprocess)]
+            .into_iter()
+            .filter_map(|(role, stage)| stage.as_ref().map(|s| (role, s)))
+    }
+
+    /// True when a stage runs a plugin.
+    pub fn uses_plugins(&self) -> bool {
+        self.stages().any(|(_, stage)| matches!(stage.kind(), Some(StageKind::Plugin(_))))
+    }
 }
 
 /// Listening addresses and protocol limits.
@@ -176,6 +169,11 @@ pub struct ServerConfig {
     pub rest_api_port: u16,
     /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: usize,
+    /// Largest tensor a request may make the server build, in bytes:
+    /// decoded inputs (a single value broadcast to a large shape), stage
+    /// outputs (a built-in sized from the request's rows). Checked before
+    /// anything is allocated; a request over it gets RESOURCE_EXHAUSTED.
+    pub max_tensor_bytes: usize,
     /// How numeric outputs are written in Predict responses.
     pub output_encoding: OutputEncoding,
     /// Seconds in-flight requests get to finish after SIGTERM.
@@ -189,6 +187,7 @@ impl Default for ServerConfig {
             port: 8500,
             rest_api_port: 8501,
             max_message_bytes: 64 << 20,
+            max_tensor_bytes: 256 << 20,
             output_encoding: OutputEncoding::TypedFields,
             drain_timeout_secs: 30,
         }
@@ -310,9 +309,9 @@ impl Config {
         }
         for pipeline in &mut config.pipelines {
             for stage in [&mut pipeline.preprocess, &mut pipeline.postprocess].into_iter().flatten() {
-                if let Some(labels) = stage.top_k.as_mut().and_then(|t| t.labels.as_mut()) {
-                    if labels.is_relative() {
-                        *labels = base.join(&*labels);
+                for path in stage.paths_mut() {
+                    if path.is_relative() {
+                        *path = base.join(&*path);
                     }
                 }
             }
@@ -327,37 +326,37 @@ impl Config {
                 *library = base.join(&*library);
             }
         }
-        config.check().map_err(error)?;
+        config.check().map_err(|e| e.in_file(source))?;
         Ok(config)
     }
 
     /// Checks what the types alone cannot: names, ranges, references.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Invalid> {
         let mut names = HashSet::new();
         for (i, model) in self.models.iter().enumerate() {
             let key = format!("models[{i}]");
             check_name(&format!("{key}.name"), &model.name)?;
             if !names.insert(model.name.as_str()) {
-                return Err(format!("{key}.name = \"{}\": another model has the same name", model.name));
+                return Err(invalid!("{key}.name = \"{}\": another model has the same name", model.name));
             }
             if model.max_in_flight == 0 {
-                return Err(format!("{key}.max_in_flight = 0: must be at least 1"));
+                return Err(invalid!("{key}.max_in_flight = 0: must be at least 1"));
             }
             if model.onnx.sessions == 0 {
-                return Err(format!("{key}.onnx.sessions = 0: must be at least 1"));
+                return Err(invalid!("{key}.onnx.sessions = 0: must be at least 1"));
             }
             if model.onnx.intra_op_threads == 0 {
-                return Err(format!("{key}.onnx.intra_op_threads = 0: must be at least 1"));
+                return Err(invalid!("{key}.onnx.intra_op_threads = 0: must be at least 1"));
             }
             if let VersionPolicy::Specific(versions) = &model.version_policy {
                 if let Some(v) = versions.iter().find(|&&v| v < 0) {
-                    return Err(format!("{key}.version_policy: version {v} is negative; versions are >= 0"));
+                    return Err(invalid!("{key}.version_policy: version {v} is negative; versions are >= 0"));
                 }
             }
             for (label, version) in &model.version_labels {
                 check_name(&format!("{key}.version_labels"), label)?;
                 if *version < 0 {
-                    return Err(format!("{key}.version_labels.{label} = {version}: versions are >= 0"));
+                    return Err(invalid!("{key}.version_labels.{label} = {version}: versions are >= 0"));
                 }
             }
         }
@@ -366,46 +365,35 @@ impl Config {
             let key = format!("pipelines[{i}]");
             check_name(&format!("{key}.name"), &pipeline.name)?;
             if !endpoint_names.insert(pipeline.name.as_str()) {
-                return Err(format!("{key}.name = \"{}\": another pipeline has the same name", pipeline.name));
+                return Err(invalid!("{key}.name = \"{}\": another pipeline has the same name", pipeline.name));
             }
             if !names.contains(pipeline.model.as_str()) {
                 let models: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
-                return Err(format!("{key}.model = \"{}\": no such model; models: {models:?}", pipeline.model));
+                return Err(invalid!("{key}.model = \"{}\": no such model; models: {models:?}", pipeline.model));
             }
             if pipeline.max_in_flight == 0 {
-                return Err(format!("{key}.max_in_flight = 0: must be at least 1"));
+                return Err(invalid!("{key}.max_in_flight = 0: must be at least 1"));
             }
-            for (role, stage) in [("preprocess", &pipeline.preprocess), ("postprocess", &pipeline.postprocess)] {
-                let Some(stage) = stage else { continue };
+            for (role, stage) in pipeline.stages() {
+                let role_key = role.key();
                 if stage.workers == 0 {
-                    return Err(format!("{key}.{role}.workers = 0: must be at least 1"));
+                    return Err(invalid!("{key}.{role_key}.workers = 0: must be at least 1"));
                 }
                 if stage.queue_capacity == 0 {
-                    return Err(format!("{key}.{role}.queue_capacity = 0: must be at least 1"));
+                    return Err(invalid!("{key}.{role_key}.queue_capacity = 0: must be at least 1"));
                 }
-                let set = [
-                    ("image_normalize", stage.image_normalize.is_some()),
-                    ("softmax", stage.softmax.is_some()),
-                    ("argmax", stage.argmax.is_some()),
-                    ("top_k", stage.top_k.is_some()),
-                    ("plugin", stage.plugin.is_some()),
-                ];
-                let allowed: &[&str] = if role == "preprocess" {
-                    &["image_normalize", "plugin"]
-                } else {
-                    &["softmax", "argmax", "top_k", "plugin"]
-                };
-                if let Some(plugin) = &stage.plugin {
-                    check_name(&format!("{key}.{role}.plugin"), plugin)?;
+                let allowed = StageKind::allowed_in(role);
+                let chosen = stage.kind_names();
+                if chosen.len() != 1 || !allowed.contains(&chosen[0]) {
+                    return Err(invalid!("{key}.{role_key}: set exactly one of {allowed:?} (found {chosen:?})"));
+                }
+                if let Some(StageKind::Plugin(plugin)) = stage.kind() {
+                    check_name(&format!("{key}.{role_key}.plugin"), plugin.as_str())?;
                     if self.plugins.dir.is_none() {
-                        return Err(format!(
-                            "{key}.{role}.plugin = \"{plugin}\": set [plugins] dir, where NAME.wasm files are"
+                        return Err(invalid!(
+                            "{key}.{role_key}.plugin = \"{plugin}\": set [plugins] dir, where NAME.wasm files are"
                         ));
                     }
-                }
-                let chosen: Vec<&str> = set.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect();
-                if chosen.len() != 1 || !allowed.contains(&chosen[0]) {
-                    return Err(format!("{key}.{role}: set exactly one of {allowed:?} (found {chosen:?})"));
                 }
             }
         }
@@ -417,16 +405,16 @@ impl Config {
         for (name, limits) in &self.plugins.limits {
             let key = format!("plugins.limits.{name}");
             if limits.timeout_ms == 0 {
-                return Err(format!("{key}.timeout_ms = 0: must be at least 1"));
+                return Err(invalid!("{key}.timeout_ms = 0: must be at least 1"));
             }
             if limits.memory_mib == 0 || limits.memory_mib > self.plugins.max_memory_mib {
-                return Err(format!(
+                return Err(invalid!(
                     "{key}.memory_mib = {}: must be between 1 and plugins.max_memory_mib ({})",
                     limits.memory_mib, self.plugins.max_memory_mib
                 ));
             }
             if limits.fuel.is_some() && !self.plugins.fuel {
-                return Err(format!("{key}.fuel is set, but fuel metering is off; set plugins.fuel = true"));
+                return Err(invalid!("{key}.fuel is set, but fuel metering is off; set plugins.fuel = true"));
             }
         }
         self.check_admin()?;
@@ -436,45 +424,48 @@ impl Config {
             }
         }
         if self.plugins.max_instances == 0 {
-            return Err("plugins.max_instances = 0: must be at least 1".to_string());
+            return Err(Invalid("plugins.max_instances = 0: must be at least 1".to_string()));
+        }
+        if self.server.max_tensor_bytes < 1024 {
+            return Err(invalid!("server.max_tensor_bytes = {}: must be at least 1024", self.server.max_tensor_bytes));
         }
         if self.server.max_message_bytes < 1024 {
-            return Err(format!("server.max_message_bytes = {}: must be at least 1024", self.server.max_message_bytes));
+            return Err(invalid!("server.max_message_bytes = {}: must be at least 1024", self.server.max_message_bytes));
         }
         Ok(())
     }
 }
 
 impl Config {
-    fn check_admin(&self) -> Result<(), String> {
+    fn check_admin(&self) -> Result<(), Invalid> {
         let admin = &self.admin;
         if !admin.enabled {
             return Ok(());
         }
         if self.plugins.dir.is_none() {
-            return Err("admin.enabled = true: set [plugins] dir, where uploaded plugins are stored".into());
+            return Err(Invalid("admin.enabled = true: set [plugins] dir, where uploaded plugins are stored".to_string()));
         }
         if admin.tokens.is_empty() {
-            return Err("admin.enabled = true, but admin.tokens is empty: nobody could use the admin API".into());
+            return Err(Invalid("admin.enabled = true, but admin.tokens is empty: nobody could use the admin API".to_string()));
         }
         if admin.max_upload_bytes == 0 {
-            return Err("admin.max_upload_bytes = 0: must be at least 1".into());
+            return Err(Invalid("admin.max_upload_bytes = 0: must be at least 1".to_string()));
         }
         let mut ids = HashSet::new();
         for (i, token) in admin.tokens.iter().enumerate() {
             let key = format!("admin.tokens[{i}]");
             check_name(&format!("{key}.id"), &token.id)?;
             if !ids.insert(token.id.as_str()) {
-                return Err(format!("{key}.id = \"{}\": another token has the same id", token.id));
+                return Err(invalid!("{key}.id = \"{}\": another token has the same id", token.id));
             }
             if token.sha256.len() != 64 || !token.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(format!(
+                return Err(invalid!(
                     "{key}.sha256 = \"{}\": expected 64 hex digits, the SHA-256 of the token (printf %s TOKEN | sha256sum)",
                     token.sha256
                 ));
             }
             match (token.role, &token.team) {
-                (Role::Team, None) => return Err(format!("{key}: role = \"team\" needs team = \"NAME\"")),
+                (Role::Team, None) => return Err(invalid!("{key}: role = \"team\" needs team = \"NAME\"")),
                 (_, Some(team)) => check_name(&format!("{key}.team"), team)?,
                 (Role::Admin, None) => {}
             }
@@ -485,7 +476,7 @@ impl Config {
 
 /// Names (models, labels, later pipelines and plugins) are what clients
 /// type and what may become file names: short, and without separators.
-pub fn check_name(key: &str, name: &str) -> Result<(), String> {
+pub fn check_name(key: &str, name: &str) -> Result<(), Invalid> {
     let valid = !name.is_empty()
         && name.len() <= 128
         && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
@@ -493,7 +484,7 @@ pub fn check_name(key: &str, name: &str) -> Result<(), String> {
     if valid {
         Ok(())
     } else {
-        Err(format!(
+        Err(invalid!(
             "{key} = \"{name}\": names are 1 to 128 characters of A-Z, a-z, 0-9, '_', '-', '.', not starting with '.'"
         ))
     }

@@ -8,12 +8,11 @@
 //! async runtime only waits on.
 
 pub mod onnx;
-mod signature;
 
 use futures::future::BoxFuture;
 
-pub use self::signature::{check_tensor, Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
 use crate::error::Result;
+use crate::tensor::spec::Signature;
 use crate::tensor::Tensor;
 
 /// Requests to run together through a model.

@@ -1,6 +1,7 @@
 //! The models being served: loading them from their repositories, warming
 //! them up, and resolving a client's model spec (name, version or label) to
-//! one loaded version.
+//! one loaded version. What runs a request through a version (the batcher,
+//! deadlines) is the pipeline's inference stage, above this layer.
 
 pub mod repository;
 
@@ -10,13 +11,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::api::metrics::Metrics;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::infer::onnx::OnnxBackend;
-use crate::infer::{Backend, Batch, Signature};
-use crate::pipeline::batcher::Batcher;
-use crate::pipeline::deadline::Deadline;
+use crate::infer::{Backend, Batch};
+use crate::metrics::Metrics;
+use crate::tensor::spec::Signature;
 use crate::tensor::Tensor;
 
 /// Which version a request asks for.
@@ -36,8 +36,6 @@ pub struct ModelVersion {
     model: Arc<str>,
     version: i64,
     backend: Arc<dyn Backend>,
-    /// Present when batching is on for the model.
-    batcher: Option<Batcher>,
 }
 
 impl fmt::Display for ModelVersion {
@@ -47,26 +45,9 @@ impl fmt::Display for ModelVersion {
 }
 
 impl ModelVersion {
-    /// Wraps a loaded backend, with a batcher in front of it or not.
-    pub fn new(
-        model: impl Into<Arc<str>>,
-        version: i64,
-        backend: Arc<dyn Backend>,
-        batcher: Option<Batcher>,
-    ) -> ModelVersion {
-        ModelVersion { model: model.into(), version, backend, batcher }
-    }
-
-    /// Runs one request's inputs (validated against the signature, in its
-    /// order) through the model: batched with others when batching is on.
-    pub async fn infer(&self, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
-        match &self.batcher {
-            Some(batcher) => batcher.run(inputs, deadline).await,
-            None => {
-                deadline.check("before inference")?;
-                deadline.run("during inference", self.backend.run(Batch::single(inputs))).await
-            }
-        }
+    /// Wraps a loaded backend.
+    pub fn new(model: impl Into<Arc<str>>, version: i64, backend: Arc<dyn Backend>) -> ModelVersion {
+        ModelVersion { model: model.into(), version, backend }
     }
 
     /// The model's name.
@@ -232,30 +213,15 @@ async fn load_model(config: &ModelConfig, library: Option<&Path>, metrics: &Metr
             .await
             .map_err(|e| Error::internal(format!("loading task failed: {e}")))??,
         );
-        let batcher = match &config.batching {
-            None => None,
-            Some(params) => {
-                if !backend.signature().is_batched() {
-                    return Err(Error::invalid_argument(format!(
-                        "model '{}' version {version} cannot be batched: every input and output needs a dynamic \
-                         dimension 0 (the batch), and its signature is {:?}",
-                        config.name,
-                        backend.signature()
-                    )));
-                }
-                let threads =
-                    if params.num_batch_threads == 0 { config.onnx.sessions } else { params.num_batch_threads };
-                Some(Batcher::start(
-                    backend.clone(),
-                    params.clone(),
-                    threads,
-                    format!("the batch queue of model '{}' version {version}", config.name),
-                    metrics.queue(&format!("{}/{version}/batch", config.name)),
-                    metrics.model(&config.name, version),
-                ))
-            }
-        };
-        let loaded = ModelVersion::new(config.name.clone(), version, backend, batcher);
+        if config.batching.is_some() && !backend.signature().is_batched() {
+            return Err(Error::invalid_argument(format!(
+                "model '{}' version {version} cannot be batched: every input and output needs a dynamic \
+                 dimension 0 (the batch), and its signature is {:?}",
+                config.name,
+                backend.signature()
+            )));
+        }
+        let loaded = ModelVersion::new(config.name.clone(), version, backend);
         tracing::info!(model = %config.name, version, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "loaded");
         loaded.warm_up().await?;
         versions.insert(version, Arc::new(loaded));

@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
-use super::batching::BatchingParameters;
 use super::deadline::Deadline;
-use crate::api::metrics::{ModelMetrics, QueueMetrics};
+use crate::config::BatchingParameters;
 use crate::error::{Error, Result};
 use crate::infer::{Backend, Batch};
+use crate::metrics::{ModelMetrics, QueueMetrics};
 use crate::tensor::batch::{concat_rows, split_rows};
 use crate::tensor::Tensor;
 
@@ -265,7 +265,7 @@ fn answer(
     result: Result<Vec<Tensor>>,
     rows: &[usize],
     replies: Vec<oneshot::Sender<Result<Vec<Tensor>>>>,
-    signature: &crate::infer::Signature,
+    signature: &crate::tensor::spec::Signature,
 ) {
     let split = result.and_then(|outputs| {
         let mut per_request: Vec<Vec<Tensor>> = vec![Vec::with_capacity(outputs.len()); rows.len()];

@@ -2,9 +2,11 @@
 //!
 //! Every name a client can call is a [`Pipeline`]: admission (a bounded
 //! number of requests in flight), an optional preprocess stage, inference
-//! on the model version the request resolved to (through the version's
-//! [`batcher`] when batching is on), and an optional postprocess stage. A
-//! model served without a configured pipeline gets one with no stages.
+//! on the model version the request resolved to ([`inference`], through
+//! the version's [`batcher`] when batching is on), and an optional
+//! postprocess stage. A model served without a configured pipeline gets
+//! one with no stages. A request enters only as a [`ValidRequest`]
+//! ([`request`]), built at the API edge.
 //!
 //! In `pipelined` mode each stage has its own bounded queue and worker
 //! threads, so while one request is in inference the next is already being
@@ -15,106 +17,116 @@
 
 pub mod admission;
 pub mod batcher;
-pub mod batching;
-pub mod builtin;
 pub mod deadline;
+pub mod inference;
+pub mod request;
 pub mod stage;
+pub mod stages;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::Deserialize;
-
 use self::admission::Admission;
 use self::deadline::Deadline;
-use self::stage::{Stage, StageRunner};
-use crate::api::metrics::{Metrics, RequestHandles};
-use crate::config::{Config, PipelineConfig, StageConfig};
+use self::inference::ModelStages;
+pub use self::request::{RequestBuilder, Target, ValidRequest};
+use self::stage::StageRunner;
+use self::stages::plugin::PluginPlace;
+use crate::config::{Config, Mode, PipelineConfig, StageConfig, StageRole};
 use crate::error::{Error, Result};
-use crate::infer::{check_tensor, Signature, TensorSpec};
+use crate::metrics::{Metrics, RequestHandles};
 use crate::models::{ModelRegistry, ModelVersion, ServedModel};
 use crate::plugin::registry::PluginRegistry;
-use crate::plugin::{PluginStage, PluginsConfig, World};
-use crate::tensor::{format_shape, NamedTensor, Tensor};
-
-/// How a pipeline runs its stages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Each stage on its own queue and threads; stages of different
-    /// requests overlap.
-    #[default]
-    Pipelined,
-    /// The stages one after another in the caller's task: the baseline the
-    /// gain of pipelining is measured against.
-    Sequential,
-}
+use crate::tensor::spec::{fits, Signature, TensorSpec};
+use crate::tensor::{NamedTensor, Tensor};
 
 /// One name clients call, and what runs behind it.
 pub struct Pipeline {
     // Shared, not copied, into every request's metric labels.
     name: Arc<str>,
-    model: Arc<ServedModel>,
+    model: Arc<ModelStages>,
     admission: Admission,
     preprocess: Option<StageRunner>,
     postprocess: Option<StageRunner>,
     /// What clients see for each model version: the first stage's inputs
     /// (or the model's) and the last stage's outputs (or the model's).
     signatures: BTreeMap<i64, Signature>,
+    /// The most bytes one tensor built for a request may hold.
+    max_tensor_bytes: usize,
     /// Request counts and latencies, resolved once.
     requests: RequestHandles,
 }
 
+/// What building pipelines needs besides their own config.
+pub struct BuildContext<'a> {
+    /// The plugin registry; `None` when no pipeline uses a plugin.
+    pub registry: Option<&'a Arc<PluginRegistry>>,
+    /// Where stages report.
+    pub metrics: &'a Metrics,
+    /// `server.max_tensor_bytes`.
+    pub max_tensor_bytes: usize,
+}
+
 impl Pipeline {
     /// The pipeline for a model served directly: no stages.
-    pub fn direct(model: Arc<ServedModel>, max_in_flight: usize, metrics: &Metrics) -> Pipeline {
-        let name = model.name().to_string();
-        let queue = metrics.queue(&format!("{name}/admission"));
+    pub fn direct(model: Arc<ModelStages>, max_in_flight: usize, cx: &BuildContext<'_>) -> Pipeline {
+        let name = model.model().name().to_string();
+        let queue = cx.metrics.queue(&format!("{name}/admission"));
         let admission =
             Admission::new(format!("the request queue of model '{name}'"), max_in_flight, queue.full, queue.depth);
-        let signatures = model.versions().map(|v| (v.version(), v.signature().clone())).collect();
+        let signatures = model.model().versions().map(|v| (v.version(), v.signature().clone())).collect();
         let name: Arc<str> = name.into();
-        let requests = metrics.request_handles(&model.name_label(), &name);
-        Pipeline { name, model, admission, preprocess: None, postprocess: None, signatures, requests }
+        let requests = cx.metrics.request_handles(&model.model().name_label(), &name);
+        Pipeline {
+            name,
+            model,
+            admission,
+            preprocess: None,
+            postprocess: None,
+            signatures,
+            max_tensor_bytes: cx.max_tensor_bytes,
+            requests,
+        }
     }
 
     /// A configured pipeline, its stages checked against every loaded
     /// version of its model.
-    pub fn build(config: &PipelineConfig, model: Arc<ServedModel>, stages: &StageContext<'_>) -> Result<Pipeline> {
-        let metrics = stages.metrics;
+    pub fn build(config: &PipelineConfig, model: Arc<ModelStages>, cx: &BuildContext<'_>) -> Result<Pipeline> {
         let name = config.name.clone();
         let context = |e: Error| e.context(format_args!("pipeline '{name}'"));
-        let latest = model.latest().map_err(context)?.clone();
-        let runner = |role: &str, stage_config: &StageConfig, stage: Arc<dyn Stage>| -> Result<StageRunner> {
-            let label = format!("the {role} stage ({}) of pipeline '{name}'", stage.name());
-            let queue = metrics.queue(&format!("{name}/{role}"));
+        let served = model.model().clone();
+        let latest = served.latest().map_err(context)?.clone();
+        let stage = |role: StageRole, stage_config: &StageConfig| -> Result<StageRunner> {
+            let kind = stage_config.kind().ok_or_else(|| {
+                Error::internal(format!("{}: an unchecked stage config, this is a bug", role.key()))
+            })?;
+            let place = PluginPlace { pipeline: &config.name, team: config.team.as_deref(), role, model: &served };
+            let built = stages::build(kind, latest.signature(), &place, cx.registry)
+                .map_err(|e| e.context(role.key()))?;
+            let label = format!("the {} stage ({}) of pipeline '{name}'", role.key(), built.name());
+            let queue = cx.metrics.queue(&format!("{name}/{}", role.key()));
             Ok(match config.mode {
                 Mode::Pipelined => {
-                    StageRunner::pipelined(stage, label, stage_config.workers, stage_config.queue_capacity, queue)?
+                    StageRunner::pipelined(built, label, stage_config.workers, stage_config.queue_capacity, queue)?
                 }
-                Mode::Sequential => StageRunner::sequential(stage, label, queue),
+                Mode::Sequential => StageRunner::sequential(built, label, queue),
             })
         };
-        let preprocess = match &config.preprocess {
-            None => None,
-            Some(c) => {
-                let stage = stages.preprocess(config, c, &model, latest.signature()).map_err(context)?;
-                Some(runner("preprocess", c, stage)?)
+        let mut preprocess = None;
+        let mut postprocess = None;
+        for (role, stage_config) in config.stages() {
+            let runner = stage(role, stage_config).map_err(context)?;
+            match role {
+                StageRole::Preprocess => preprocess = Some(runner),
+                StageRole::Postprocess => postprocess = Some(runner),
             }
-        };
-        let postprocess = match &config.postprocess {
-            None => None,
-            Some(c) => {
-                let stage = stages.postprocess(config, c, &model, latest.signature()).map_err(context)?;
-                Some(runner("postprocess", c, stage)?)
-            }
-        };
+        }
         let mut signatures = BTreeMap::new();
-        for version in model.versions() {
+        for version in served.versions() {
             let signature = client_signature(version, preprocess.as_ref(), postprocess.as_ref()).map_err(context)?;
             signatures.insert(version.version(), signature);
         }
-        let queue = metrics.queue(&format!("{name}/admission"));
+        let queue = cx.metrics.queue(&format!("{name}/admission"));
         let admission = Admission::new(
             format!("the request queue of pipeline '{name}'"),
             config.max_in_flight,
@@ -122,8 +134,17 @@ impl Pipeline {
             queue.depth,
         );
         let name: Arc<str> = name.into();
-        let requests = metrics.request_handles(&model.name_label(), &name);
-        Ok(Pipeline { name, model, admission, preprocess, postprocess, signatures, requests })
+        let requests = cx.metrics.request_handles(&served.name_label(), &name);
+        Ok(Pipeline {
+            name,
+            model,
+            admission,
+            preprocess,
+            postprocess,
+            signatures,
+            max_tensor_bytes: cx.max_tensor_bytes,
+            requests,
+        })
     }
 
     /// The name clients call.
@@ -148,7 +169,7 @@ impl Pipeline {
 
     /// The model behind it.
     pub fn model(&self) -> &Arc<ServedModel> {
-        &self.model
+        self.model.model()
     }
 
     /// What clients send and receive when `version` serves them.
@@ -158,112 +179,35 @@ impl Pipeline {
         })
     }
 
-    /// Runs one request, whose inputs were validated against
-    /// [`Pipeline::signature`] and come in its order; the outputs come in
-    /// its output order.
-    pub async fn predict(
-        &self,
-        version: &ModelVersion,
-        inputs: Vec<Tensor>,
-        deadline: Deadline,
-    ) -> Result<Vec<Tensor>> {
+    /// Runs one validated request's inputs (in [`Pipeline::signature`]'s
+    /// order); the outputs come in its output order.
+    async fn predict(&self, version: &ModelVersion, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
         let _permit = self.admission.try_admit()?;
         let signature = self.signature(version)?;
         let model_inputs = match &self.preprocess {
             None => inputs,
             Some(stage) => {
                 let named = name_tensors(&signature.inputs, inputs);
-                let produced = stage.run(named, deadline).await?;
-                bind_named(&version.signature().inputs, produced, version)?
+                let produced = stage.run(named, deadline, self.max_tensor_bytes).await?;
+                order_as(&version.signature().inputs, produced, version)?
             }
         };
-        let outputs = version.infer(model_inputs, deadline).await?;
+        let outputs = self.model.of(version)?.run(model_inputs, deadline).await?;
         match &self.postprocess {
             None => Ok(outputs),
             Some(stage) => {
                 let named = name_tensors(&version.signature().outputs, outputs);
-                let produced = stage.run(named, deadline).await?;
+                let produced = stage.run(named, deadline, self.max_tensor_bytes).await?;
                 Ok(produced.into_iter().map(|t| t.tensor).collect())
             }
         }
     }
 }
 
-/// What building stages needs besides their own config: the plugin
-/// settings and engine (when any pipeline uses a plugin) and the metrics.
-pub struct StageContext<'a> {
-    /// `[plugins]`.
-    pub plugins: &'a PluginsConfig,
-    /// The engine plugins run on; `None` when no pipeline uses one.
-    pub registry: Option<&'a Arc<PluginRegistry>>,
-    /// Where plugins report their calls.
-    pub metrics: &'a Metrics,
-}
-
-impl StageContext<'_> {
-    /// Loads plugin `name` for a stage of `pipeline` that needs a plugin of
-    /// `world`: the active uploaded version, else `NAME.wasm`. Each stage
-    /// gets its own instance of the plugin, so warm instances are never
-    /// shared between pipelines; the registry keeps the stage, to swap it
-    /// when another version is activated.
-    fn plugin(
-        &self,
-        name: &str,
-        world: World,
-        pipeline: &PipelineConfig,
-        model: &Arc<ServedModel>,
-    ) -> Result<Arc<dyn Stage>> {
-        let registry = self
-            .registry
-            .ok_or_else(|| Error::internal("a plugin stage was built without a plugin registry, this is a bug"))?;
-        let bytes = registry.initial_bytes(name)?;
-        let plugin = registry.load(name, &bytes).map_err(|e| e.context(format_args!("plugin '{name}'")))?;
-        if plugin.world() != world {
-            return Err(Error::invalid_argument(format!(
-                "plugin '{name}' ({}) is a {}, but this stage needs a {world}",
-                plugin.label(),
-                plugin.world()
-            )));
-        }
-        let stage = Arc::new(PluginStage::new(name, Arc::new(plugin)));
-        registry.bind(name, &pipeline.name, pipeline.team.as_deref(), world, stage.clone(), model.clone())?;
-        Ok(stage)
-    }
-
-    fn preprocess(
-        &self,
-        pipeline: &PipelineConfig,
-        config: &StageConfig,
-        model: &Arc<ServedModel>,
-        signature: &Signature,
-    ) -> Result<Arc<dyn Stage>> {
-        match (&config.image_normalize, &config.plugin) {
-            (Some(c), None) => Ok(Arc::new(builtin::ImageNormalize::new(c, signature)?)),
-            (None, Some(name)) => self.plugin(name, World::Preprocessor, pipeline, model),
-            _ => Err(Error::invalid_argument("preprocess: set exactly one of: image_normalize, plugin")),
-        }
-    }
-
-    fn postprocess(
-        &self,
-        pipeline: &PipelineConfig,
-        config: &StageConfig,
-        model: &Arc<ServedModel>,
-        signature: &Signature,
-    ) -> Result<Arc<dyn Stage>> {
-        match (&config.softmax, &config.argmax, &config.top_k, &config.plugin) {
-            (Some(c), None, None, None) => Ok(Arc::new(builtin::Softmax::new(c, signature)?)),
-            (None, Some(c), None, None) => Ok(Arc::new(builtin::Argmax::new(c, signature)?)),
-            (None, None, Some(c), None) => Ok(Arc::new(builtin::TopK::new(c, signature)?)),
-            (None, None, None, Some(name)) => self.plugin(name, World::Postprocessor, pipeline, model),
-            _ => Err(Error::invalid_argument("postprocess: set exactly one of: softmax, argmax, top_k, plugin")),
-        }
-    }
-}
-
 /// Checks the stages against one model version and returns what clients
 /// see: what the preprocess stage takes (or the model), what the
-/// postprocess stage returns (or the model).
+/// postprocess stage returns (or the model). This is the one check that a
+/// stage fits the model; requests rely on it.
 fn client_signature(
     version: &ModelVersion,
     preprocess: Option<&StageRunner>,
@@ -300,41 +244,23 @@ fn client_signature(
     Ok(signature)
 }
 
-/// A producer's declared tensor fits a consumer's: the same dtype and rank,
-/// and dimensions equal wherever both are fixed.
-pub fn fits(given: &TensorSpec, wanted: &TensorSpec) -> Result<()> {
-    let dims_fit = given.shape.len() == wanted.shape.len()
-        && given.shape.iter().zip(&wanted.shape).all(|(&g, &w)| g < 0 || w < 0 || g == w);
-    if given.dtype != wanted.dtype || !dims_fit {
-        return Err(Error::invalid_argument(format!(
-            "'{}' is {} {}, but {} {} is expected",
-            wanted.name,
-            given.dtype,
-            format_shape(&given.shape),
-            wanted.dtype,
-            format_shape(&wanted.shape)
-        )));
-    }
-    Ok(())
-}
-
 fn name_tensors(specs: &[TensorSpec], tensors: Vec<Tensor>) -> Vec<NamedTensor> {
     specs.iter().zip(tensors).map(|(spec, tensor)| NamedTensor::new(spec.name.clone(), tensor)).collect()
 }
 
-/// Orders a stage's named outputs as `specs` and checks each against its
-/// spec before it reaches the model.
-fn bind_named(specs: &[TensorSpec], mut tensors: Vec<NamedTensor>, version: &ModelVersion) -> Result<Vec<Tensor>> {
-    let mut bound = Vec::with_capacity(specs.len());
+/// Orders a preprocess stage's outputs as the model's inputs. The stage's
+/// declared outputs were checked to fit the model when the pipeline was
+/// built, and what it returned was checked against its declaration (by the
+/// plugin host for plugins), so only the order changes here.
+fn order_as(specs: &[TensorSpec], mut tensors: Vec<NamedTensor>, version: &ModelVersion) -> Result<Vec<Tensor>> {
+    let mut ordered = Vec::with_capacity(specs.len());
     for spec in specs {
         let at = tensors.iter().position(|t| t.name == spec.name).ok_or_else(|| {
             Error::internal(format!("the preprocess stage did not produce '{}' for {version}", spec.name))
         })?;
-        let tensor = tensors.swap_remove(at).tensor;
-        check_tensor(version, "input", spec, &tensor).map_err(|e| Error::internal(e.message().to_string()))?;
-        bound.push(tensor);
+        ordered.push(tensors.swap_remove(at).tensor);
     }
-    Ok(bound)
+    Ok(ordered)
 }
 
 /// Every name clients can call: configured pipelines, and each model that
@@ -345,17 +271,22 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
-    /// Builds the pipelines of `config` over the loaded models.
-    pub fn build(config: &Config, registry: Arc<ModelRegistry>, stages: &StageContext<'_>) -> Result<Endpoints> {
-        let metrics = stages.metrics;
+    /// Builds the pipelines of `config` over the loaded models, with one
+    /// inference stage per model version shared by all of them.
+    pub fn build(config: &Config, registry: Arc<ModelRegistry>, cx: &BuildContext<'_>) -> Result<Endpoints> {
+        let mut models = BTreeMap::new();
         let mut pipelines = BTreeMap::new();
         for model in &config.models {
             let served = registry.get(&model.name)?.clone();
-            pipelines.insert(model.name.clone(), Arc::new(Pipeline::direct(served, model.max_in_flight, metrics)));
+            let stages = Arc::new(ModelStages::start(served, model, cx.metrics));
+            models.insert(model.name.clone(), stages.clone());
+            pipelines.insert(model.name.clone(), Arc::new(Pipeline::direct(stages, model.max_in_flight, cx)));
         }
         for pipeline in &config.pipelines {
-            let served = registry.get(&pipeline.model)?.clone();
-            pipelines.insert(pipeline.name.clone(), Arc::new(Pipeline::build(pipeline, served, stages)?));
+            let stages = models.get(&pipeline.model).cloned().ok_or_else(|| {
+                Error::not_found(format!("pipeline '{}': model '{}' is not served", pipeline.name, pipeline.model))
+            })?;
+            pipelines.insert(pipeline.name.clone(), Arc::new(Pipeline::build(pipeline, stages, cx)?));
         }
         Ok(Endpoints { registry, pipelines })
     }
@@ -365,6 +296,25 @@ impl Endpoints {
         self.pipelines.get(name).ok_or_else(|| {
             let names: Vec<&str> = self.pipelines.keys().map(String::as_str).collect();
             Error::not_found(format!("model '{name}' is not served; served: [{}]", names.join(", ")))
+        })
+    }
+
+    /// The endpoint a request names; an empty name is the client's
+    /// mistake, not an unknown model.
+    pub fn named(&self, name: &str) -> Result<&Arc<Pipeline>> {
+        if name.is_empty() {
+            return Err(Error::invalid_argument("the model name is empty; name the model to use"));
+        }
+        self.get(name)
+    }
+
+    /// The versions a status request asks about: every loaded one without
+    /// a version, else the one named.
+    pub fn status_versions(&self, name: &str, choice: crate::models::VersionChoice<'_>) -> Result<Vec<Arc<ModelVersion>>> {
+        let model = self.named(name)?.model();
+        Ok(match choice {
+            crate::models::VersionChoice::Latest => model.versions().cloned().collect(),
+            choice => vec![model.resolve(choice)?.clone()],
         })
     }
 

@@ -15,9 +15,9 @@ use std::time::Instant;
 use tokio::sync::oneshot;
 
 use super::deadline::Deadline;
-use crate::api::metrics::QueueMetrics;
 use crate::error::{Error, Result};
-use crate::infer::{check_tensor, TensorSpec};
+use crate::metrics::QueueMetrics;
+use crate::tensor::spec::TensorSpec;
 use crate::tensor::NamedTensor;
 
 /// CPU work between the client and the model, or the model and the client.
@@ -31,13 +31,47 @@ pub trait Stage: Send + Sync + 'static {
     /// The tensors it returns, in order.
     fn outputs(&self) -> &[TensorSpec];
 
-    /// Turns inputs into outputs. Runs on a stage worker thread.
-    fn process(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>>;
+    /// Turns inputs into outputs. Runs on a stage worker thread. Long work
+    /// calls [`StageCx::check`] between pieces, so a request whose client
+    /// left or whose deadline passed stops using the CPU.
+    fn process(&self, inputs: Vec<NamedTensor>, cx: &StageCx<'_>) -> Result<Vec<NamedTensor>>;
+}
+
+/// What a stage knows about the request it works on: whether it is still
+/// worth finishing, and how much it may allocate for it.
+pub struct StageCx<'a> {
+    deadline: Deadline,
+    /// True once the client has gone (its answer would be dropped).
+    gone: &'a (dyn Fn() -> bool + Sync),
+    /// The most bytes one tensor the stage builds may hold.
+    pub max_tensor_bytes: usize,
+}
+
+impl<'a> StageCx<'a> {
+    /// A context for one request.
+    pub fn new(deadline: Deadline, gone: &'a (dyn Fn() -> bool + Sync), max_tensor_bytes: usize) -> StageCx<'a> {
+        StageCx { deadline, gone, max_tensor_bytes }
+    }
+
+    /// `Ok` while the request is worth finishing; DEADLINE_EXCEEDED or
+    /// CANCELLED, saying `at` where, once it is not.
+    pub fn check(&self, at: &str) -> Result<()> {
+        if (self.gone)() {
+            return Err(Error::Cancelled(format!("the client went away {at}")));
+        }
+        self.deadline.check(at)
+    }
+}
+
+/// Never gone: for work whose caller always waits (tests, warm-up).
+pub fn never_gone() -> bool {
+    false
 }
 
 struct StageJob {
     tensors: Vec<NamedTensor>,
     deadline: Deadline,
+    max_tensor_bytes: usize,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Vec<NamedTensor>>>,
     /// The request's span: what a worker (or a plugin's captured output)
@@ -90,8 +124,14 @@ impl StageRunner {
         &self.stage
     }
 
-    /// Runs the stage on one request's tensors.
-    pub async fn run(&self, tensors: Vec<NamedTensor>, deadline: Deadline) -> Result<Vec<NamedTensor>> {
+    /// Runs the stage on one request's tensors; `max_tensor_bytes` bounds
+    /// what the stage may build for it.
+    pub async fn run(
+        &self,
+        tensors: Vec<NamedTensor>,
+        deadline: Deadline,
+        max_tensor_bytes: usize,
+    ) -> Result<Vec<NamedTensor>> {
         if deadline.expired() {
             self.metrics.expired.inc();
             return Err(Error::deadline_exceeded(&format!("before {}", self.label)));
@@ -99,10 +139,18 @@ impl StageRunner {
         let Some(queue) = &self.queue else {
             // Sequential: here, now, on this thread; the runtime moves its
             // other tasks away while the stage blocks it.
-            return tokio::task::block_in_place(|| run_stage(&*self.stage, &self.label, tensors, &self.metrics));
+            let cx = StageCx::new(deadline, &never_gone, max_tensor_bytes);
+            return tokio::task::block_in_place(|| run_stage(&*self.stage, &self.label, tensors, &cx, &self.metrics));
         };
         let (reply, answer) = oneshot::channel();
-        let job = StageJob { tensors, deadline, enqueued: Instant::now(), reply, span: tracing::Span::current() };
+        let job = StageJob {
+            tensors,
+            deadline,
+            max_tensor_bytes,
+            enqueued: Instant::now(),
+            reply,
+            span: tracing::Span::current(),
+        };
         queue.try_send(job).map_err(|e| match e {
             async_channel::TrySendError::Full(_) => {
                 self.metrics.full.inc();
@@ -140,45 +188,31 @@ fn worker(stage: Arc<dyn Stage>, label: &str, jobs: async_channel::Receiver<Stag
             let _ = job.reply.send(Err(Error::deadline_exceeded(&format!("in the queue of {label}"))));
             continue;
         }
-        let result = run_stage(&*stage, label, job.tensors, &metrics);
-        let _ = job.reply.send(result);
+        let reply = job.reply;
+        let gone = || reply.is_closed();
+        let cx = StageCx::new(job.deadline, &gone, job.max_tensor_bytes);
+        let result = run_stage(&*stage, label, job.tensors, &cx, &metrics);
+        if let Err(Error::Cancelled(_)) = &result {
+            metrics.cancelled.inc();
+        }
+        let _ = reply.send(result);
     }
 }
 
-/// Runs the stage, timing it, turning a panic into an error, and checking
-/// that what it returns is what it declared.
+/// Runs the stage, timing it and turning a panic into an error. What a
+/// stage returns is trusted here: built-in stages are the server's own
+/// code, and a plugin's outputs were checked against its declaration by
+/// the plugin host, the one place untrusted outputs are checked.
 fn run_stage(
     stage: &dyn Stage,
     label: &str,
     tensors: Vec<NamedTensor>,
+    cx: &StageCx<'_>,
     metrics: &QueueMetrics,
 ) -> Result<Vec<NamedTensor>> {
     let started = Instant::now();
-    let result = std::panic::catch_unwind(AssertUnwindSafe(|| stage.process(tensors)))
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| stage.process(tensors, cx)))
         .unwrap_or_else(|_| Err(Error::internal(format!("{label} panicked"))));
     metrics.busy.observe(started.elapsed().as_secs_f64());
-    let outputs = result?;
-    check_declared(label, stage.outputs(), &outputs)?;
-    Ok(outputs)
-}
-
-/// A stage's outputs must be exactly what it declared: the same names in
-/// the same order, dtypes and shapes that fit.
-pub fn check_declared(label: &str, declared: &[TensorSpec], outputs: &[NamedTensor]) -> Result<()> {
-    struct AsDeclared<'a>(&'a str);
-    impl std::fmt::Display for AsDeclared<'_> {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "{} (as declared)", self.0)
-        }
-    }
-    let owner = AsDeclared(label);
-    if outputs.len() != declared.len() || outputs.iter().zip(declared).any(|(o, d)| o.name != d.name) {
-        let got: Vec<&str> = outputs.iter().map(|o| o.name.as_str()).collect();
-        let want: Vec<&str> = declared.iter().map(|d| d.name.as_str()).collect();
-        return Err(Error::internal(format!("{label} returned outputs {got:?}, but declared {want:?}")));
-    }
-    for (output, spec) in outputs.iter().zip(declared) {
-        check_tensor(&owner, "output", spec, &output.tensor).map_err(|e| Error::internal(e.message().to_string()))?;
-    }
-    Ok(())
+    result
 }

@@ -10,24 +10,26 @@
 //! memory fails that one call with an error naming the plugin, its version
 //! and the cause; the server and every other call carry on.
 //!
-//! [`PluginStage`] puts a plugin into a pipeline as a stage.
+//! This module is the host only: the engine ([`engine`]), instances and
+//! their limits ([`instances`], [`state`]), the generated bindings
+//! ([`bindings`]), and the plugin registry ([`registry`]: stored versions,
+//! tokens, swaps, audit). The stage that runs a plugin inside a pipeline
+//! is `pipeline::stages::plugin`; the registry reaches it through the
+//! [`registry::PluginSlot`] handle, so this module imports nothing of
+//! `pipeline/` or `models/`.
 
 pub mod bindings;
-pub mod check;
 pub mod engine;
 mod instances;
-pub mod push;
 pub mod registry;
 mod state;
 pub mod store;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use serde::Deserialize;
 use wasmtime::component::Component;
 use wasmtime::Trap;
 
@@ -37,84 +39,11 @@ use self::bindings::{Dtype, PluginError};
 pub use self::engine::PluginEngine;
 use self::instances::{Instance, Instances, Pre};
 use self::state::HostState;
-use crate::api::metrics::{Metrics, PluginMetrics};
-use crate::error::{Code, Error, Result};
-use crate::infer::TensorSpec;
-use crate::pipeline::stage::{check_declared, Stage};
+pub use crate::config::{PluginLimits, PluginsConfig};
+use crate::error::{Error, PluginFault, Result};
+use crate::metrics::{Metrics, PluginMetrics};
+use crate::tensor::spec::{check_outputs, TensorSpec};
 use crate::tensor::{DType, NamedTensor, Tensor, TensorData};
-
-/// The `[plugins]` table: where plugins are and how the engine runs them.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PluginsConfig {
-    /// The directory of `NAME.wasm` files that pipelines name.
-    pub dir: Option<PathBuf>,
-    /// Where compiled plugins are cached; none when unset.
-    pub cache_dir: Option<PathBuf>,
-    /// Meter fuel, so that `fuel` limits apply (costs a few percent).
-    pub fuel: bool,
-    /// Plugin instances that may exist at once (the instance pool).
-    pub max_instances: u32,
-    /// The largest `memory_mib` any plugin may be given.
-    pub max_memory_mib: u64,
-    /// Linear memory kept mapped between instances of a pool slot, zeroed
-    /// instead of unmapped (KiB): faster fresh instances, at the cost of
-    /// that much resident memory per slot used.
-    pub keep_resident_kib: u64,
-    /// Limits per plugin, by name; plugins not named get the defaults.
-    pub limits: BTreeMap<String, PluginLimits>,
-}
-
-impl Default for PluginsConfig {
-    fn default() -> Self {
-        PluginsConfig {
-            dir: None,
-            cache_dir: None,
-            fuel: false,
-            max_instances: 256,
-            max_memory_mib: 256,
-            keep_resident_kib: 2048,
-            limits: BTreeMap::new(),
-        }
-    }
-}
-
-impl PluginsConfig {
-    /// The limits of the plugin called `name`.
-    pub fn limits_of(&self, name: &str) -> PluginLimits {
-        self.limits.get(name).cloned().unwrap_or_default()
-    }
-
-    /// The file of the plugin called `name`.
-    pub fn path_of(&self, name: &str) -> Result<PathBuf> {
-        let dir = self.dir.as_ref().ok_or_else(|| {
-            Error::invalid_argument(format!("plugin '{name}' is named, but [plugins] dir is not set"))
-        })?;
-        Ok(dir.join(format!("{name}.wasm")))
-    }
-}
-
-/// What one call of a plugin may use.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PluginLimits {
-    /// Wall time per call, in milliseconds.
-    pub timeout_ms: u64,
-    /// Linear memory per instance, in MiB.
-    pub memory_mib: u64,
-    /// Fuel (roughly, instructions) per call; needs `[plugins] fuel = true`.
-    pub fuel: Option<u64>,
-    /// Keep an instance per worker between calls instead of a fresh one
-    /// per call: faster, but state persists between requests of the same
-    /// pipeline. An instance that fails is thrown away.
-    pub reuse_instance: bool,
-}
-
-impl Default for PluginLimits {
-    fn default() -> Self {
-        PluginLimits { timeout_ms: 50, memory_mib: 64, fuel: None, reuse_instance: false }
-    }
-}
 
 /// Which world a plugin implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,8 +190,11 @@ impl Plugin {
         let mut live = match self.instances.take() {
             Ok(live) => live,
             Err(e) => {
-                self.metrics.record("no_instance");
-                return Err(Error::resource_exhausted(format!("{}: no instance available: {e:#}", self.label)));
+                self.metrics.record(PluginFault::NoInstance.label());
+                return Err(Error::plugin(
+                    PluginFault::NoInstance,
+                    format!("{}: no instance available: {e:#}", self.label),
+                ));
             }
         };
         let answer = match &live.instance {
@@ -271,42 +203,42 @@ impl Plugin {
         };
         let stats = CallStats { elapsed: started.elapsed(), peak_memory: live.store.data().limiter.peak };
         self.metrics.seconds.observe(stats.elapsed.as_secs_f64());
-        let (outcome, kind) = match answer {
-            Err(trap) => {
-                let (error, kind) = self.failure(trap, live.store.data());
-                (Err(error), kind)
-            }
-            Ok(Err(PluginError::InvalidInput(message))) => {
-                (Err(Error::invalid_argument(format!("{} rejected the input: {message}", self.label))), "invalid_input")
-            }
+        let outcome = match answer {
+            Err(trap) => Err(self.failure(trap, live.store.data())),
+            Ok(Err(PluginError::InvalidInput(message))) => Err(Error::plugin(
+                PluginFault::InvalidInput,
+                format!("{} rejected the input: {message}", self.label),
+            )),
             Ok(Err(PluginError::Internal(message))) => {
-                (Err(Error::internal(format!("{} failed: {message}", self.label))), "plugin_error")
+                Err(Error::plugin(PluginFault::Failed, format!("{} failed: {message}", self.label)))
             }
-            Ok(Ok(outputs)) => {
-                let converted = outputs
-                    .into_iter()
-                    .map(tensor_in)
-                    .collect::<Result<Vec<_>>>()
-                    .map_err(|e| {
-                        Error::internal(format!("{} returned a malformed tensor: {}", self.label, e.message()))
-                    })
-                    .and_then(|outputs| {
-                        check_declared(&self.label, &self.description.outputs, &outputs)?;
-                        Ok(outputs)
-                    });
-                let kind = if converted.is_ok() { "ok" } else { "bad_output" };
-                (converted, kind)
-            }
+            Ok(Ok(outputs)) => self.check_outputs(outputs),
         };
         live.store.data().flush_output();
+        let fault = match &outcome {
+            Ok(_) => None,
+            Err(Error::Plugin { fault, .. }) => Some(*fault),
+            Err(_) => Some(PluginFault::Trap),
+        };
         // A trapped instance cannot be entered again; others may be kept.
-        self.instances
-            .give_back(live, !matches!(kind, "timeout" | "out_of_memory" | "out_of_fuel" | "stack_overflow" | "trap"));
-        self.metrics.record(kind);
+        self.instances.give_back(live, !fault.is_some_and(PluginFault::poisons_instance));
+        self.metrics.record(fault.map_or("ok", PluginFault::label));
         outcome.map(|outputs| (outputs, stats))
     }
 
-    fn failure(&self, error: wasmtime::Error, state: &HostState) -> (Error, &'static str) {
+    /// What a plugin returned, as host tensors, checked against what it
+    /// declared: the only check of a plugin's outputs, so nothing
+    /// downstream sizes anything from an unchecked one.
+    fn check_outputs(&self, outputs: Vec<bindings::Tensor>) -> Result<Vec<NamedTensor>> {
+        let bad = |e: Error| Error::plugin(PluginFault::BadOutput, format!("{} returned {e}", self.label));
+        let outputs =
+            outputs.into_iter().map(tensor_in).collect::<Result<Vec<_>>>().map_err(|e| bad(e.context("a malformed tensor")))?;
+        check_outputs(&self.label, &self.description.outputs, &outputs)
+            .map_err(|e| Error::plugin(PluginFault::BadOutput, e.message()))?;
+        Ok(outputs)
+    }
+
+    fn failure(&self, error: wasmtime::Error, state: &HostState) -> Error {
         classify(&self.label, &self.limits, error, state)
     }
 }
@@ -319,7 +251,7 @@ fn describe(instances: &Instances, limits: &PluginLimits) -> Result<Description>
         Instance::Preprocessor(i) => i.call_describe(&mut live.store),
         Instance::Postprocessor(i) => i.call_describe(&mut live.store),
     };
-    let info = result.map_err(|e| classify("the plugin", limits, e, live.store.data()).0.context("describe"));
+    let info = result.map_err(|e| classify("the plugin", limits, e, live.store.data()).context("describe"));
     live.store.data().flush_output();
     instances.give_back(live, false);
     let info = info?;
@@ -343,47 +275,57 @@ fn describe(instances: &Instances, limits: &PluginLimits) -> Result<Description>
     })
 }
 
-/// A trap or host error as the client's error — what limit was hit, or
-/// what the guest said before it trapped — and the metric label.
-fn classify(label: &str, limits: &PluginLimits, error: wasmtime::Error, state: &HostState) -> (Error, &'static str) {
+/// A trap or host error as the client's error: what limit was hit, or
+/// what the guest said before it trapped.
+fn classify(label: &str, limits: &PluginLimits, error: wasmtime::Error, state: &HostState) -> Error {
     let said = state.stderr.last_words().map(|l| format!(" (it said: {l})")).unwrap_or_default();
-    match error.downcast_ref::<Trap>() {
+    let (fault, message) = match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => (
-            Error::resource_exhausted(format!(
-                "{label} exceeded its time limit of {} ms and was stopped",
-                limits.timeout_ms
-            )),
-            "timeout",
+            PluginFault::Timeout,
+            format!("{label} exceeded its time limit of {} ms and was stopped", limits.timeout_ms),
         ),
         Some(Trap::OutOfFuel) => (
-            Error::resource_exhausted(format!("{label} ran out of fuel ({} units)", limits.fuel.unwrap_or(u64::MAX))),
-            "out_of_fuel",
+            PluginFault::OutOfFuel,
+            format!("{label} ran out of fuel ({} units)", limits.fuel.unwrap_or(u64::MAX)),
         ),
         _ if state.limiter.memory_denied => (
-            Error::resource_exhausted(format!(
+            PluginFault::OutOfMemory,
+            format!(
                 "{label} tried to grow its memory past its limit of {} MiB and was stopped{said}",
                 limits.memory_mib
-            )),
-            "out_of_memory",
+            ),
         ),
         Some(Trap::StackOverflow) => {
-            (Error::internal(format!("{label} overflowed its stack (runaway recursion?)")), "stack_overflow")
+            (PluginFault::StackOverflow, format!("{label} overflowed its stack (runaway recursion?)"))
         }
         // Rust keeps most of a wasm function's stack in linear memory,
         // below the data; running off its start is an out-of-bounds access.
         Some(Trap::MemoryOutOfBounds) => (
-            Error::internal(format!(
+            PluginFault::StackOverflow,
+            format!(
                 "{label} accessed memory out of bounds (a runaway recursion that overflows the stack ends this way){said}"
-            )),
-            "stack_overflow",
+            ),
         ),
         Some(Trap::UnreachableCodeReached) => (
-            Error::internal(format!("{label} trapped: it reached unreachable code (a panic or an abort){said}")),
-            "trap",
+            PluginFault::Trap,
+            format!("{label} trapped: it reached unreachable code (a panic or an abort){said}"),
         ),
-        Some(trap) => (Error::internal(format!("{label} trapped: {trap}{said}")), "trap"),
-        None => (Error::internal(format!("{label} failed: {error:#}{said}")), "trap"),
-    }
+        Some(trap) => (PluginFault::Trap, format!("{label} trapped: {trap}{said}")),
+        None => (PluginFault::Trap, format!("{label} failed: {error:#}{said}")),
+    };
+    Error::plugin(fault, message)
+}
+
+/// Zeros shaped like `specs` (dynamic dimensions as 1): what a plugin
+/// without a sample is tried with.
+pub fn zeros(specs: &[TensorSpec]) -> Result<Vec<NamedTensor>> {
+    specs
+        .iter()
+        .map(|s| {
+            let shape = s.shape.iter().map(|&d| if d < 0 { 1 } else { d }).collect();
+            Ok(NamedTensor::new(s.name.clone(), Tensor::zeros(s.dtype, shape)?))
+        })
+        .collect()
 }
 
 fn instantiate_pre(engine: &PluginEngine, component: &Component) -> Result<(World, Pre)> {
@@ -414,22 +356,8 @@ fn instantiate_pre(engine: &PluginEngine, component: &Component) -> Result<(Worl
 }
 
 fn dtype_in(d: Dtype) -> DType {
-    match d {
-        Dtype::F32 => DType::F32,
-        Dtype::F64 => DType::F64,
-        Dtype::F16 => DType::F16,
-        Dtype::Bf16 => DType::BF16,
-        Dtype::I8 => DType::I8,
-        Dtype::I16 => DType::I16,
-        Dtype::I32 => DType::I32,
-        Dtype::I64 => DType::I64,
-        Dtype::U8 => DType::U8,
-        Dtype::U16 => DType::U16,
-        Dtype::U32 => DType::U32,
-        Dtype::U64 => DType::U64,
-        Dtype::Boolean => DType::Bool,
-        Dtype::String => DType::String,
-    }
+    // The WIT enum and DType list the dtypes in the same order.
+    DType::from_wit_index(d as u8).expect("the WIT dtype enum and DType agree")
 }
 
 fn dtype_out(d: DType) -> Dtype {
@@ -473,123 +401,20 @@ fn tensor_in(t: bindings::Tensor) -> Result<NamedTensor> {
     let tensor = match dtype {
         DType::String => {
             if !t.data.is_empty() {
-                return Err(Error::internal(format!("string tensor '{name}' carries {} data bytes", t.data.len())));
+                return Err(Error::invalid_argument(format!(
+                    "string tensor '{name}' carries {} data bytes",
+                    t.data.len()
+                )));
             }
             Tensor::from_strings(t.shape, t.strings.into_iter().map(Bytes::from).collect())
         }
         _ => {
             if !t.strings.is_empty() {
-                return Err(Error::internal(format!("{dtype} tensor '{name}' carries strings")));
+                return Err(Error::invalid_argument(format!("{dtype} tensor '{name}' carries strings")));
             }
             Tensor::from_bytes(dtype, t.shape, Bytes::from(t.data))
         }
     }
-    .map_err(|e| Error::internal(format!("tensor '{name}': {}", e.message())))?;
+    .map_err(|e| e.context(format_args!("tensor '{name}'")))?;
     Ok(NamedTensor::new(name, tensor))
-}
-
-/// A pipeline stage that runs a plugin, swappable while it serves.
-///
-/// The interface — what the stage takes and returns — is fixed when the
-/// pipeline is built, because clients and the model rely on it; a swap
-/// replaces the implementation only, with a plugin whose interface is the
-/// same (the registry checks before it swaps). A request takes the plugin
-/// current when it starts and keeps it to the end, so a swap never fails
-/// or mixes a request; the old plugin, with its compiled code and warm
-/// instances, is freed when its last request ends.
-pub struct PluginStage {
-    name: String,
-    current: arc_swap::ArcSwap<Plugin>,
-    inputs: Vec<TensorSpec>,
-    outputs: Vec<TensorSpec>,
-}
-
-impl PluginStage {
-    /// A stage called `name` (the plugin's name in the config) running
-    /// `plugin`, whose declared inputs and outputs become the stage's.
-    pub fn new(name: &str, plugin: Arc<Plugin>) -> PluginStage {
-        PluginStage {
-            name: format!("plugin {name}"),
-            inputs: plugin.description.inputs.clone(),
-            outputs: plugin.description.outputs.clone(),
-            current: arc_swap::ArcSwap::new(plugin),
-        }
-    }
-
-    /// The plugin serving new requests.
-    pub fn current(&self) -> Arc<Plugin> {
-        self.current.load_full()
-    }
-
-    /// Checks that `plugin` has this stage's interface: the same inputs
-    /// and outputs, name for name, dtype for dtype, shape for shape.
-    pub fn accepts(&self, plugin: &Plugin) -> Result<()> {
-        let same = |what: &str, have: &[TensorSpec], given: &[TensorSpec]| {
-            if have == given {
-                return Ok(());
-            }
-            let list = |specs: &[TensorSpec]| specs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
-            Err(Error::invalid_argument(format!(
-                "{} declares {what} [{}], but the stage's {what} are [{}]; a swap keeps the interface clients and \
-                 the model rely on",
-                plugin.label(),
-                list(given),
-                list(have)
-            )))
-        };
-        same("inputs", &self.inputs, &plugin.description.inputs)?;
-        same("outputs", &self.outputs, &plugin.description.outputs)
-    }
-
-    /// Serves new requests with `plugin` from now on; requests in flight
-    /// finish on the plugin they started with.
-    pub fn swap(&self, plugin: Arc<Plugin>) -> Result<()> {
-        self.accepts(&plugin)?;
-        self.current.store(plugin);
-        Ok(())
-    }
-}
-
-impl Stage for PluginStage {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn inputs(&self) -> &[TensorSpec] {
-        &self.inputs
-    }
-
-    fn outputs(&self) -> &[TensorSpec] {
-        &self.outputs
-    }
-
-    fn process(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
-        // The batch: the rows of the first input declared with a free
-        // dimension 0.
-        let rows = self
-            .inputs()
-            .iter()
-            .filter(|spec| spec.shape.first() == Some(&-1))
-            .find_map(|spec| inputs.iter().find(|t| t.name == spec.name))
-            .map(|t| t.tensor.rows());
-        let plugin = self.current.load_full();
-        let outputs = plugin.call(inputs)?;
-        // Rows in, the same rows out: a plugin must not invent or drop rows.
-        if let Some(rows) = rows {
-            for (output, spec) in outputs.iter().zip(self.outputs()) {
-                if spec.shape.first() == Some(&-1) && output.tensor.rows() != rows {
-                    return Err(Error::new(
-                        Code::Internal,
-                        format!(
-                            "{} returned {} rows in '{}' for a request of {rows}",
-                            plugin.label(),
-                            output.tensor.rows(),
-                            output.name
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(outputs)
-    }
 }

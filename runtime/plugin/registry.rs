@@ -21,12 +21,25 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::store::{sha256_hex, write_atomically};
-use super::{Plugin, PluginEngine, PluginStage, PluginsConfig, World};
-use crate::api::metrics::Metrics;
+use super::{Plugin, PluginEngine, PluginsConfig};
 use crate::config::check_name;
-use crate::error::{Code, Error, Result};
-use crate::models::ServedModel;
-use crate::pipeline::fits;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// A place in a pipeline that runs a plugin: what the registry needs from
+/// a pipeline stage to check an upload against it and to swap it, without
+/// knowing what a pipeline is. `pipeline::stages::plugin` implements it.
+pub trait PluginSlot: Send + Sync {
+    /// The pipeline the slot belongs to.
+    fn pipeline(&self) -> &str;
+    /// The team that owns that pipeline; `None`: admins only.
+    fn team(&self) -> Option<&str>;
+    /// Checks that `plugin` may serve here: the right world, the slot's
+    /// interface, and it fits every version of the pipeline's model.
+    fn accepts(&self, plugin: &Plugin) -> Result<()>;
+    /// Serves new requests with `plugin` from now on (checked first).
+    fn swap(&self, plugin: Arc<Plugin>) -> Result<()>;
+}
 
 /// Who is calling, as the admin API authenticated them.
 #[derive(Debug, Clone)]
@@ -77,18 +90,10 @@ pub struct Manifest {
     pub versions: Vec<StoredVersion>,
 }
 
-/// A pipeline stage running a plugin.
-struct Binding {
-    pipeline: String,
-    team: Option<String>,
-    world: World,
-    stage: Arc<PluginStage>,
-    model: Arc<ServedModel>,
-}
-
 struct State {
     manifests: BTreeMap<String, Manifest>,
-    bindings: BTreeMap<String, Vec<Binding>>,
+    /// The slots running each plugin, by plugin name.
+    bindings: BTreeMap<String, Vec<Arc<dyn PluginSlot>>>,
 }
 
 /// Stored plugin versions and the stages that run them.
@@ -178,19 +183,9 @@ impl PluginRegistry {
         Plugin::load(&self.engine, bytes, self.config.limits_of(name), Some(&self.metrics))
     }
 
-    /// Records that `stage` of `pipeline` (owned by `team`) runs plugin
-    /// `name`, so that activations reach it.
-    pub fn bind(
-        &self,
-        name: &str,
-        pipeline: &str,
-        team: Option<&str>,
-        world: World,
-        stage: Arc<PluginStage>,
-        model: Arc<ServedModel>,
-    ) -> Result<()> {
-        let binding = Binding { pipeline: pipeline.to_string(), team: team.map(str::to_string), world, stage, model };
-        self.lock()?.bindings.entry(name.to_string()).or_default().push(binding);
+    /// Records that `slot` runs plugin `name`, so that activations reach it.
+    pub fn bind(&self, name: &str, slot: Arc<dyn PluginSlot>) -> Result<()> {
+        self.lock()?.bindings.entry(name.to_string()).or_default().push(slot);
         Ok(())
     }
 
@@ -200,7 +195,7 @@ impl PluginRegistry {
         let names: Vec<&String> = state
             .bindings
             .iter()
-            .filter(|(_, bindings)| bindings.iter().any(|b| b.pipeline == pipeline))
+            .filter(|(_, bindings)| bindings.iter().any(|b| b.pipeline() == pipeline))
             .map(|(name, _)| name)
             .collect();
         match names.as_slice() {
@@ -216,14 +211,11 @@ impl PluginRegistry {
     /// owner of every pipeline running it.
     fn authorize(&self, state: &State, caller: &Caller, name: &str) -> Result<()> {
         let denied = |what: String| {
-            Error::new(
-                Code::PermissionDenied,
-                format!(
-                    "token '{}' (team {:?}) may not change {what}",
-                    caller.token_id,
-                    caller.team.as_deref().unwrap_or("none")
-                ),
-            )
+            Error::PermissionDenied(format!(
+                "token '{}' (team {:?}) may not change {what}",
+                caller.token_id,
+                caller.team.as_deref().unwrap_or("none")
+            ))
         };
         if let Some(manifest) = state.manifests.get(name) {
             if !caller.may(manifest.team.as_deref()) {
@@ -234,11 +226,11 @@ impl PluginRegistry {
             }
         }
         for binding in state.bindings.get(name).into_iter().flatten() {
-            if !caller.may(binding.team.as_deref()) {
+            if !caller.may(binding.team()) {
                 return Err(denied(format!(
                     "plugin '{name}': pipeline '{}' runs it and belongs to team {:?}",
-                    binding.pipeline,
-                    binding.team.as_deref().unwrap_or("none (admins only)")
+                    binding.pipeline(),
+                    binding.team().unwrap_or("none (admins only)")
                 )));
             }
         }
@@ -249,32 +241,21 @@ impl PluginRegistry {
     /// `describe`, runs its sample (or zeros shaped like its inputs) under
     /// the real limits, and fits every stage that runs `name`.
     fn validate(&self, state: &State, name: &str, bytes: &[u8]) -> Result<Plugin> {
-        let refused = |e: Error| Error::new(Code::Unprocessable, format!("plugin '{name}' refused: {}", e.message()));
+        let refused = |e: Error| e.into_unprocessable(format_args!("plugin '{name}' refused"));
         let plugin = self.load(name, bytes).map_err(refused)?;
         if plugin.description().sample.is_none() {
-            let zeros = super::check::zeros(&plugin.description().inputs).map_err(refused)?;
+            let zeros = super::zeros(&plugin.description().inputs).map_err(refused)?;
             plugin.call(zeros).map_err(|e| refused(e.context("on zeros shaped like its declared inputs")))?;
         }
-        for binding in state.bindings.get(name).into_iter().flatten() {
-            let at = |e: Error| refused(e.context(format_args!("for pipeline '{}'", binding.pipeline)));
-            if plugin.world() != binding.world {
-                return Err(at(Error::invalid_argument(format!(
-                    "it is a {}, but the stage runs a {}",
-                    plugin.world(),
-                    binding.world
-                ))));
-            }
-            for version in binding.model.versions() {
-                fits_model(&plugin, binding.world, version).map_err(at)?;
-            }
-            binding.stage.accepts(&plugin).map_err(at)?;
+        for slot in state.bindings.get(name).into_iter().flatten() {
+            slot.accepts(&plugin).map_err(|e| refused(e.context(format_args!("for pipeline '{}'", slot.pipeline()))))?;
         }
         Ok(plugin)
     }
 
     /// Validates and stores `bytes` as the next version of `name`.
     pub fn upload(&self, caller: &Caller, name: &str, bytes: &[u8]) -> Result<StoredVersion> {
-        check_name("plugin name", name).map_err(Error::invalid_argument)?;
+        check_name("plugin name", name)?;
         let mut state = self.lock()?;
         self.authorize(&state, caller, name)?;
         let plugin = self.validate(&state, name, bytes)?;
@@ -287,7 +268,7 @@ impl PluginRegistry {
         let mut manifest = state.manifests.get(name).cloned().unwrap_or_else(|| Manifest {
             name: name.to_string(),
             team: if caller.admin {
-                state.bindings.get(name).and_then(|b| b.first()?.team.clone())
+                state.bindings.get(name).and_then(|b| b.first()?.team().map(str::to_string))
             } else {
                 caller.team.clone()
             },
@@ -368,9 +349,9 @@ impl PluginRegistry {
             }
         }
         self.write_manifest(&manifest)?;
-        for (binding, plugin) in bindings.iter().zip(loaded) {
-            binding.stage.swap(plugin)?;
-            tracing::info!(plugin = %name, version, pipeline = %binding.pipeline, token_id = %caller.token_id, "swapped");
+        for (slot, plugin) in bindings.iter().zip(loaded) {
+            slot.swap(plugin)?;
+            tracing::info!(plugin = %name, version, pipeline = %slot.pipeline(), token_id = %caller.token_id, "swapped");
         }
         Ok(manifest)
     }
@@ -418,7 +399,7 @@ impl PluginRegistry {
         let state = self.lock()?;
         let manifest = state.manifests.get(name).ok_or_else(|| no_plugin(name))?;
         if !caller.may(manifest.team.as_deref()) {
-            return Err(Error::new(Code::PermissionDenied, format!("plugin '{name}' belongs to another team")));
+            return Err(Error::PermissionDenied(format!("plugin '{name}' belongs to another team")));
         }
         Ok(manifest.clone())
     }
@@ -452,43 +433,26 @@ impl PluginRegistry {
     }
 }
 
-fn read_manifest(path: &Path) -> std::result::Result<Manifest, String> {
-    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| format!("not a manifest: {e}"))?;
+fn read_manifest(path: &Path) -> Result<Manifest> {
+    let bytes = std::fs::read(path).map_err(|e| Error::internal(e.to_string()))?;
+    let manifest: Manifest =
+        serde_json::from_slice(&bytes).map_err(|e| Error::internal(format!("not a manifest: {e}")))?;
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
     if manifest.name != stem {
-        return Err(format!("it names plugin '{}', but the file is {stem}.json", manifest.name));
+        return Err(Error::internal(format!("it names plugin '{}', but the file is {stem}.json", manifest.name)));
     }
     check_name("name", &manifest.name)?;
     if let Some(active) = manifest.active {
         if !manifest.versions.iter().any(|v| v.version == active) {
-            return Err(format!("active version {active} is not among its versions"));
+            return Err(Error::internal(format!("active version {active} is not among its versions")));
         }
     }
     if let Some(bad) =
         manifest.versions.iter().find(|v| v.sha256.len() != 64 || !v.sha256.bytes().all(|b| b.is_ascii_hexdigit()))
     {
-        return Err(format!("version {} has a malformed sha256 \"{}\"", bad.version, bad.sha256));
+        return Err(Error::internal(format!("version {} has a malformed sha256 \"{}\"", bad.version, bad.sha256)));
     }
     Ok(manifest)
-}
-
-/// A preprocessor's outputs must feed the model's inputs; a postprocessor's
-/// inputs must be the model's outputs.
-fn fits_model(plugin: &Plugin, world: World, version: &crate::models::ModelVersion) -> Result<()> {
-    let model = version.signature();
-    let description = plugin.description();
-    let (wanted, given, role) = match world {
-        World::Preprocessor => (&model.inputs, &description.outputs, "outputs"),
-        World::Postprocessor => (&description.inputs, &model.outputs, "inputs"),
-    };
-    for want in wanted {
-        let have = given.iter().find(|g| g.name == want.name).ok_or_else(|| {
-            Error::invalid_argument(format!("its {role} do not fit {version}: '{}' is missing", want.name))
-        })?;
-        fits(have, want).map_err(|e| e.context(format_args!("its {role} do not fit {version}")))?;
-    }
-    Ok(())
 }
 
 fn no_plugin(name: &str) -> Error {

@@ -1,229 +1,50 @@
-//! Element types sluice serves, and their names in TensorFlow and ONNX.
-//!
-//! `DType` is the set both sides support: every TensorFlow dtype that has an
-//! ONNX Runtime counterpart. Quantized, complex, resource and variant types
-//! are refused at the edge with a message naming them.
+//! Element types: the one [`DType`] is the SDK's (`sluice_sdk::DType`),
+//! shared with plugins; this module adds what only the host needs, the
+//! mapping to ONNX Runtime's element types.
 
-use std::fmt;
+pub use sluice_sdk::{DType, UnservedDType};
 
-/// The element type of a tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    /// 32-bit float (`DT_FLOAT`).
-    F32,
-    /// 64-bit float (`DT_DOUBLE`).
-    F64,
-    /// IEEE 754 half (`DT_HALF`).
-    F16,
-    /// bfloat16 (`DT_BFLOAT16`).
-    BF16,
-    /// `DT_INT8`.
-    I8,
-    /// `DT_INT16`.
-    I16,
-    /// `DT_INT32`.
-    I32,
-    /// `DT_INT64`.
-    I64,
-    /// `DT_UINT8`.
-    U8,
-    /// `DT_UINT16`.
-    U16,
-    /// `DT_UINT32`.
-    U32,
-    /// `DT_UINT64`.
-    U64,
-    /// `DT_BOOL`, one byte per value, 0 or 1.
-    Bool,
-    /// `DT_STRING`: byte strings of any length.
-    String,
-}
-
-impl DType {
-    /// Every dtype, in TensorFlow's enum order.
-    pub const ALL: [DType; 14] = [
-        DType::F32,
-        DType::F64,
-        DType::I32,
-        DType::U8,
-        DType::I16,
-        DType::I8,
-        DType::String,
-        DType::I64,
-        DType::Bool,
-        DType::BF16,
-        DType::U16,
-        DType::F16,
-        DType::U32,
-        DType::U64,
-    ];
-
-    /// Size of one element in bytes; `None` for strings.
-    pub const fn size(self) -> Option<usize> {
-        Some(match self {
-            DType::I8 | DType::U8 | DType::Bool => 1,
-            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
-            DType::F32 | DType::I32 | DType::U32 => 4,
-            DType::F64 | DType::I64 | DType::U64 => 8,
-            DType::String => return None,
-        })
-    }
-
-    /// TensorFlow's `DataType` number.
-    pub const fn to_tf(self) -> i32 {
-        match self {
-            DType::F32 => 1,
-            DType::F64 => 2,
-            DType::I32 => 3,
-            DType::U8 => 4,
-            DType::I16 => 5,
-            DType::I8 => 6,
-            DType::String => 7,
-            DType::I64 => 9,
-            DType::Bool => 10,
-            DType::BF16 => 14,
-            DType::U16 => 17,
-            DType::F16 => 19,
-            DType::U32 => 22,
-            DType::U64 => 23,
-        }
-    }
-
-    /// The dtype for a TensorFlow `DataType` number, or why it is not served.
-    pub fn from_tf(number: i32) -> Result<DType, String> {
-        Ok(match number {
-            1 => DType::F32,
-            2 => DType::F64,
-            3 => DType::I32,
-            4 => DType::U8,
-            5 => DType::I16,
-            6 => DType::I8,
-            7 => DType::String,
-            9 => DType::I64,
-            10 => DType::Bool,
-            14 => DType::BF16,
-            17 => DType::U16,
-            19 => DType::F16,
-            22 => DType::U32,
-            23 => DType::U64,
-            0 => return Err("DT_INVALID (0): the dtype field is not set".to_string()),
-            other => {
-                let name = tf_name_of_unserved(other);
-                return Err(format!("{name} ({other}) is not supported; supported: {}", supported_list()));
-            }
-        })
-    }
-
-    /// TensorFlow's name, as clients know it: `DT_FLOAT`, `DT_INT64`, …
-    pub const fn tf_name(self) -> &'static str {
-        match self {
-            DType::F32 => "DT_FLOAT",
-            DType::F64 => "DT_DOUBLE",
-            DType::F16 => "DT_HALF",
-            DType::BF16 => "DT_BFLOAT16",
-            DType::I8 => "DT_INT8",
-            DType::I16 => "DT_INT16",
-            DType::I32 => "DT_INT32",
-            DType::I64 => "DT_INT64",
-            DType::U8 => "DT_UINT8",
-            DType::U16 => "DT_UINT16",
-            DType::U32 => "DT_UINT32",
-            DType::U64 => "DT_UINT64",
-            DType::Bool => "DT_BOOL",
-            DType::String => "DT_STRING",
-        }
-    }
-
-    /// The dtype for a TensorFlow name (`DT_FLOAT`) or a short one (`float32`, `f32`).
-    pub fn parse(name: &str) -> Option<DType> {
-        let lower = name.to_ascii_lowercase();
-        let short = lower.strip_prefix("dt_").unwrap_or(&lower);
-        Some(match short {
-            "float" | "float32" | "f32" => DType::F32,
-            "double" | "float64" | "f64" => DType::F64,
-            "half" | "float16" | "f16" => DType::F16,
-            "bfloat16" | "bf16" => DType::BF16,
-            "int8" | "i8" => DType::I8,
-            "int16" | "i16" => DType::I16,
-            "int32" | "i32" => DType::I32,
-            "int64" | "i64" => DType::I64,
-            "uint8" | "u8" => DType::U8,
-            "uint16" | "u16" => DType::U16,
-            "uint32" | "u32" => DType::U32,
-            "uint64" | "u64" => DType::U64,
-            "bool" => DType::Bool,
-            "string" | "bytes" => DType::String,
-            _ => return None,
-        })
-    }
-
-    /// The ONNX Runtime element type.
-    pub fn to_ort(self) -> ort::value::TensorElementType {
+/// The ONNX Runtime element type of `dtype`.
+pub fn to_ort(dtype: DType) -> ort::value::TensorElementType {
         use ort::value::TensorElementType as T;
-        match self {
-            DType::F32 => T::Float32,
-            DType::F64 => T::Float64,
-            DType::F16 => T::Float16,
-            DType::BF16 => T::Bfloat16,
-            DType::I8 => T::Int8,
-            DType::I16 => T::Int16,
-            DType::I32 => T::Int32,
-            DType::I64 => T::Int64,
-            DType::U8 => T::Uint8,
-            DType::U16 => T::Uint16,
-            DType::U32 => T::Uint32,
-            DType::U64 => T::Uint64,
-            DType::Bool => T::Bool,
-            DType::String => T::String,
-        }
+    match dtype {
+        DType::F32 => T::Float32,
+        DType::F64 => T::Float64,
+        DType::F16 => T::Float16,
+        DType::BF16 => T::Bfloat16,
+        DType::I8 => T::Int8,
+        DType::I16 => T::Int16,
+        DType::I32 => T::Int32,
+        DType::I64 => T::Int64,
+        DType::U8 => T::Uint8,
+        DType::U16 => T::Uint16,
+        DType::U32 => T::Uint32,
+        DType::U64 => T::Uint64,
+        DType::Bool => T::Bool,
+        DType::String => T::String,
     }
+}
 
-    /// The dtype for an ONNX Runtime element type, if sluice serves it.
-    pub fn from_ort(ty: ort::value::TensorElementType) -> Option<DType> {
+/// The dtype of an ONNX Runtime element type, if sluice serves it.
+pub fn from_ort(ty: ort::value::TensorElementType) -> Option<DType> {
         use ort::value::TensorElementType as T;
-        Some(match ty {
-            T::Float32 => DType::F32,
-            T::Float64 => DType::F64,
-            T::Float16 => DType::F16,
-            T::Bfloat16 => DType::BF16,
-            T::Int8 => DType::I8,
-            T::Int16 => DType::I16,
-            T::Int32 => DType::I32,
-            T::Int64 => DType::I64,
-            T::Uint8 => DType::U8,
-            T::Uint16 => DType::U16,
-            T::Uint32 => DType::U32,
-            T::Uint64 => DType::U64,
-            T::Bool => DType::Bool,
-            T::String => DType::String,
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.tf_name())
-    }
-}
-
-fn supported_list() -> String {
-    DType::ALL.iter().map(|d| d.tf_name()).collect::<Vec<_>>().join(", ")
-}
-
-fn tf_name_of_unserved(number: i32) -> &'static str {
-    match number {
-        8 => "DT_COMPLEX64",
-        11 => "DT_QINT8",
-        12 => "DT_QUINT8",
-        13 => "DT_QINT32",
-        15 => "DT_QINT16",
-        16 => "DT_QUINT16",
-        18 => "DT_COMPLEX128",
-        20 => "DT_RESOURCE",
-        21 => "DT_VARIANT",
-        _ => "unknown dtype",
-    }
+    Some(match ty {
+        T::Float32 => DType::F32,
+        T::Float64 => DType::F64,
+        T::Float16 => DType::F16,
+        T::Bfloat16 => DType::BF16,
+        T::Int8 => DType::I8,
+        T::Int16 => DType::I16,
+        T::Int32 => DType::I32,
+        T::Int64 => DType::I64,
+        T::Uint8 => DType::U8,
+        T::Uint16 => DType::U16,
+        T::Uint32 => DType::U32,
+        T::Uint64 => DType::U64,
+        T::Bool => DType::Bool,
+        T::String => DType::String,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -231,19 +52,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tf_numbers_round_trip() {
-        for dtype in DType::ALL {
-            assert_eq!(DType::from_tf(dtype.to_tf()), Ok(dtype));
-            assert_eq!(DType::parse(dtype.tf_name()), Some(dtype));
-            assert_eq!(DType::from_ort(dtype.to_ort()), Some(dtype));
+    fn ort_types_round_trip() {
+        for dtype in DType::WIT_ORDER {
+            assert_eq!(from_ort(to_ort(dtype)), Some(dtype));
         }
-    }
-
-    #[test]
-    fn unserved_dtypes_are_named() {
-        let err = DType::from_tf(8).unwrap_err();
-        assert!(err.contains("DT_COMPLEX64"), "{err}");
-        assert!(err.contains("DT_FLOAT"), "{err}");
-        assert!(DType::from_tf(0).unwrap_err().contains("not set"));
     }
 }

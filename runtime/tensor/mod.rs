@@ -9,13 +9,15 @@
 //! Submodules convert to and from the wire and the engine:
 //! [`proto`] (TensorFlow's `TensorProto`), [`onnx`] (ONNX Runtime values),
 //! [`batch`] (joining requests into a batch and splitting it again),
-//! [`json`] (TF Serving's REST form).
+//! [`json`] (TF Serving's REST form); [`spec`] holds signatures and the
+//! checks of tensors against them.
 
 pub mod batch;
-mod dtype;
+pub mod dtype;
 pub mod json;
 pub mod onnx;
 pub mod proto;
+pub mod spec;
 
 use bytes::Bytes;
 
@@ -57,20 +59,42 @@ impl NamedTensor {
 
 /// Number of elements of `shape`, or why it is not a valid tensor shape:
 /// a negative dimension, or a product that overflows.
-pub fn element_count(shape: &[i64]) -> Result<usize, String> {
+pub fn element_count(shape: &[i64]) -> Result<usize> {
     let mut count: usize = 1;
     for (axis, &dim) in shape.iter().enumerate() {
         if dim < 0 {
-            return Err(format!("dimension {axis} is {dim} in shape {}; dimensions must be >= 0", format_shape(shape)));
+            return Err(Error::invalid_argument(format!(
+                "dimension {axis} is {dim} in shape {}; dimensions must be >= 0",
+                format_shape(shape)
+            )));
         }
         count = usize::try_from(dim).ok().and_then(|d| count.checked_mul(d)).ok_or_else(|| {
-            format!(
+            Error::invalid_argument(format!(
                 "shape {} has more elements than fit in memory (the product of its dimensions overflows)",
                 format_shape(shape)
-            )
+            ))
         })?;
     }
     Ok(count)
+}
+
+/// The bytes a tensor of `dtype` and `shape` takes in memory (a string
+/// counts its handle), checked against `limit` before anything is
+/// allocated: every tensor whose size comes from someone else's numbers —
+/// a client's shape, a broadcast, a plugin's declaration — is sized here.
+/// `what` names the tensor in the error, which names the limit.
+pub fn tensor_bytes(dtype: DType, shape: &[i64], limit: usize, what: &str) -> Result<usize> {
+    let count = element_count(shape)?;
+    let size = dtype.size().unwrap_or(std::mem::size_of::<Bytes>());
+    match count.checked_mul(size) {
+        Some(bytes) if bytes <= limit => Ok(bytes),
+        bytes => Err(Error::resource_exhausted(format!(
+            "{what} of shape {} would take {} bytes, more than the limit of {limit} bytes per tensor \
+             (server.max_tensor_bytes)",
+            format_shape(shape),
+            bytes.map_or_else(|| "more than 2^64".to_string(), |b| b.to_string())
+        ))),
+    }
 }
 
 /// `[2, 64]`, as shapes appear in messages.
@@ -102,7 +126,7 @@ impl Tensor {
                 "{dtype} values cannot be given as raw bytes; use string_val"
             )));
         };
-        let count = element_count(&shape).map_err(Error::invalid_argument)?;
+        let count = element_count(&shape)?;
         let expected = count
             .checked_mul(size)
             .ok_or_else(|| Error::invalid_argument(format!("shape {} is too large", format_shape(&shape))))?;
@@ -126,7 +150,7 @@ impl Tensor {
 
     /// A string tensor, checked against the shape.
     pub fn from_strings(shape: Vec<i64>, strings: Vec<Bytes>) -> Result<Tensor> {
-        let count = element_count(&shape).map_err(Error::invalid_argument)?;
+        let count = element_count(&shape)?;
         if strings.len() != count {
             return Err(Error::invalid_argument(format!(
                 "{} strings given, but shape {} needs {count}",
@@ -158,7 +182,7 @@ impl Tensor {
 
     /// A tensor of zeros (empty strings, false) of this dtype and shape.
     pub fn zeros(dtype: DType, shape: Vec<i64>) -> Result<Tensor> {
-        let count = element_count(&shape).map_err(Error::invalid_argument)?;
+        let count = element_count(&shape)?;
         let data = match dtype.size() {
             Some(size) => TensorData::Fixed(Bytes::from(vec![0u8; count * size])),
             None => TensorData::Strings(vec![Bytes::new(); count]),
@@ -260,9 +284,9 @@ mod tests {
         assert_eq!(element_count(&[2, 0, 5]), Ok(0));
         assert_eq!(element_count(&[3, 4]), Ok(12));
         let neg = element_count(&[2, -1]).unwrap_err();
-        assert!(neg.contains("dimension 1 is -1"), "{neg}");
+        assert!(neg.message().contains("dimension 1 is -1"), "{neg}");
         let big = element_count(&[1 << 40, 1 << 40]).unwrap_err();
-        assert!(big.contains("overflows"), "{big}");
+        assert!(big.message().contains("overflows"), "{big}");
     }
 
     #[test]

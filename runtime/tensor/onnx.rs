@@ -108,7 +108,7 @@ pub fn from_value(value: &DynValue) -> Result<Tensor> {
     let ValueType::Tensor { ty, .. } = value.dtype() else {
         return Err(Error::internal(format!("the model returned a {} where a tensor was expected", value.dtype())));
     };
-    let dtype = DType::from_ort(*ty).ok_or_else(|| {
+    let dtype = super::dtype::from_ort(*ty).ok_or_else(|| {
         Error::internal(format!("the model returned a tensor of {ty:?}, which sluice does not serve"))
     })?;
     fn copy<T: Element + ort::value::PrimitiveTensorElementType>(value: &DynValue) -> Result<(Vec<i64>, Bytes)> {

@@ -11,20 +11,9 @@
 use bytes::Bytes;
 
 use super::{element_count, format_shape, DType, Tensor, TensorData};
+use crate::config::OutputEncoding;
 use crate::error::{Error, Result};
 use crate::proto::tensorflow::{tensor_shape_proto, TensorProto, TensorShapeProto};
-
-/// How numeric outputs are written into a `TensorProto`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum OutputEncoding {
-    /// Typed fields (`float_val`, `int64_val`, …): what TF Serving sends by
-    /// default, and what client code reading `.float_val` expects.
-    #[default]
-    TypedFields,
-    /// Packed `tensor_content`: one copy of the bytes, the fastest.
-    TensorContent,
-}
 
 /// Decodes the tensor a client sent as input `name`.
 pub fn decode(name: &str, proto: TensorProto) -> Result<Tensor> {
@@ -34,7 +23,7 @@ pub fn decode(name: &str, proto: TensorProto) -> Result<Tensor> {
 fn decode_inner(mut proto: TensorProto) -> Result<Tensor> {
     let dtype = DType::from_tf(proto.dtype).map_err(|e| Error::invalid_argument(format!("dtype {e}")))?;
     let shape = decode_shape(proto.tensor_shape.take())?;
-    let count = element_count(&shape).map_err(Error::invalid_argument)?;
+    let count = element_count(&shape)?;
     check_no_foreign_values(dtype, &proto)?;
     if dtype == DType::String {
         if !proto.tensor_content.is_empty() {

@@ -32,6 +32,7 @@
 
 #![deny(missing_docs)]
 
+mod dtype;
 mod tensor;
 pub mod testing;
 pub mod transforms;
@@ -39,7 +40,8 @@ pub mod transforms;
 use std::fmt;
 use std::sync::OnceLock;
 
-pub use self::tensor::{DType, Element, Inputs, Tensor, TensorSpec};
+pub use self::dtype::{DType, UnservedDType};
+pub use self::tensor::{Element, Inputs, Tensor, TensorSpec};
 
 #[doc(hidden)]
 pub use wit_bindgen as __wit_bindgen;

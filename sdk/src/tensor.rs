@@ -3,53 +3,8 @@
 
 use std::borrow::Cow;
 
+pub use crate::dtype::DType;
 use crate::PluginError;
-
-/// Element types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    /// 32-bit float.
-    F32,
-    /// 64-bit float.
-    F64,
-    /// IEEE half (raw bits as u16).
-    F16,
-    /// bfloat16 (raw bits as u16).
-    BF16,
-    /// Signed 8-bit.
-    I8,
-    /// Signed 16-bit.
-    I16,
-    /// Signed 32-bit.
-    I32,
-    /// Signed 64-bit.
-    I64,
-    /// Unsigned 8-bit.
-    U8,
-    /// Unsigned 16-bit.
-    U16,
-    /// Unsigned 32-bit.
-    U32,
-    /// Unsigned 64-bit.
-    U64,
-    /// Boolean, one byte, 0 or 1.
-    Bool,
-    /// Byte strings.
-    String,
-}
-
-impl DType {
-    /// Bytes per element; `None` for strings.
-    pub const fn size(self) -> Option<usize> {
-        Some(match self {
-            DType::I8 | DType::U8 | DType::Bool => 1,
-            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
-            DType::F32 | DType::I32 | DType::U32 => 4,
-            DType::F64 | DType::I64 | DType::U64 => 8,
-            DType::String => return None,
-        })
-    }
-}
 
 /// A fixed-width element type a tensor can be viewed as.
 pub trait Element: Copy + 'static {

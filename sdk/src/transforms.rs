@@ -22,10 +22,25 @@ pub struct ImageNormalize {
 /// `channels` is `mean.len()`; `pixels` must hold `rows × in_h × in_w ×
 /// channels` bytes and `in_h`, `in_w` must be at least 1.
 pub fn image_normalize(params: &ImageNormalize, pixels: &[u8], rows: usize, in_h: usize, in_w: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * params.mean.len() * params.height * params.width];
+    image_normalize_into(params, pixels, rows, in_h, in_w, &mut out);
+    out
+}
+
+/// [`image_normalize`] into `out`, which holds `rows × channels × height ×
+/// width` values: lets a caller bound and reuse the buffer, and work in
+/// pieces of a few rows.
+pub fn image_normalize_into(
+    params: &ImageNormalize,
+    pixels: &[u8],
+    rows: usize,
+    in_h: usize,
+    in_w: usize,
+    out: &mut [f32],
+) {
     let c = params.mean.len();
     let (h, w) = (params.height, params.width);
     let inv_std: Vec<f32> = params.std.iter().map(|s| 1.0 / s).collect();
-    let mut out = vec![0f32; rows * c * h * w];
     let sy = in_h as f32 / h as f32;
     let sx = in_w as f32 / w as f32;
     for n in 0..rows {
@@ -49,7 +64,6 @@ pub fn image_normalize(params: &ImageNormalize, pixels: &[u8], rows: usize, in_h
             }
         }
     }
-    out
 }
 
 #[cfg(test)]

@@ -4,13 +4,15 @@
 
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sluice::bench::process::ServerProcess;
+pub use self::process::ServerProcess;
 use sluice::proto::tensorflow::serving::model_service_client::ModelServiceClient;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use sluice::proto::tensorflow::serving::{model_spec, ModelSpec, PredictRequest};

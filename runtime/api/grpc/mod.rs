@@ -1,51 +1,25 @@
 //! The gRPC API: TF Serving's `PredictionService` and `ModelService` at TF
 //! Serving's paths, so existing TF Serving clients work unchanged.
 //!
-//! Each call gets a request id (the client's `x-request-id`, or a new one),
-//! runs in a tracing span carrying it, and returns it in the response
-//! metadata — on errors too. Errors become `tonic::Status` through the
-//! runtime's one error mapping.
+//! Each call gets a [`RequestContext`] (the client's `x-request-id` or a new
+//! one, its `grpc-timeout` as the deadline, a tracing span), runs through
+//! [`serve`], and returns the id in the response metadata — on errors too.
+//! Errors become `tonic::Status` through the runtime's one error mapping.
 
 mod model_service;
 mod prediction;
 
-use std::future::Future;
-use std::sync::Arc;
-
 use tonic::metadata::{MetadataMap, MetadataValue};
-use tonic::{Response, Status};
+use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 pub use self::model_service::ModelStatusApi;
 pub use self::prediction::{served_spec, signature_def, PredictionApi};
-use super::health::PhaseCell;
-use super::metrics::Metrics;
-use super::predict::{request_id, RequestMeter, Target, REQUEST_ID};
-use crate::error::Result;
+use super::context::{RequestContext, ServingState, REQUEST_ID};
+use crate::error::{Error, Result};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
-use crate::pipeline::Endpoints;
 use crate::proto::tensorflow::serving::{model_spec, ModelSpec};
-use crate::tensor::proto::OutputEncoding;
-
-/// What the gRPC services share.
-#[derive(Clone)]
-pub struct ServingState {
-    /// Every name clients can call.
-    pub endpoints: Arc<Endpoints>,
-    /// How numeric outputs are written.
-    pub output_encoding: OutputEncoding,
-    /// Request counts and latencies.
-    pub metrics: Arc<Metrics>,
-    /// Ready or draining: calls that arrive on an open connection while
-    /// the server drains are refused.
-    pub phase: Arc<PhaseCell>,
-}
-
-/// The deadline a client set with `grpc-timeout`.
-pub fn deadline_of(metadata: &MetadataMap) -> Deadline {
-    Deadline::from_grpc_timeout(metadata.get("grpc-timeout").and_then(|v| v.to_str().ok()))
-}
 
 /// The version choice a model spec makes.
 pub fn version_choice(spec: &ModelSpec) -> VersionChoice<'_> {
@@ -58,52 +32,49 @@ pub fn version_choice(spec: &ModelSpec) -> VersionChoice<'_> {
 
 /// The request's model spec, which every call needs.
 pub fn required_spec(spec: Option<&ModelSpec>) -> Result<&ModelSpec> {
-    spec.ok_or_else(|| crate::error::Error::invalid_argument("model_spec is missing; set model_spec.name"))
+    spec.ok_or_else(|| Error::invalid_argument("model_spec is missing; set model_spec.name"))
 }
 
-/// The name a request asks for, for its log span and metrics (empty when
-/// the spec is missing).
-pub fn spec_name(spec: Option<&ModelSpec>) -> String {
-    spec.map(|s| s.name.clone()).unwrap_or_default()
+/// The context of a gRPC call asking for the model `spec` names: its id
+/// from `x-request-id`, its deadline from `grpc-timeout`.
+fn context<T>(state: &ServingState, api: &'static str, request: &Request<T>, spec: Option<&ModelSpec>) -> RequestContext {
+    let metadata = request.metadata();
+    let deadline = Deadline::from_grpc_timeout(metadata.get("grpc-timeout").and_then(|v| v.to_str().ok()));
+    let id = metadata.get(REQUEST_ID).and_then(|v| v.to_str().ok());
+    RequestContext::new(&state.metrics, api, "grpc", id, spec.map_or("", |s| s.name.as_str()), deadline)
 }
 
-/// What a model spec names.
-pub fn resolve(endpoints: &Endpoints, spec: Option<&ModelSpec>) -> Result<Target> {
-    let spec = required_spec(spec)?;
-    Target::resolve(endpoints, &spec.name, version_choice(spec), &spec.signature_name)
-}
-
-/// Runs one call: a request id and span around `work`, the outcome
-/// counted, and the id returned in the response or status metadata.
-pub async fn handle<T>(
+/// Runs one call: `work` in the request's span (refused while the server
+/// is not ready), the outcome counted, and the id returned in the response
+/// or status metadata.
+async fn serve<T>(
     state: &ServingState,
-    api: &'static str,
-    metadata: &MetadataMap,
-    name: &str,
-    work: impl Future<Output = (Option<Target>, Result<T>)>,
+    mut cx: RequestContext,
+    work: impl AsyncFnOnce(&mut RequestContext) -> Result<T>,
 ) -> Result<Response<T>, Status> {
-    let id = request_id(metadata.get(REQUEST_ID).and_then(|v| v.to_str().ok()));
-    let meter = RequestMeter::start(&state.metrics, api, "grpc");
-    let span = tracing::info_span!("request", id = %id, model = name);
-    let (target, result) = match state.phase.check_ready() {
-        Ok(()) => work.instrument(span.clone()).await,
-        Err(e) => (None, Err(e)),
+    let span = cx.span.clone();
+    let result = async {
+        state.phase.check_ready()?;
+        work(&mut cx).await
+    }
+    .instrument(span)
+    .await;
+    let id = MetadataValue::try_from(cx.id.as_str()).ok();
+    cx.finish(&result);
+    let with_id = |metadata: &mut MetadataMap| {
+        if let Some(id) = id {
+            metadata.insert(REQUEST_ID, id);
+        }
     };
-    span.in_scope(|| meter.finish(name, target.as_ref(), &result));
-    let id_value = MetadataValue::try_from(id.as_str()).ok();
     match result {
         Ok(message) => {
             let mut response = Response::new(message);
-            if let Some(id) = id_value {
-                response.metadata_mut().insert(REQUEST_ID, id);
-            }
+            with_id(response.metadata_mut());
             Ok(response)
         }
         Err(error) => {
             let mut status: Status = error.into();
-            if let Some(id) = id_value {
-                status.metadata_mut().insert(REQUEST_ID, id);
-            }
+            with_id(status.metadata_mut());
             Err(status)
         }
     }

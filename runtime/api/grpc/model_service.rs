@@ -2,8 +2,8 @@
 
 use tonic::{Request, Response, Status};
 
-use super::{handle, required_spec, spec_name, version_choice, ServingState};
-use crate::api::predict::status_versions;
+use super::{context, required_spec, serve, version_choice};
+use crate::api::context::ServingState;
 use crate::proto::tensorflow::serving::model_service_server::ModelService;
 use crate::proto::tensorflow::serving::{
     model_version_status, GetModelStatusRequest, GetModelStatusResponse, ModelVersionStatus, StatusProto,
@@ -27,23 +27,21 @@ impl ModelService for ModelStatusApi {
         &self,
         request: Request<GetModelStatusRequest>,
     ) -> Result<Response<GetModelStatusResponse>, Status> {
-        let (metadata, _, request) = request.into_parts();
-        let name = spec_name(request.model_spec.as_ref());
-        handle(&self.state, "get_model_status", &metadata, &name, async move {
-            let result = (|| {
-                let spec = required_spec(request.model_spec.as_ref())?;
-                let versions = status_versions(&self.state.endpoints, &spec.name, version_choice(spec))?;
-                let model_version_status = versions
-                    .iter()
-                    .map(|v| ModelVersionStatus {
-                        version: v.version(),
-                        state: model_version_status::State::Available as i32,
-                        status: Some(StatusProto { error_code: 0, error_message: String::new() }),
-                    })
-                    .collect();
-                Ok(GetModelStatusResponse { model_version_status })
-            })();
-            (None, result)
+        let cx = context(&self.state, "get_model_status", &request, request.get_ref().model_spec.as_ref());
+        let request = request.into_inner();
+        let state = &self.state;
+        serve(state, cx, async |_| {
+            let spec = required_spec(request.model_spec.as_ref())?;
+            let versions = state.endpoints.status_versions(&spec.name, version_choice(spec))?;
+            let model_version_status = versions
+                .iter()
+                .map(|v| ModelVersionStatus {
+                    version: v.version(),
+                    state: model_version_status::State::Available as i32,
+                    status: Some(StatusProto { error_code: 0, error_message: String::new() }),
+                })
+                .collect();
+            Ok(GetModelStatusResponse { model_version_status })
         })
         .await
     }

@@ -1,29 +1,31 @@
 //! TF Serving's `PredictionService`: Predict and GetModelMetadata.
 //!
-//! Predict is the edge where a client's request becomes validated inputs:
-//! the model spec is resolved to one loaded version, the input names are
-//! checked before anything is decoded, each tensor is decoded and checked
-//! against the signature, and only then does the request enter the model's
-//! queue (see `api::predict`). Outputs are encoded in signature order,
-//! filtered by `output_filter`.
+//! Predict is the edge where a client's request becomes a
+//! `pipeline::ValidRequest`: the model spec is resolved to one loaded
+//! version, the input names and `output_filter` are checked before
+//! anything is decoded, each tensor is decoded and checked against the
+//! signature as it is added, and only then does the request enter the
+//! pipeline. Outputs are encoded in signature order, filtered by
+//! `output_filter`.
 
 use std::collections::HashMap;
 
 use tonic::{Request, Response, Status};
 
-use super::{deadline_of, handle, resolve, spec_name, ServingState};
-use crate::api::predict::Target;
+use super::{context, required_spec, serve, version_choice};
+use crate::api::context::ServingState;
+use crate::config::OutputEncoding;
 use crate::error::Error;
-use crate::infer::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::Target;
 use crate::proto::tensorflow::serving::prediction_service_server::PredictionService;
 use crate::proto::tensorflow::serving::{
     model_spec, GetModelMetadataRequest, GetModelMetadataResponse, ModelSpec, PredictRequest, PredictResponse,
     SignatureDefMap,
 };
 use crate::proto::tensorflow::{tensor_info, SignatureDef, TensorInfo};
-use crate::tensor::proto::OutputEncoding;
 use crate::tensor::proto::{decode, encode, encode_shape};
+use crate::tensor::spec::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
 
 /// The metadata field TF Serving clients ask for.
 const SIGNATURE_DEF_FIELD: &str = "signature_def";
@@ -53,17 +55,13 @@ pub fn served_spec(name: &str, version: i64) -> ModelSpec {
 #[tonic::async_trait]
 impl PredictionService for PredictionApi {
     async fn predict(&self, request: Request<PredictRequest>) -> Result<Response<PredictResponse>, Status> {
-        let deadline = deadline_of(request.metadata());
-        let (metadata, _, request) = request.into_parts();
-        let name = spec_name(request.model_spec.as_ref());
-        let encoding = self.state.output_encoding;
-        handle(&self.state, "predict", &metadata, &name, async move {
-            let target = match resolve(&self.state.endpoints, request.model_spec.as_ref()) {
-                Ok(target) => target,
-                Err(e) => return (None, Err(e)),
-            };
-            let result = predict(&target, request, deadline, encoding).await;
-            (Some(target), result)
+        let cx = context(&self.state, "predict", &request, request.get_ref().model_spec.as_ref());
+        let request = request.into_inner();
+        let state = &self.state;
+        serve(state, cx, async |cx| {
+            let spec = required_spec(request.model_spec.as_ref())?;
+            let target = cx.resolve(&state.endpoints, version_choice(spec), &spec.signature_name)?;
+            predict(&target, request, cx.deadline, state.output_encoding).await
         })
         .await
     }
@@ -72,15 +70,13 @@ impl PredictionService for PredictionApi {
         &self,
         request: Request<GetModelMetadataRequest>,
     ) -> Result<Response<GetModelMetadataResponse>, Status> {
-        let (metadata, _, request) = request.into_parts();
-        let name = spec_name(request.model_spec.as_ref());
-        handle(&self.state, "get_model_metadata", &metadata, &name, async move {
-            let target = match resolve(&self.state.endpoints, request.model_spec.as_ref()) {
-                Ok(target) => target,
-                Err(e) => return (None, Err(e)),
-            };
-            let result = model_metadata(&target, &request.metadata_field);
-            (Some(target), result)
+        let cx = context(&self.state, "get_model_metadata", &request, request.get_ref().model_spec.as_ref());
+        let request = request.into_inner();
+        let state = &self.state;
+        serve(state, cx, async |cx| {
+            let spec = required_spec(request.model_spec.as_ref())?;
+            let target = cx.resolve(&state.endpoints, version_choice(spec), &spec.signature_name)?;
+            model_metadata(&target, &request.metadata_field)
         })
         .await
     }
@@ -92,15 +88,14 @@ async fn predict(
     deadline: Deadline,
     encoding: OutputEncoding,
 ) -> Result<PredictResponse, Error> {
-    let signature = target.signature()?;
-    // Names first: nothing is decoded for a request that names the wrong inputs.
-    signature.check_input_names(target, request.inputs.keys().map(String::as_str))?;
-    let mut decoded = HashMap::with_capacity(request.inputs.len());
+    // Names first: nothing is decoded for a request that names the wrong
+    // inputs or outputs.
+    let mut builder = target.request(request.inputs.keys().map(String::as_str), &request.output_filter, deadline)?;
     for (name, proto) in request.inputs {
         let tensor = decode(&name, proto)?;
-        decoded.insert(name, tensor);
+        builder.put(&name, tensor)?;
     }
-    let outputs = target.predict(decoded, &request.output_filter, deadline).await?;
+    let outputs = target.predict(builder.finish()?).await?;
     Ok(PredictResponse {
         model_spec: Some(served_spec(target.pipeline.name(), target.version.version())),
         outputs: outputs.into_iter().map(|(name, tensor)| (name, encode(&tensor, encoding))).collect(),

@@ -24,7 +24,7 @@ use subtle::ConstantTimeEq;
 
 use super::{error_response, read_body, RestState};
 use crate::config::{AdminConfig, Role, TokenConfig};
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
 use crate::plugin::registry::{Caller, Manifest, PluginRegistry};
 
 /// The admin API's state: the registry (once loaded) and the tokens.
@@ -60,7 +60,7 @@ impl Admin {
 
     /// The caller a request's bearer token identifies.
     fn authenticate(&self, headers: &HeaderMap) -> Result<Caller> {
-        let unauthenticated = |message: &str| Error::new(Code::Unauthenticated, message.to_string());
+        let unauthenticated = |message: &str| Error::Unauthenticated(message.to_string());
         let value = headers
             .get(header::AUTHORIZATION)
             .ok_or_else(|| unauthenticated("no Authorization header; send Authorization: Bearer TOKEN"))?;

@@ -6,18 +6,16 @@
 //! Every decoding error names the instance, the input and the value; the
 //! checks that follow decoding are the ones gRPC requests get.
 
-use std::collections::HashMap;
-
 use serde_json::{json, Map, Value};
 
 use super::ModelPath;
-use crate::api::predict::{status_versions, Target};
+use crate::api::context::RequestContext;
 use crate::error::{Error, Result};
-use crate::infer::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
-use crate::pipeline::Endpoints;
+use crate::pipeline::{Endpoints, Target, ValidRequest};
 use crate::tensor::json::{flatten, tensor_from_leaves, JsonView};
+use crate::tensor::spec::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
 use crate::tensor::{format_shape, Tensor};
 
 /// How the request's tensors were given; the answer uses the same form.
@@ -30,48 +28,37 @@ enum Form {
 }
 
 pub(super) async fn predict(
+    cx: &mut RequestContext,
     endpoints: &Endpoints,
     path: &ModelPath<'_>,
     body: &[u8],
-) -> (Option<Target>, Result<Vec<u8>>) {
-    let request: Value = match serde_json::from_slice(body) {
-        Ok(value) => value,
-        Err(e) => return (None, Err(Error::invalid_argument(format!("the request body is not valid JSON: {e}")))),
-    };
+) -> Result<Vec<u8>> {
+    let request: Value = serde_json::from_slice(body)
+        .map_err(|e| Error::invalid_argument(format!("the request body is not valid JSON: {e}")))?;
     let Value::Object(mut request) = request else {
-        return (
-            None,
-            Err(Error::invalid_argument(format!(
-                "the request body is {}; expected a JSON object with \"instances\" or \"inputs\"",
-                kind(&request)
-            ))),
-        );
+        return Err(Error::invalid_argument(format!(
+            "the request body is {}; expected a JSON object with \"instances\" or \"inputs\"",
+            kind(&request)
+        )));
     };
     let signature_name = match request.remove("signature_name") {
         None => String::new(),
         Some(Value::String(name)) => name,
-        Some(other) => {
-            return (None, Err(Error::invalid_argument(format!("\"signature_name\" is {other}; expected a string"))))
-        }
+        Some(other) => return Err(Error::invalid_argument(format!("\"signature_name\" is {other}; expected a string"))),
     };
-    let target = match Target::resolve(endpoints, path.name, path.choice, &signature_name) {
-        Ok(target) => target,
-        Err(e) => return (None, Err(e)),
-    };
-    let result = predict_on(&target, request).await;
-    (Some(target), result)
+    let target = cx.resolve(endpoints, path.choice, &signature_name)?;
+    predict_on(&target, request, cx.deadline).await
 }
 
-async fn predict_on(target: &Target, mut request: Map<String, Value>) -> Result<Vec<u8>> {
-    let signature = target.signature()?;
-    let (form, inputs) = match (request.remove("instances"), request.remove("inputs")) {
+async fn predict_on(target: &Target, mut request: Map<String, Value>, deadline: Deadline) -> Result<Vec<u8>> {
+    let (form, valid) = match (request.remove("instances"), request.remove("inputs")) {
         (Some(_), Some(_)) => {
             return Err(Error::invalid_argument(
                 "the request has both \"instances\" and \"inputs\"; use one: \"instances\" (row form) or \"inputs\" (columnar form)",
             ))
         }
-        (Some(instances), None) => (Form::Row, rows_to_tensors(target, signature, &instances)?),
-        (None, Some(inputs)) => (Form::Columnar, columns_to_tensors(target, signature, &inputs)?),
+        (Some(instances), None) => (Form::Row, rows_to_request(target, &instances, deadline)?),
+        (None, Some(inputs)) => (Form::Columnar, columns_to_request(target, &inputs, deadline)?),
         (None, None) => {
             return Err(Error::invalid_argument(
                 "the request has neither \"instances\" nor \"inputs\"; send {\"instances\": [...]} or {\"inputs\": ...}",
@@ -83,7 +70,7 @@ async fn predict_on(target: &Target, mut request: Map<String, Value>) -> Result<
             "unexpected key \"{key}\" in the request; allowed: \"signature_name\", \"instances\", \"inputs\""
         )));
     }
-    let outputs = target.predict(inputs, &[], Deadline::NONE).await?;
+    let outputs = target.predict(valid).await?;
     let written = match form {
         Form::Columnar => write_columnar(&outputs),
         Form::Row => write_rows(&outputs)?,
@@ -104,33 +91,26 @@ fn kind(value: &Value) -> &'static str {
 
 /// `inputs`: one tensor per input, or the bare tensor when the signature
 /// has a single input.
-fn columns_to_tensors(
-    owner: &dyn std::fmt::Display,
-    signature: &Signature,
-    inputs: &Value,
-) -> Result<HashMap<String, Tensor>> {
+fn columns_to_request(target: &Target, inputs: &Value, deadline: Deadline) -> Result<ValidRequest> {
+    let signature = target.signature()?;
     let named = match inputs {
         Value::Object(map) if !is_b64(map) => map.iter().map(|(k, v)| (k.as_str(), v)).collect::<Vec<_>>(),
         value => vec![(single_input(signature, "inputs")?.name.as_str(), value)],
     };
-    signature.check_input_names(owner, named.iter().map(|(k, _)| *k))?;
-    let mut tensors = HashMap::with_capacity(named.len());
+    let mut builder = target.request(named.iter().map(|(k, _)| *k), &[], deadline)?;
     for (name, value) in named {
         let spec = input_spec(signature, name)?;
         let what = format!("input '{name}'");
         let (shape, leaves) = flatten(value, &what)?;
-        tensors.insert(name.to_string(), tensor_from_leaves(spec.dtype, shape, &leaves, &what)?);
+        builder.put(name, tensor_from_leaves(spec.dtype, shape, &leaves, &what)?)?;
     }
-    Ok(tensors)
+    builder.finish()
 }
 
 /// `instances`: a list of rows, each an object of inputs (or a bare value
 /// when the signature has a single input), stacked along a new dimension 0.
-fn rows_to_tensors(
-    owner: &dyn std::fmt::Display,
-    signature: &Signature,
-    instances: &Value,
-) -> Result<HashMap<String, Tensor>> {
+fn rows_to_request(target: &Target, instances: &Value, deadline: Deadline) -> Result<ValidRequest> {
+    let signature = target.signature()?;
     let Value::Array(rows) = instances else {
         return Err(Error::invalid_argument(format!("\"instances\" is {}; expected a list of rows", kind(instances))));
     };
@@ -138,15 +118,13 @@ fn rows_to_tensors(
         return Err(Error::invalid_argument("\"instances\" is an empty list; send at least one row"));
     }
     let named_rows = matches!(&rows[0], Value::Object(map) if !is_b64(map));
-    let mut columns: Vec<Column<'_>> = Vec::new();
-    let column = |name| Column { name, row_shape: None, leaves: Vec::new() };
-    if named_rows {
-        let Value::Object(first) = &rows[0] else { unreachable!("checked above") };
-        signature.check_input_names(owner, first.keys().map(String::as_str))?;
-        columns.extend(first.keys().map(|k| column(k.as_str())));
-    } else {
-        columns.push(column(single_input(signature, "instances")?.name.as_str()));
-    }
+    let mut columns: Vec<Column<'_>> = match &rows[0] {
+        Value::Object(first) if named_rows => {
+            first.keys().map(|k| Column { name: k.as_str(), row_shape: None, leaves: Vec::new() }).collect()
+        }
+        _ => vec![Column { name: single_input(signature, "instances")?.name.as_str(), row_shape: None, leaves: Vec::new() }],
+    };
+    let mut builder = target.request(columns.iter().map(|c| c.name), &[], deadline)?;
     for (i, row) in rows.iter().enumerate() {
         for Column { name, row_shape, leaves } in &mut columns {
             let value = match (named_rows, row) {
@@ -186,15 +164,14 @@ fn rows_to_tensors(
             }
         }
     }
-    let mut tensors = HashMap::with_capacity(columns.len());
     for Column { name, row_shape, leaves } in columns {
         let spec = input_spec(signature, name)?;
         let mut shape = vec![rows.len() as i64];
         shape.extend(row_shape.unwrap_or_default());
         let what = format!("input '{name}'");
-        tensors.insert(name.to_string(), tensor_from_leaves(spec.dtype, shape, &leaves, &what)?);
+        builder.put(name, tensor_from_leaves(spec.dtype, shape, &leaves, &what)?)?;
     }
-    Ok(tensors)
+    builder.finish()
 }
 
 /// One input of the row form, gathered across instances: the shape of one
@@ -305,7 +282,7 @@ impl serde::Serialize for NamedOutputs<'_> {
 
 /// TF Serving's status answer (proto3 JSON: int64 as strings).
 pub(super) fn status_json(endpoints: &Endpoints, name: &str, choice: VersionChoice<'_>) -> Result<Vec<u8>> {
-    let versions = status_versions(endpoints, name, choice)?;
+    let versions = endpoints.status_versions(name, choice)?;
     let statuses: Vec<Value> = versions
         .iter()
         .map(|v| {

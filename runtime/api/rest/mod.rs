@@ -2,7 +2,8 @@
 //! health and readiness, and Prometheus metrics.
 //!
 //! REST requests go through the same resolution, checks and pipelines as
-//! gRPC ones (`api::predict`); only the tensor encoding differs — JSON in
+//! gRPC ones (`api::context`, `pipeline::request`); only the tensor
+//! encoding differs — JSON in
 //! TF Serving's row (`instances`) or columnar (`inputs`) form, with
 //! `{"b64": …}` for bytes. Errors are `{"error": "…"}` with the HTTP status
 //! the runtime's one error table gives the code.
@@ -24,11 +25,12 @@ use axum::routing::{any, get};
 use axum::Router;
 use tracing::Instrument;
 
+use super::context::{request_id, RequestContext, REQUEST_ID};
 use super::health::{Lifecycle, Phase};
-use super::metrics::Metrics;
-use super::predict::{request_id, RequestMeter, Target, REQUEST_ID};
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::models::VersionChoice;
+use crate::pipeline::deadline::Deadline;
 
 /// The OpenMetrics text format prometheus-client writes.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -136,66 +138,65 @@ async fn models(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let id = request_id(headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()));
-    let span = tracing::info_span!("request", id = %id);
-    let mut response = route(&state, &path, &method, &headers, body).instrument(span).await;
+    let given_id = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok());
+    let (id, mut response) = route(&state, &path, &method, &headers, given_id, body).await;
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID, value);
     }
     response
 }
 
-async fn route(state: &RestState, path: &str, method: &Method, headers: &HeaderMap, body: Body) -> Response {
+/// Answers one `/v1/models/…` call; returns the request's id with it.
+async fn route(
+    state: &RestState,
+    path: &str,
+    method: &Method,
+    headers: &HeaderMap,
+    given_id: Option<&str>,
+    body: Body,
+) -> (String, Response) {
     let parsed = match parse_path(path) {
         Ok(parsed) => parsed,
-        Err(e) => return error_response(&e),
+        Err(e) => return (request_id(given_id), error_response(&e)),
     };
     let (api, wanted) = match parsed.call {
         Call::Predict => ("predict", Method::POST),
         Call::Metadata => ("get_model_metadata", Method::GET),
         Call::Status => ("get_model_status", Method::GET),
         Call::Other(verb) => {
-            return error_response(&Error::unimplemented(format!(
+            let error = Error::unimplemented(format!(
                 "':{verb}' is not served; sluice serves ':predict' (POST), '/metadata' (GET) and status (GET)"
-            )))
+            ));
+            return (request_id(given_id), error_response(&error));
         }
     };
     if method != wanted {
-        let mut response = error_response(&Error::new(
-            Code::InvalidArgument,
-            format!("{method} is not allowed on /v1/models/{path}; use {wanted}"),
-        ));
-        *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-        return response;
+        let error = Error::MethodNotAllowed(format!("{method} is not allowed on /v1/models/{path}; use {wanted}"));
+        return (request_id(given_id), error_response(&error));
     }
-    let meter = RequestMeter::start(&state.metrics, api, "rest");
-    let serving = match state.lifecycle.serving() {
-        Ok(serving) => serving,
-        Err(e) => {
-            meter.finish(parsed.name, None, &Err::<(), _>(e.clone()));
-            return error_response(&e);
-        }
-    };
-    let endpoints = &serving.endpoints;
-    let (target, result) = match parsed.call {
-        Call::Predict => match read_body(body, headers, state.max_body_bytes, "server.max_message_bytes").await {
-            Ok(bytes) => json::predict(endpoints, &parsed, &bytes).await,
-            Err(e) => (None, Err(e)),
-        },
-        Call::Metadata => match Target::resolve(endpoints, parsed.name, parsed.choice, "") {
-            Ok(target) => {
-                let metadata = json::metadata_json(&target);
-                (Some(target), metadata)
+    let mut cx = RequestContext::new(&state.metrics, api, "rest", given_id, parsed.name, Deadline::NONE);
+    let span = cx.span.clone();
+    let result = async {
+        let serving = state.lifecycle.serving()?;
+        let endpoints = &serving.endpoints;
+        match parsed.call {
+            Call::Predict => {
+                let bytes = read_body(body, headers, state.max_body_bytes, "server.max_message_bytes").await?;
+                json::predict(&mut cx, endpoints, &parsed, &bytes).await
             }
-            Err(e) => (None, Err(e)),
-        },
-        _ => (None, json::status_json(endpoints, parsed.name, parsed.choice)),
-    };
-    meter.finish(parsed.name, target.as_ref(), &result);
-    match result {
+            Call::Metadata => json::metadata_json(&cx.resolve(endpoints, parsed.choice, "")?),
+            _ => json::status_json(endpoints, parsed.name, parsed.choice),
+        }
+    }
+    .instrument(span)
+    .await;
+    let id = cx.id.clone();
+    cx.finish(&result);
+    let response = match result {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => error_response(&e),
-    }
+    };
+    (id, response)
 }
 
 /// How much of an oversized body is read and thrown away before the 413,
@@ -207,7 +208,7 @@ const DRAIN_LIMIT: u64 = 64 << 20;
 /// cut off when it grows past it.
 pub(crate) async fn read_body(body: Body, headers: &HeaderMap, limit: usize, key: &str) -> Result<Bytes> {
     let too_large = |size: &dyn std::fmt::Display| {
-        Error::new(Code::TooLarge, format!("the request body is {size} bytes; the limit is {limit} bytes ({key})"))
+        Error::TooLarge(format!("the request body is {size} bytes; the limit is {limit} bytes ({key})"))
     };
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Some(length) = declared.filter(|&l| l > limit as u64) {
@@ -236,6 +237,7 @@ pub(crate) fn error_response(error: &Error) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Code;
 
     #[test]
     fn paths_parse_as_tf_serving_writes_them() {

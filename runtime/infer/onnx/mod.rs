@@ -18,59 +18,14 @@ use futures::future::BoxFuture;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::ValueType;
-use serde::Deserialize;
 use tokio::sync::oneshot;
 
-use super::{Backend, Batch, Signature, TensorSpec};
-use crate::api::metrics::ModelMetrics;
+use super::{Backend, Batch};
+use crate::config::onnx::{ExecutionProvider, OnnxOptions};
+use crate::metrics::ModelMetrics;
 use crate::error::{Error, Result};
-use crate::tensor::{batch, onnx as convert, DType, Tensor};
-
-/// Where ONNX Runtime runs the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ExecutionProvider {
-    /// ONNX Runtime's CPU kernels.
-    #[default]
-    Cpu,
-    /// NVIDIA CUDA (needs the `cuda` build feature and a GPU build of ONNX Runtime).
-    Cuda,
-    /// NVIDIA TensorRT, falling back to CUDA for unsupported nodes.
-    Tensorrt,
-}
-
-/// How a model version is loaded into ONNX Runtime.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct OnnxOptions {
-    /// Sessions in the pool, each with its own inference thread: how many
-    /// batches of this model run at once.
-    pub sessions: usize,
-    /// Threads ONNX Runtime uses inside one run (intra-op parallelism).
-    pub intra_op_threads: usize,
-    /// Whether idle intra-op threads spin waiting for work. Spinning cuts
-    /// latency by microseconds but burns cores other sessions could use.
-    pub spinning: bool,
-    /// CPU, CUDA or TensorRT.
-    pub execution_provider: ExecutionProvider,
-    /// GPU ordinal for CUDA and TensorRT.
-    pub device_id: i32,
-    /// Let TensorRT build FP16 engines.
-    pub fp16: bool,
-}
-
-impl Default for OnnxOptions {
-    fn default() -> Self {
-        OnnxOptions {
-            sessions: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            intra_op_threads: 1,
-            spinning: false,
-            execution_provider: ExecutionProvider::Cpu,
-            device_id: 0,
-            fp16: false,
-        }
-    }
-}
+use crate::tensor::spec::{Signature, TensorSpec};
+use crate::tensor::{batch, dtype, onnx as convert, Tensor};
 
 struct Job {
     batch: Batch,
@@ -219,7 +174,7 @@ fn signature_of(session: &Session) -> Result<Signature> {
                 outlet.dtype()
             )));
         };
-        let dtype = DType::from_ort(*ty).ok_or_else(|| {
+        let dtype = dtype::from_ort(*ty).ok_or_else(|| {
             Error::invalid_argument(format!(
                 "model {role} '{}' has element type {ty:?}, which sluice does not serve",
                 outlet.name()

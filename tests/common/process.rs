@@ -120,7 +120,7 @@ impl ServerProcess {
 
     /// Resident memory of the process in bytes (from /proc), if readable.
     pub fn rss_bytes(&self) -> Option<u64> {
-        crate::api::metrics::resident_bytes(Some(self.child.id()))
+        sluice::metrics::resident_bytes(Some(self.child.id()))
     }
 }
 

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::{Plugin, PluginEngine, PluginLimits, PluginsConfig};
+use crate::plugin::{zeros, Plugin, PluginEngine, PluginLimits, PluginsConfig};
 use crate::error::{Error, Result};
-use crate::infer::TensorSpec;
+use crate::tensor::spec::TensorSpec;
 use crate::tensor::json::{row_to_json, tensor_from_json};
-use crate::tensor::{format_shape, NamedTensor, Tensor};
+use crate::tensor::{format_shape, NamedTensor};
 
 /// The flags of `sluice plugin check`.
 #[derive(Debug, Clone, Args)]
@@ -37,17 +37,6 @@ pub struct CheckArgs {
 
 fn describe_specs(specs: &[TensorSpec]) -> String {
     specs.iter().map(|s| format!("  {} {} {}", s.name, s.dtype, format_shape(&s.shape))).collect::<Vec<_>>().join("\n")
-}
-
-/// Zeros shaped like the declared inputs (dynamic dimensions as 1).
-pub fn zeros(specs: &[TensorSpec]) -> Result<Vec<NamedTensor>> {
-    specs
-        .iter()
-        .map(|s| {
-            let shape = s.shape.iter().map(|&d| if d < 0 { 1 } else { d }).collect();
-            Ok(NamedTensor::new(s.name.clone(), Tensor::zeros(s.dtype, shape)?))
-        })
-        .collect()
 }
 
 fn from_json(path: &PathBuf, specs: &[TensorSpec]) -> Result<Vec<NamedTensor>> {

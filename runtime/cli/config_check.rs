@@ -9,7 +9,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Invalid, Mode, StageKind};
+use crate::invalid;
 use crate::models::repository;
 
 /// What a valid config serves, one line per model and pipeline.
@@ -31,31 +32,31 @@ impl std::fmt::Display for Summary {
 pub fn check(path: &Path) -> Result<Summary, ConfigError> {
     let config = Config::from_file(path)?;
     let source = path.display().to_string();
-    check_files(&config).map_err(|message| ConfigError { source, message })
+    check_files(&config).map_err(|e| e.in_file(source))
 }
 
 /// The on-disk checks of a parsed config; errors name the key and the value.
-pub fn check_files(config: &Config) -> Result<Summary, String> {
+pub fn check_files(config: &Config) -> Result<Summary, Invalid> {
     let mut lines = Vec::new();
     if config.models.is_empty() {
-        return Err("no [[models]]: the file serves nothing; add a [[models]] table with name and base_path".into());
+        return Err(invalid!("no [[models]]: the file serves nothing; add a [[models]] table with name and base_path"));
     }
     for (i, model) in config.models.iter().enumerate() {
         let key = format!("models[{i}]");
         let base = &model.base_path;
         let at = || format!("{key}.base_path = \"{}\"", base.display());
         match std::fs::metadata(base) {
-            Err(e) => return Err(format!("{}: {e}", at())),
-            Ok(meta) if !meta.is_dir() => return Err(format!("{}: not a directory", at())),
+            Err(e) => return Err(invalid!("{}: {e}", at())),
+            Ok(meta) if !meta.is_dir() => return Err(invalid!("{}: not a directory", at())),
             Ok(_) => {}
         }
-        let found = repository::discover(base).map_err(|e| format!("{}: {}", at(), e.message()))?;
+        let found = repository::discover(base).map_err(|e| invalid!("{}: {}", at(), e.message()))?;
         let chosen = repository::select(&found, &model.version_policy, base)
-            .map_err(|e| format!("{key}.version_policy: {}", e.message()))?;
+            .map_err(|e| invalid!("{key}.version_policy: {}", e.message()))?;
         for (label, version) in &model.version_labels {
             if !chosen.contains_key(version) {
                 let loaded: Vec<String> = chosen.keys().map(i64::to_string).collect();
-                return Err(format!(
+                return Err(invalid!(
                     "{key}.version_labels.{label} = {version}: version {version} is not among the versions loaded ({})",
                     loaded.join(", ")
                 ));
@@ -74,36 +75,36 @@ pub fn check_files(config: &Config) -> Result<Summary, String> {
     }
     if let Some(dir) = &config.plugins.dir {
         if !dir.is_dir() {
-            return Err(format!("plugins.dir = \"{}\": not a directory", dir.display()));
+            return Err(invalid!("plugins.dir = \"{}\": not a directory", dir.display()));
         }
     }
     for (i, pipeline) in config.pipelines.iter().enumerate() {
         let mut stages = Vec::new();
-        for (role, stage) in [("preprocess", &pipeline.preprocess), ("postprocess", &pipeline.postprocess)] {
-            let Some(stage) = stage else { continue };
+        for (role, stage) in pipeline.stages() {
+            let role = role.key();
             let key = format!("pipelines[{i}].{role}");
-            if let (Some(plugin), Some(dir)) = (&stage.plugin, &config.plugins.dir) {
-                let file = dir.join(format!("{plugin}.wasm"));
-                if !file.is_file() {
-                    return Err(format!(
-                        "{key}.plugin = \"{plugin}\": {} does not exist; plugins are NAME.wasm files in plugins.dir",
-                        file.display()
-                    ));
+            match stage.kind() {
+                Some(StageKind::Plugin(plugin)) => {
+                    if let Some(dir) = &config.plugins.dir {
+                        let file = dir.join(format!("{plugin}.wasm"));
+                        if !file.is_file() {
+                            return Err(invalid!(
+                                "{key}.plugin = \"{plugin}\": {} does not exist; plugins are NAME.wasm files in plugins.dir",
+                                file.display()
+                            ));
+                        }
+                    }
+                    stages.push(format!("{role} plugin {plugin}"));
                 }
-                stages.push(format!("{role} plugin {plugin}"));
-            }
-            if let Some(labels) = stage.top_k.as_ref().and_then(|t| t.labels.as_ref()) {
-                readable(labels).map_err(|e| format!("{key}.top_k.labels = \"{}\": {e}", labels.display()))?;
-            }
-            for (name, on) in [
-                ("image_normalize", stage.image_normalize.is_some()),
-                ("softmax", stage.softmax.is_some()),
-                ("argmax", stage.argmax.is_some()),
-                ("top_k", stage.top_k.is_some()),
-            ] {
-                if on {
-                    stages.push(format!("{role} {name}"));
+                Some(kind) => {
+                    if let StageKind::TopK(top_k) = kind {
+                        if let Some(labels) = &top_k.labels {
+                            readable(labels).map_err(|e| invalid!("{key}.top_k.labels = \"{}\": {e}", labels.display()))?;
+                        }
+                    }
+                    stages.push(format!("{role} {}", kind.name()));
                 }
+                None => {}
             }
         }
         lines.push(format!(
@@ -111,15 +112,15 @@ pub fn check_files(config: &Config) -> Result<Summary, String> {
             pipeline.name,
             pipeline.model,
             match pipeline.mode {
-                crate::pipeline::Mode::Pipelined => "pipelined",
-                crate::pipeline::Mode::Sequential => "sequential",
+                Mode::Pipelined => "pipelined",
+                Mode::Sequential => "sequential",
             },
             if stages.is_empty() { "" } else { ", " },
             stages.join(", ")
         ));
     }
     if let Some(library) = &config.onnxruntime.library {
-        readable(library).map_err(|e| format!("onnxruntime.library = \"{}\": {e}", library.display()))?;
+        readable(library).map_err(|e| invalid!("onnxruntime.library = \"{}\": {e}", library.display()))?;
     }
     lines.push(format!(
         "server: gRPC on {host}:{}, HTTP on {host}:{}",

@@ -120,7 +120,7 @@ pub fn html(title: &str, steps: &[Step], p99_limit_ms: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::stats::Recorder;
+    use crate::cli::bench::stats::Recorder;
     use std::time::Duration;
 
     #[test]

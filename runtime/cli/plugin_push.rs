@@ -8,7 +8,7 @@ use bytes::Bytes;
 use clap::Args;
 use http::Method;
 
-use crate::bench::client::RestClient;
+use crate::cli::bench::client::RestClient;
 
 /// Where the admin API is and who is calling.
 #[derive(Debug, Clone, Args)]

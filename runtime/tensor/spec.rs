@@ -1,10 +1,12 @@
-//! A model's signature — its inputs and outputs with dtypes and shapes — and
-//! the check that turns a client's tensors into inputs the model accepts.
+//! Signatures — the inputs and outputs of a model, a stage or a pipeline,
+//! with dtypes and shapes — and the checks of tensors against them: a
+//! client's inputs against what the pipeline takes, a producer's declared
+//! tensor against what its consumer takes, and a plugin's outputs against
+//! what it declared.
 
-use std::collections::HashMap;
 use std::fmt;
 
-use super::super::tensor::{format_shape, DType, Tensor};
+use super::{format_shape, DType, NamedTensor, Tensor};
 use crate::error::{Error, Result};
 
 /// The signature key TF Serving clients use by default.
@@ -96,32 +98,30 @@ impl Signature {
         Ok(())
     }
 
-    /// Orders decoded inputs as the signature does and checks each one's
-    /// dtype, rank and fixed dimensions, and that batched inputs agree on
-    /// their number of rows.
-    pub fn bind_inputs(&self, owner: &dyn fmt::Display, mut inputs: HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
-        let mut bound = Vec::with_capacity(self.inputs.len());
-        for spec in &self.inputs {
-            let tensor = inputs.remove(&spec.name).ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "missing input '{}'; {owner} expects {}",
-                    spec.name,
-                    self.input_names()
-                ))
-            })?;
-            check_tensor(owner, "input", spec, &tensor)?;
-            bound.push(tensor);
-        }
-        if let Some(name) = inputs.keys().next() {
+    /// Checks that inputs (in signature order) of a batched signature agree
+    /// on their number of rows, and that there is at least one.
+    pub fn check_rows(&self, owner: &dyn fmt::Display, tensors: &[Tensor]) -> Result<()> {
+        let specs = &self.inputs;
+        let Some(first) = tensors.first() else { return Ok(()) };
+        let rows = first.rows();
+        if rows == 0 {
             return Err(Error::invalid_argument(format!(
-                "unexpected input '{name}'; {owner} expects {}",
-                self.input_names()
+                "input '{}' has 0 rows (shape {}); a request must carry at least one row",
+                specs[0].name,
+                format_shape(first.shape())
             )));
         }
-        if self.is_batched() {
-            check_rows(owner, &self.inputs, &bound)?;
+        for (spec, tensor) in specs.iter().zip(tensors).skip(1) {
+            if tensor.rows() != rows {
+                return Err(Error::invalid_argument(format!(
+                    "input '{}' has {} rows but input '{}' has {rows}; every input of {owner} shares dimension 0 (the batch)",
+                    spec.name,
+                    tensor.rows(),
+                    specs[0].name
+                )));
+            }
         }
-        Ok(bound)
+        Ok(())
     }
 
     /// Resolves an `output_filter` to output indexes; empty means all.
@@ -180,25 +180,41 @@ pub fn check_tensor(owner: &dyn fmt::Display, role: &str, spec: &TensorSpec, ten
     Ok(())
 }
 
-fn check_rows(owner: &dyn fmt::Display, specs: &[TensorSpec], tensors: &[Tensor]) -> Result<()> {
-    let Some(first) = tensors.first() else { return Ok(()) };
-    let rows = first.rows();
-    if rows == 0 {
+/// A producer's declared tensor fits a consumer's: the same dtype and rank,
+/// and dimensions equal wherever both are fixed.
+pub fn fits(given: &TensorSpec, wanted: &TensorSpec) -> Result<()> {
+    let dims_fit = given.shape.len() == wanted.shape.len()
+        && given.shape.iter().zip(&wanted.shape).all(|(&g, &w)| g < 0 || w < 0 || g == w);
+    if given.dtype != wanted.dtype || !dims_fit {
         return Err(Error::invalid_argument(format!(
-            "input '{}' has 0 rows (shape {}); a request must carry at least one row",
-            specs[0].name,
-            format_shape(first.shape())
+            "'{}' is {} {}, but {} {} is expected",
+            wanted.name,
+            given.dtype,
+            format_shape(&given.shape),
+            wanted.dtype,
+            format_shape(&wanted.shape)
         )));
     }
-    for (spec, tensor) in specs.iter().zip(tensors).skip(1) {
-        if tensor.rows() != rows {
-            return Err(Error::invalid_argument(format!(
-                "input '{}' has {} rows but input '{}' has {rows}; every input of {owner} shares dimension 0 (the batch)",
-                spec.name,
-                tensor.rows(),
-                specs[0].name
-            )));
+    Ok(())
+}
+
+/// Checks that what an untrusted producer (a plugin) returned is exactly
+/// what it declared: the same names in the same order, dtypes and shapes
+/// that fit. `owner` names the producer in messages.
+pub fn check_outputs(owner: &dyn fmt::Display, declared: &[TensorSpec], outputs: &[NamedTensor]) -> Result<()> {
+    struct AsDeclared<'a>(&'a dyn fmt::Display);
+    impl fmt::Display for AsDeclared<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "{} (as declared)", self.0)
         }
+    }
+    if outputs.len() != declared.len() || outputs.iter().zip(declared).any(|(o, d)| o.name != d.name) {
+        let got: Vec<&str> = outputs.iter().map(|o| o.name.as_str()).collect();
+        let want: Vec<&str> = declared.iter().map(|d| d.name.as_str()).collect();
+        return Err(Error::invalid_argument(format!("{owner} returned outputs {got:?}, but declared {want:?}")));
+    }
+    for (output, spec) in outputs.iter().zip(declared) {
+        check_tensor(&AsDeclared(owner), "output", spec, &output.tensor)?;
     }
     Ok(())
 }
@@ -217,33 +233,26 @@ mod tests {
         }
     }
 
-    fn inputs(dense_rows: i64, ids_rows: i64) -> HashMap<String, Tensor> {
+    fn inputs(dense_rows: i64, ids_rows: i64) -> Vec<Tensor> {
         let dense = Tensor::from_values(vec![dense_rows, 3], &vec![0f32; dense_rows as usize * 3]);
         let ids = Tensor::from_values(vec![ids_rows, 2], &vec![0i64; ids_rows as usize * 2]);
-        HashMap::from([("dense".to_string(), dense), ("ids".to_string(), ids)])
-    }
-
-    #[test]
-    fn binds_in_signature_order() {
-        let bound = sig().bind_inputs(&"model 'rec'", inputs(2, 2)).unwrap();
-        assert_eq!(bound[0].dtype(), DType::F32);
-        assert_eq!(bound[1].dtype(), DType::I64);
+        vec![dense, ids]
     }
 
     #[test]
     fn mismatched_rows_dims_and_dtypes_are_named() {
-        let err = sig().bind_inputs(&"model 'rec'", inputs(2, 3)).unwrap_err();
+        let s = sig();
+        let err = s.check_rows(&"model 'rec'", &inputs(2, 3)).unwrap_err();
         assert!(err.message().contains("input 'ids' has 3 rows"), "{err}");
+        assert!(s.check_rows(&"model 'rec'", &inputs(2, 2)).is_ok());
 
-        let mut bad = inputs(1, 1);
-        bad.insert("dense".into(), Tensor::from_values(vec![1, 4], &[0f32; 4]));
-        let err = sig().bind_inputs(&"model 'rec'", bad).unwrap_err();
+        let wide = Tensor::from_values(vec![1, 4], &[0f32; 4]);
+        let err = check_tensor(&"model 'rec'", "input", &s.inputs[0], &wide).unwrap_err();
         assert!(err.message().contains("dimension 1 = 4"), "{err}");
         assert!(err.message().contains("expects 3"), "{err}");
 
-        let mut bad = inputs(1, 1);
-        bad.insert("ids".into(), Tensor::from_values(vec![1, 2], &[0i32; 2]));
-        let err = sig().bind_inputs(&"model 'rec'", bad).unwrap_err();
+        let ints = Tensor::from_values(vec![1, 2], &[0i32; 2]);
+        let err = check_tensor(&"model 'rec'", "input", &s.inputs[1], &ints).unwrap_err();
         assert!(err.message().contains("dtype DT_INT32"), "{err}");
         assert!(err.message().contains("expects DT_INT64"), "{err}");
     }

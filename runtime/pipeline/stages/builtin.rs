@@ -1,71 +1,17 @@
 //! Built-in stages: `image_normalize` before the model; `softmax`, `argmax`
 //! and `top_k` after it. Each is configured in a pipeline's `preprocess` or
-//! `postprocess` table and checked against the model when the pipeline
-//! loads, so a mismatch is a start-up error, not a request error.
-
-use std::path::PathBuf;
+//! `postprocess` table (`config::stage`) and checked against the model when
+//! the pipeline loads, so a mismatch is a start-up error, not a request
+//! error.
 
 use bytes::Bytes;
-use serde::Deserialize;
+use sluice_sdk::transforms::{image_normalize_into, ImageNormalize as Params};
 
-use sluice_sdk::transforms::{image_normalize, ImageNormalize as Params};
-
-use super::stage::Stage;
+use crate::config::stage::{ImageNormalizeConfig, ReduceConfig, TopKConfig};
 use crate::error::{Error, Result};
-use crate::infer::{Signature, TensorSpec};
-use crate::tensor::{format_shape, DType, NamedTensor, Tensor};
-
-/// `image_normalize`: u8 images, rows × height × width × channels, into the
-/// model's f32 rows × channels × height × width, resized (bilinear) to the
-/// model's size when they differ, then `(x / scale − mean[c]) / std[c]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ImageNormalizeConfig {
-    /// The input clients send.
-    #[serde(default = "default_image_input")]
-    pub input: String,
-    /// Per-channel mean, after scaling.
-    #[serde(default)]
-    pub mean: Vec<f32>,
-    /// Per-channel standard deviation, after scaling.
-    #[serde(default)]
-    pub std: Vec<f32>,
-    /// Divides raw values first (255 maps bytes to 0..1).
-    #[serde(default = "default_scale")]
-    pub scale: f32,
-}
-
-fn default_image_input() -> String {
-    "image".to_string()
-}
-
-fn default_scale() -> f32 {
-    255.0
-}
-
-/// `softmax`, `argmax`: over the last axis of one model output.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReduceConfig {
-    /// The model output to read; the model's only output when unset.
-    pub input: Option<String>,
-}
-
-/// `top_k`: the k largest values of one model output per row, their class
-/// indexes, and optionally their labels.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TopKConfig {
-    /// The model output to read; the model's only output when unset.
-    pub input: Option<String>,
-    /// How many to return.
-    pub k: usize,
-    /// Apply softmax first, so scores are probabilities.
-    #[serde(default)]
-    pub softmax: bool,
-    /// A text file with one label per class, in class order.
-    pub labels: Option<PathBuf>,
-}
+use crate::pipeline::stage::{Stage, StageCx};
+use crate::tensor::spec::{Signature, TensorSpec};
+use crate::tensor::{format_shape, tensor_bytes, DType, NamedTensor, Tensor};
 
 /// Finds the model output a postprocess stage reads: named, or the only
 /// one; it must be f32 rows × classes.
@@ -153,7 +99,7 @@ impl Stage for Softmax {
     fn outputs(&self) -> &[TensorSpec] {
         &self.outputs
     }
-    fn process(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+    fn process(&self, inputs: Vec<NamedTensor>, _cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
         let (rows, cols, mut values) = rows_of(take(&inputs, &self.inputs[0].name, "softmax")?, "softmax")?;
         for row in values.chunks_exact_mut(cols.max(1)) {
             softmax_in_place(row);
@@ -189,7 +135,7 @@ impl Stage for Argmax {
     fn outputs(&self) -> &[TensorSpec] {
         &self.outputs
     }
-    fn process(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+    fn process(&self, inputs: Vec<NamedTensor>, _cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
         let (rows, cols, values) = rows_of(take(&inputs, &self.inputs[0].name, "argmax")?, "argmax")?;
         let classes: Vec<i64> = values
             .chunks_exact(cols.max(1))
@@ -273,7 +219,7 @@ impl Stage for TopK {
     fn outputs(&self) -> &[TensorSpec] {
         &self.outputs
     }
-    fn process(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+    fn process(&self, inputs: Vec<NamedTensor>, _cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
         let (rows, cols, mut values) = rows_of(take(&inputs, &self.inputs[0].name, "top_k")?, "top_k")?;
         let k = self.k.min(cols);
         let mut scores = Vec::with_capacity(rows * k);
@@ -302,6 +248,9 @@ impl Stage for TopK {
         Ok(out)
     }
 }
+
+/// Rows image_normalize converts between two checks of its request.
+const ROWS_PER_PIECE: usize = 16;
 
 /// u8 images into the model's normalised f32 input, with the SDK's
 /// transform (the one the `image-normalize` plugin runs too).
@@ -366,7 +315,7 @@ impl Stage for ImageNormalize {
     fn outputs(&self) -> &[TensorSpec] {
         &self.outputs
     }
-    fn process(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+    fn process(&self, inputs: Vec<NamedTensor>, cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
         let image = take(&inputs, &self.inputs[0].name, "image_normalize")?;
         let pixels = image.bytes().ok_or_else(|| Error::internal("image_normalize: input is not DT_UINT8"))?;
         let &[rows, in_h, in_w, channels] = image.shape() else {
@@ -378,9 +327,24 @@ impl Stage for ImageNormalize {
                 self.inputs[0].name
             )));
         }
-        let out = image_normalize(&self.params, pixels, rows as usize, in_h as usize, in_w as usize);
         let (h, w) = (self.params.height as i64, self.params.width as i64);
         let shape = vec![rows, channels, h, w];
+        // The output's size comes from the client's row count: bound it
+        // before allocating, and work in pieces so that a request whose
+        // client left or whose deadline passed stops using the CPU.
+        let bytes = tensor_bytes(DType::F32, &shape, cx.max_tensor_bytes, "image_normalize output")?;
+        let row_values = (channels * h * w) as usize;
+        let row_pixels = (in_h * in_w * channels) as usize;
+        let mut out = vec![0f32; bytes / 4];
+        for (piece, (dst, src)) in
+            out.chunks_mut(row_values * ROWS_PER_PIECE).zip(pixels.chunks(row_pixels * ROWS_PER_PIECE)).enumerate()
+        {
+            if piece > 0 {
+                cx.check("in the image_normalize stage")?;
+            }
+            let n = dst.len() / row_values.max(1);
+            image_normalize_into(&self.params, src, n, in_h as usize, in_w as usize, dst);
+        }
         Ok(vec![NamedTensor::new(self.outputs[0].name.clone(), Tensor::from_values(shape, &out))])
     }
 }
@@ -388,6 +352,18 @@ impl Stage for ImageNormalize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::deadline::Deadline;
+    use crate::pipeline::stage::never_gone;
+
+    trait ProcessNow {
+        fn process_now(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>>;
+    }
+
+    impl<S: Stage> ProcessNow for S {
+        fn process_now(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+            self.process(inputs, &StageCx::new(Deadline::NONE, &never_gone, 1 << 30))
+        }
+    }
 
     fn classifier(classes: i64) -> Signature {
         Signature {
@@ -409,7 +385,7 @@ mod tests {
         std::fs::write(&labels, "cat\ndog\nbird\nfish\n").unwrap();
         let config = TopKConfig { input: None, k: 2, softmax: false, labels: Some(labels) };
         let stage = TopK::new(&config, &classifier(4)).unwrap();
-        let out = stage.process(logits(&[&[0.1, 3.0, -1.0, 2.0], &[5.0, 5.0, 0.0, 1.0]])).unwrap();
+        let out = stage.process_now(logits(&[&[0.1, 3.0, -1.0, 2.0], &[5.0, 5.0, 0.0, 1.0]])).unwrap();
         assert_eq!(out[0].tensor.to_vec::<f32>().unwrap(), vec![3.0, 2.0, 5.0, 5.0]);
         assert_eq!(out[1].tensor.to_vec::<i64>().unwrap(), vec![1, 3, 0, 1]);
         let names: Vec<&[u8]> = out[2].tensor.strings().unwrap().iter().map(|b| &b[..]).collect();
@@ -430,12 +406,12 @@ mod tests {
     #[test]
     fn softmax_and_argmax() {
         let softmax = Softmax::new(&ReduceConfig::default(), &classifier(3)).unwrap();
-        let out = softmax.process(logits(&[&[1.0, 2.0, 3.0]])).unwrap();
+        let out = softmax.process_now(logits(&[&[1.0, 2.0, 3.0]])).unwrap();
         let p = out[0].tensor.to_vec::<f32>().unwrap();
         assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(p[2] > p[1] && p[1] > p[0]);
         let argmax = Argmax::new(&ReduceConfig::default(), &classifier(3)).unwrap();
-        let out = argmax.process(logits(&[&[1.0, 9.0, 3.0], &[7.0, 2.0, 3.0]])).unwrap();
+        let out = argmax.process_now(logits(&[&[1.0, 9.0, 3.0], &[7.0, 2.0, 3.0]])).unwrap();
         assert_eq!(out[0].tensor.to_vec::<i64>().unwrap(), vec![1, 0]);
     }
 
@@ -446,7 +422,7 @@ mod tests {
         let stage = ImageNormalize::new(&config, &classifier(4)).unwrap();
         // One 2×2 image, HWC: channel c of pixel p is 10*p + c.
         let hwc: Vec<u8> = (0..4u8).flat_map(|p| (0..3u8).map(move |c| 10 * p + c)).collect();
-        let out = stage.process(vec![NamedTensor::new("pixels", Tensor::from_values(vec![1, 2, 2, 3], &hwc))]).unwrap();
+        let out = stage.process_now(vec![NamedTensor::new("pixels", Tensor::from_values(vec![1, 2, 2, 3], &hwc))]).unwrap();
         assert_eq!(out[0].name, "image");
         assert_eq!(out[0].tensor.shape(), &[1, 3, 2, 2]);
         let v = out[0].tensor.to_vec::<f32>().unwrap();
@@ -460,7 +436,7 @@ mod tests {
         // A 4×4 image of one value resizes to 2×2 of that value.
         let flat = vec![51u8; 4 * 4 * 3];
         let out =
-            stage.process(vec![NamedTensor::new("pixels", Tensor::from_values(vec![1, 4, 4, 3], &flat))]).unwrap();
+            stage.process_now(vec![NamedTensor::new("pixels", Tensor::from_values(vec![1, 4, 4, 3], &flat))]).unwrap();
         assert!(out[0].tensor.to_vec::<f32>().unwrap().iter().all(|&x| (x - (0.2 - 0.5) / 0.5).abs() < 1e-6));
     }
 }

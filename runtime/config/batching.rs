@@ -6,6 +6,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::error::{ConfigError, Invalid};
+use crate::invalid;
+
 /// How requests to one model version are batched.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -47,22 +50,22 @@ const IGNORED_KEYS: &[&str] = &["thread_pool_name", "pad_variable_length_inputs"
 
 impl BatchingParameters {
     /// Checks ranges and the allowed sizes; `key` prefixes the messages.
-    pub fn check(&self, key: &str) -> Result<(), String> {
+    pub fn check(&self, key: &str) -> Result<(), Invalid> {
         if self.max_batch_size == 0 {
-            return Err(format!("{key}.max_batch_size = 0: must be at least 1"));
+            return Err(invalid!("{key}.max_batch_size = 0: must be at least 1"));
         }
         if self.max_enqueued_batches == 0 {
-            return Err(format!("{key}.max_enqueued_batches = 0: must be at least 1"));
+            return Err(invalid!("{key}.max_enqueued_batches = 0: must be at least 1"));
         }
         if let Some(&last) = self.allowed_batch_sizes.last() {
             if self.allowed_batch_sizes.windows(2).any(|w| w[0] >= w[1]) || self.allowed_batch_sizes[0] == 0 {
-                return Err(format!(
+                return Err(invalid!(
                     "{key}.allowed_batch_sizes = {:?}: sizes must be positive and strictly increasing",
                     self.allowed_batch_sizes
                 ));
             }
             if last != self.max_batch_size {
-                return Err(format!(
+                return Err(invalid!(
                     "{key}.allowed_batch_sizes = {:?}: the last size must equal max_batch_size ({})",
                     self.allowed_batch_sizes, self.max_batch_size
                 ));
@@ -79,16 +82,16 @@ impl BatchingParameters {
     /// Reads a parameters file: TOML when it ends in `.toml`, otherwise TF
     /// Serving's text format. Errors name the file, the key and what is
     /// allowed.
-    pub fn from_file(path: &Path) -> Result<BatchingParameters, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    pub fn from_file(path: &Path) -> Result<BatchingParameters, ConfigError> {
         let source = path.display().to_string();
+        let error = |message: String| ConfigError { source: source.clone(), message };
+        let text = std::fs::read_to_string(path).map_err(|e| error(format!("cannot read: {e}")))?;
         let params = if path.extension().is_some_and(|e| e == "toml") {
-            toml::from_str::<BatchingParameters>(&text)
-                .map_err(|e| format!("{source}: {}", e.to_string().trim_end()))?
+            toml::from_str::<BatchingParameters>(&text).map_err(|e| error(e.to_string().trim_end().to_string()))?
         } else {
-            BatchingParameters::from_text_format(&text).map_err(|e| format!("{source}: {e}"))?
+            BatchingParameters::from_text_format(&text).map_err(|e| error(e.0))?
         };
-        params.check("batching").map_err(|e| format!("{source}: {e}"))?;
+        params.check("batching").map_err(|e| error(e.0))?;
         Ok(params)
     }
 
@@ -100,28 +103,28 @@ impl BatchingParameters {
     /// allowed_batch_sizes: 8
     /// allowed_batch_sizes: 32
     /// ```
-    pub fn from_text_format(text: &str) -> Result<BatchingParameters, String> {
+    pub fn from_text_format(text: &str) -> Result<BatchingParameters, Invalid> {
         let mut params = BatchingParameters::default();
         let mut allowed = Vec::new();
         let mut tokens = Tokens::new(text);
         while let Some((line, key)) = tokens.next_token()? {
             let Token::Ident(key) = key else {
-                return Err(format!("line {line}: expected a field name, found {key}"));
+                return Err(invalid!("line {line}: expected a field name, found {key}"));
             };
             if IGNORED_KEYS.contains(&key.as_str()) {
                 tokens.skip_value(line, &key)?;
                 continue;
             }
             if !KEYS.contains(&key.as_str()) {
-                return Err(format!(
+                return Err(invalid!(
                     "line {line}: unknown key '{key}'; allowed keys: {} (and, ignored: {})",
                     KEYS.join(", "),
                     IGNORED_KEYS.join(", ")
                 ));
             }
             let value = tokens.value(line, &key)?;
-            let number = |what: &str| -> Result<u64, String> {
-                value.parse::<u64>().map_err(|_| format!("line {line}: {key} = {value:?}: expected {what}"))
+            let number = |what: &str| -> Result<u64, Invalid> {
+                value.parse::<u64>().map_err(|_| invalid!("line {line}: {key} = {value:?}: expected {what}"))
             };
             match key.as_str() {
                 "max_batch_size" => params.max_batch_size = number("a positive integer")? as usize,
@@ -169,7 +172,7 @@ impl<'a> Tokens<'a> {
         Tokens { rest: text, line: 1 }
     }
 
-    fn next_token(&mut self) -> Result<Option<(usize, Token)>, String> {
+    fn next_token(&mut self) -> Result<Option<(usize, Token)>, Invalid> {
         loop {
             let trimmed = self.rest.trim_start_matches([' ', '\t', '\r', ',', ';']);
             self.rest = trimmed;
@@ -190,7 +193,7 @@ impl<'a> Tokens<'a> {
             '{' => (Token::Open, 1),
             '}' => (Token::Close, 1),
             '"' | '\'' => {
-                let end = self.rest[1..].find(c).ok_or_else(|| format!("line {line}: unterminated string"))?;
+                let end = self.rest[1..].find(c).ok_or_else(|| invalid!("line {line}: unterminated string"))?;
                 (Token::Scalar(self.rest[1..=end].to_string()), end + 2)
             }
             c if c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.' => {
@@ -206,18 +209,18 @@ impl<'a> Tokens<'a> {
                 };
                 (token, len)
             }
-            other => return Err(format!("line {line}: unexpected character {other:?}")),
+            other => return Err(invalid!("line {line}: unexpected character {other:?}")),
         };
         self.rest = &self.rest[len..];
         Ok(Some((line, token)))
     }
 
-    fn expect_next(&mut self, line: usize, key: &str) -> Result<Token, String> {
-        self.next_token()?.map(|(_, t)| t).ok_or_else(|| format!("line {line}: {key} has no value"))
+    fn expect_next(&mut self, line: usize, key: &str) -> Result<Token, Invalid> {
+        self.next_token()?.map(|(_, t)| t).ok_or_else(|| invalid!("line {line}: {key} has no value"))
     }
 
     /// The scalar of `key: scalar` or `key [:] { value: scalar }`.
-    fn value(&mut self, line: usize, key: &str) -> Result<String, String> {
+    fn value(&mut self, line: usize, key: &str) -> Result<String, Invalid> {
         let mut token = self.expect_next(line, key)?;
         if token == Token::Colon {
             token = self.expect_next(line, key)?;
@@ -227,19 +230,19 @@ impl<'a> Tokens<'a> {
             Token::Open => {
                 let inner = self.expect_next(line, key)?;
                 if inner != Token::Ident("value".into()) {
-                    return Err(format!("line {line}: {key} {{ … }} must hold 'value: N', found {inner}"));
+                    return Err(invalid!("line {line}: {key} {{ … }} must hold 'value: N', found {inner}"));
                 }
                 let value = self.value(line, key)?;
                 match self.expect_next(line, key)? {
                     Token::Close => Ok(value),
-                    other => Err(format!("line {line}: expected '}}' after {key}'s value, found {other}")),
+                    other => Err(invalid!("line {line}: expected '}}' after {key}'s value, found {other}")),
                 }
             }
-            other => Err(format!("line {line}: {key}: expected a value, found {other}")),
+            other => Err(invalid!("line {line}: {key}: expected a value, found {other}")),
         }
     }
 
-    fn skip_value(&mut self, line: usize, key: &str) -> Result<(), String> {
+    fn skip_value(&mut self, line: usize, key: &str) -> Result<(), Invalid> {
         self.value(line, key).map(|_| ())
     }
 }
@@ -282,20 +285,20 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_values_are_named() {
         let err = BatchingParameters::from_text_format("max_batch_sise { value: 8 }").unwrap_err();
-        assert!(err.contains("unknown key 'max_batch_sise'"), "{err}");
-        assert!(err.contains("max_batch_size, batch_timeout_micros"), "{err}");
+        assert!(err.0.contains("unknown key 'max_batch_sise'"), "{err}");
+        assert!(err.0.contains("max_batch_size, batch_timeout_micros"), "{err}");
         let err = BatchingParameters::from_text_format("max_batch_size { value: -3 }").unwrap_err();
-        assert!(err.contains("max_batch_size"), "{err}");
-        assert!(err.contains("positive integer"), "{err}");
+        assert!(err.0.contains("max_batch_size"), "{err}");
+        assert!(err.0.contains("positive integer"), "{err}");
         let err = BatchingParameters::from_text_format("max_batch_size { size: 3 }").unwrap_err();
-        assert!(err.contains("value: N"), "{err}");
+        assert!(err.0.contains("value: N"), "{err}");
     }
 
     #[test]
     fn allowed_sizes_must_increase_and_end_at_the_maximum() {
         let mut params = BatchingParameters { allowed_batch_sizes: vec![8, 4, 32], ..Default::default() };
-        assert!(params.check("b").unwrap_err().contains("strictly increasing"));
+        assert!(params.check("b").unwrap_err().0.contains("strictly increasing"));
         params.allowed_batch_sizes = vec![8, 16];
-        assert!(params.check("b").unwrap_err().contains("must equal max_batch_size (32)"));
+        assert!(params.check("b").unwrap_err().0.contains("must equal max_batch_size (32)"));
     }
 }

@@ -10,12 +10,13 @@ use prost::Message;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-use crate::infer::TensorSpec;
+use crate::tensor::spec::TensorSpec;
 use crate::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use crate::proto::tensorflow::serving::{GetModelMetadataRequest, ModelSpec, PredictRequest, SignatureDefMap};
 use crate::proto::tensorflow::TensorProto;
 use crate::tensor::json::tensor_from_json;
-use crate::tensor::proto::{encode, OutputEncoding};
+use crate::tensor::proto::encode;
+use crate::config::OutputEncoding;
 use crate::tensor::{element_count, DType, Tensor};
 
 /// Encoded requests to send, and the rows each carries.

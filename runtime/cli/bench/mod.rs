@@ -6,13 +6,10 @@
 //! steps of rising rate until the error rate or p99 crosses a limit — the
 //! knee. Requests come from a JSON file or are made up from the model's
 //! signature; they are encoded once and sent as bytes ([`client`]).
-//! [`process`] runs servers as child processes for the benchmarks and the
-//! integration tests.
 
 pub mod client;
 pub mod inputs;
 pub mod load;
-pub mod process;
 pub mod report;
 pub mod stats;
 

@@ -1,0 +1,165 @@
+//! What every call of the client APIs shares, gRPC or REST: the state
+//! they serve ([`ServingState`]) and one [`RequestContext`] per call — its
+//! id, deadline and tracing span, the target it resolved to, and the
+//! metering of its outcome.
+//!
+//! An RPC handler is then one function: make a context, resolve what the
+//! request names through it, do the work, and [`RequestContext::finish`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rand::Rng;
+
+use super::health::PhaseCell;
+use crate::config::OutputEncoding;
+use crate::error::Result;
+use crate::metrics::{LatencyLabels, Metrics, RequestLabels};
+use crate::models::VersionChoice;
+use crate::pipeline::deadline::Deadline;
+use crate::pipeline::{Endpoints, Target};
+
+/// The header (and gRPC metadata key) carrying a request's id.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// What the client APIs serve once the server is ready.
+#[derive(Clone)]
+pub struct ServingState {
+    /// Every name clients can call.
+    pub endpoints: Arc<Endpoints>,
+    /// How numeric outputs are written in gRPC answers.
+    pub output_encoding: OutputEncoding,
+    /// Request counts and latencies.
+    pub metrics: Arc<Metrics>,
+    /// Ready or draining: calls that arrive on an open connection while
+    /// the server drains are refused.
+    pub phase: Arc<PhaseCell>,
+}
+
+/// A request's id: the client's `x-request-id` when it sent a usable one
+/// (1 to 64 visible ASCII characters), otherwise a new random one.
+pub fn request_id(given: Option<&str>) -> String {
+    match given {
+        Some(id) if !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_graphic()) => id.to_string(),
+        _ => format!("{:016x}", rand::rng().random::<u64>()),
+    }
+}
+
+/// One call of a client API, from its arrival to its answer.
+pub struct RequestContext {
+    /// The request's id, logged on every line of its span and returned.
+    pub id: String,
+    /// When the answer stops being worth sending.
+    pub deadline: Deadline,
+    /// The span every line logged for the request carries.
+    pub span: tracing::Span,
+    /// What the request asked for (`model_spec.name`), for metrics of
+    /// requests that resolved to nothing.
+    name: String,
+    metrics: Arc<Metrics>,
+    api: &'static str,
+    entrypoint: &'static str,
+    started: Instant,
+    target: Option<Target>,
+}
+
+impl RequestContext {
+    /// Starts an `api` call (`predict`, `get_model_metadata`, …) that came
+    /// in through `entrypoint` (`grpc`, `rest`) asking for `name`.
+    pub fn new(
+        metrics: &Arc<Metrics>,
+        api: &'static str,
+        entrypoint: &'static str,
+        id: Option<&str>,
+        name: &str,
+        deadline: Deadline,
+    ) -> RequestContext {
+        let id = request_id(id);
+        let span = tracing::info_span!("request", id = %id, model = name);
+        RequestContext {
+            id,
+            deadline,
+            span,
+            name: name.to_string(),
+            metrics: metrics.clone(),
+            api,
+            entrypoint,
+            started: Instant::now(),
+            target: None,
+        }
+    }
+
+    /// Resolves what the request names to a pipeline and a version, and
+    /// remembers it for the request's metrics.
+    pub fn resolve(
+        &mut self,
+        endpoints: &Endpoints,
+        choice: VersionChoice<'_>,
+        signature_name: &str,
+    ) -> Result<Target> {
+        let target = Target::resolve(endpoints, &self.name, choice, signature_name)?;
+        self.target = Some(target.clone());
+        Ok(target)
+    }
+
+    /// Records the outcome: counted by model, pipeline, API, entry point
+    /// and status, and timed.
+    pub fn finish<T>(self, result: &Result<T>) {
+        let _in_request = self.span.enter();
+        let elapsed = self.started.elapsed().as_secs_f64();
+        if let Err(e) = result {
+            // Failures are worth a line; successes are what metrics are for.
+            tracing::info!(code = %e.code(), api = self.api, "request failed: {e}");
+        }
+        // The common case, a request that reached its pipeline: handles
+        // resolved when the pipeline was built, no label lookup.
+        let target = self.target.as_ref();
+        let handles = target.and_then(|t| t.pipeline.request_handles().get(self.api, self.entrypoint));
+        if let Some((ok, latency)) = handles {
+            latency.observe(elapsed);
+            if result.is_ok() {
+                ok.inc();
+                return;
+            }
+        }
+        let code = match result {
+            Ok(_) => "OK",
+            Err(e) => e.code().as_str(),
+        };
+        // Shared names and static strings: counting a request allocates
+        // nothing once its series exists.
+        let (model, pipeline) = match target {
+            Some(t) => (t.version.model_label(), t.pipeline.name_label()),
+            None => {
+                let name: Arc<str> = Arc::from(self.name.as_str());
+                (name.clone(), name)
+            }
+        };
+        let labels =
+            RequestLabels { model_name: model, pipeline, api: self.api, entrypoint: self.entrypoint, status: code };
+        self.metrics.requests.get_or_create(&labels).inc();
+        if handles.is_none() {
+            let latency = LatencyLabels {
+                model_name: labels.model_name,
+                pipeline: labels.pipeline,
+                api: labels.api,
+                entrypoint: labels.entrypoint,
+            };
+            self.metrics.request_latency.get_or_create(&latency).observe(elapsed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_taken_when_sane_and_made_otherwise() {
+        assert_eq!(request_id(Some("abc-123")), "abc-123");
+        assert_eq!(request_id(None).len(), 16);
+        assert_eq!(request_id(Some("has space")).len(), 16);
+        assert_eq!(request_id(Some(&"x".repeat(65))).len(), 16);
+        assert_ne!(request_id(None), request_id(None));
+    }
+}

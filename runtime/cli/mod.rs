@@ -1,0 +1,9 @@
+//! The commands besides `serve`: `sluice bench` ([`bench`]), `sluice
+//! plugin check` and `push` ([`plugin_check`], [`plugin_push`]) and `sluice
+//! config check` ([`config_check`]). They sit above the library: they use
+//! it, nothing in it uses them.
+
+pub mod bench;
+pub mod config_check;
+pub mod plugin_check;
+pub mod plugin_push;

@@ -1,0 +1,82 @@
+//! The `[plugins]` table: where plugins are and the limits the host runs
+//! them under. The host that reads it is `plugin`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// The `[plugins]` table: where plugins are and how the engine runs them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsConfig {
+    /// The directory of `NAME.wasm` files that pipelines name.
+    pub dir: Option<PathBuf>,
+    /// Where compiled plugins are cached; none when unset.
+    pub cache_dir: Option<PathBuf>,
+    /// Meter fuel, so that `fuel` limits apply (costs a few percent).
+    pub fuel: bool,
+    /// Plugin instances that may exist at once (the instance pool).
+    pub max_instances: u32,
+    /// The largest `memory_mib` any plugin may be given.
+    pub max_memory_mib: u64,
+    /// Linear memory kept mapped between instances of a pool slot, zeroed
+    /// instead of unmapped (KiB): faster fresh instances, at the cost of
+    /// that much resident memory per slot used.
+    pub keep_resident_kib: u64,
+    /// Limits per plugin, by name; plugins not named get the defaults.
+    pub limits: BTreeMap<String, PluginLimits>,
+}
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        PluginsConfig {
+            dir: None,
+            cache_dir: None,
+            fuel: false,
+            max_instances: 256,
+            max_memory_mib: 256,
+            keep_resident_kib: 2048,
+            limits: BTreeMap::new(),
+        }
+    }
+}
+
+impl PluginsConfig {
+    /// The limits of the plugin called `name`.
+    pub fn limits_of(&self, name: &str) -> PluginLimits {
+        self.limits.get(name).cloned().unwrap_or_default()
+    }
+
+    /// The file of the plugin called `name`.
+    pub fn path_of(&self, name: &str) -> Result<PathBuf> {
+        let dir = self.dir.as_ref().ok_or_else(|| {
+            Error::invalid_argument(format!("plugin '{name}' is named, but [plugins] dir is not set"))
+        })?;
+        Ok(dir.join(format!("{name}.wasm")))
+    }
+}
+
+/// What one call of a plugin may use.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginLimits {
+    /// Wall time per call, in milliseconds.
+    pub timeout_ms: u64,
+    /// Linear memory per instance, in MiB.
+    pub memory_mib: u64,
+    /// Fuel (roughly, instructions) per call; needs `[plugins] fuel = true`.
+    pub fuel: Option<u64>,
+    /// Keep an instance per worker between calls instead of a fresh one
+    /// per call: faster, but state persists between requests of the same
+    /// pipeline. An instance that fails is thrown away.
+    pub reuse_instance: bool,
+}
+
+impl Default for PluginLimits {
+    fn default() -> Self {
+        PluginLimits { timeout_ms: 50, memory_mib: 64, fuel: None, reuse_instance: false }
+    }
+}

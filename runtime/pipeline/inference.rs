@@ -1,0 +1,89 @@
+//! The inference stage: one loaded model version and, when batching is on
+//! for its model, the [`Batcher`] in front of it.
+//!
+//! One inference stage exists per model version, shared by every pipeline
+//! that runs the model, so requests of all of them batch together.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::batcher::Batcher;
+use super::deadline::Deadline;
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::infer::Batch;
+use crate::metrics::Metrics;
+use crate::models::{ModelVersion, ServedModel};
+use crate::tensor::Tensor;
+
+/// Runs requests through one model version.
+pub struct InferenceStage {
+    version: Arc<ModelVersion>,
+    /// Present when batching is on for the model.
+    batcher: Option<Batcher>,
+}
+
+impl InferenceStage {
+    /// The inference stage of `version`, batching as `config` says.
+    pub fn start(version: Arc<ModelVersion>, config: &ModelConfig, metrics: &Metrics) -> InferenceStage {
+        let batcher = config.batching.as_ref().map(|params| {
+            let (model, number) = (version.model(), version.version());
+            let threads = if params.num_batch_threads == 0 { config.onnx.sessions } else { params.num_batch_threads };
+            Batcher::start(
+                version.backend().clone(),
+                params.clone(),
+                threads,
+                format!("the batch queue of model '{model}' version {number}"),
+                metrics.queue(&format!("{model}/{number}/batch")),
+                metrics.model(model, number),
+            )
+        });
+        InferenceStage { version, batcher }
+    }
+
+    /// Runs one request's inputs (validated against the signature, in its
+    /// order) through the model: batched with others when batching is on.
+    pub async fn run(&self, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
+        match &self.batcher {
+            Some(batcher) => batcher.run(inputs, deadline).await,
+            None => {
+                deadline.check("before inference")?;
+                deadline.run("during inference", self.version.backend().run(Batch::single(inputs))).await
+            }
+        }
+    }
+
+    /// The version it runs.
+    pub fn version(&self) -> &Arc<ModelVersion> {
+        &self.version
+    }
+}
+
+/// The inference stages of every loaded version of one model.
+pub struct ModelStages {
+    model: Arc<ServedModel>,
+    versions: BTreeMap<i64, Arc<InferenceStage>>,
+}
+
+impl ModelStages {
+    /// Starts an inference stage for each loaded version of `model`.
+    pub fn start(model: Arc<ServedModel>, config: &ModelConfig, metrics: &Metrics) -> ModelStages {
+        let versions = model
+            .versions()
+            .map(|v| (v.version(), Arc::new(InferenceStage::start(v.clone(), config, metrics))))
+            .collect();
+        ModelStages { model, versions }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<ServedModel> {
+        &self.model
+    }
+
+    /// The stage of `version`.
+    pub fn of(&self, version: &ModelVersion) -> Result<&Arc<InferenceStage>> {
+        self.versions.get(&version.version()).ok_or_else(|| {
+            Error::internal(format!("{version} has no inference stage, this is a bug"))
+        })
+    }
+}

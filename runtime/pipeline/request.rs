@@ -1,0 +1,181 @@
+//! What a request runs on ([`Target`]: a pipeline and the model version it
+//! resolved to) and the one form in which a request enters the pipeline
+//! ([`ValidRequest`]).
+//!
+//! The API edges build a `ValidRequest` through a [`RequestBuilder`], the
+//! only way to make one: the input names and the `output_filter` are
+//! checked when it starts (before anything is decoded), each decoded
+//! tensor against its spec as it is added, and the rows of batched inputs
+//! when it finishes. Each check runs once; the pipeline trusts what it is
+//! given.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::deadline::Deadline;
+use super::{Endpoints, Pipeline};
+use crate::error::{Error, Result};
+use crate::models::{ModelVersion, VersionChoice};
+use crate::tensor::spec::{check_tensor, Signature, DEFAULT_SIGNATURE};
+use crate::tensor::{format_shape, Tensor};
+
+/// What a request runs on: a pipeline and the model version it resolved to.
+#[derive(Clone)]
+pub struct Target {
+    /// The pipeline (a model served directly is a pipeline without stages).
+    pub pipeline: Arc<Pipeline>,
+    /// The version that serves the request.
+    pub version: Arc<ModelVersion>,
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.pipeline.name() == self.version.model() && !self.pipeline.has_stages() {
+            write!(f, "{}", self.version)
+        } else {
+            write!(f, "pipeline '{}' ({})", self.pipeline.name(), self.version)
+        }
+    }
+}
+
+impl Target {
+    /// The pipeline called `name` and the version `choice` picks; checks
+    /// the signature name too.
+    pub fn resolve(
+        endpoints: &Endpoints,
+        name: &str,
+        choice: VersionChoice<'_>,
+        signature_name: &str,
+    ) -> Result<Target> {
+        let pipeline = endpoints.named(name)?;
+        let version = pipeline.model().resolve(choice)?;
+        if !signature_name.is_empty() && signature_name != DEFAULT_SIGNATURE {
+            return Err(Error::failed_precondition(format!(
+                "{version} has no signature '{signature_name}'; signatures: [{DEFAULT_SIGNATURE}]"
+            )));
+        }
+        Ok(Target { pipeline: pipeline.clone(), version: version.clone() })
+    }
+
+    /// What clients send and receive.
+    pub fn signature(&self) -> Result<&Signature> {
+        self.pipeline.signature(&self.version)
+    }
+
+    /// Starts a request that names `inputs` and asks for the outputs
+    /// `output_filter` selects (all when empty): both are checked here,
+    /// before any tensor is decoded.
+    pub fn request<'n>(
+        &self,
+        inputs: impl Iterator<Item = &'n str> + Clone,
+        output_filter: &[String],
+        deadline: Deadline,
+    ) -> Result<RequestBuilder<'_>> {
+        let signature = self.signature()?;
+        signature.check_input_names(self, inputs)?;
+        let outputs = signature.resolve_output_filter(self, output_filter)?;
+        Ok(RequestBuilder {
+            target: self,
+            signature,
+            slots: vec![None; signature.inputs.len()],
+            outputs,
+            deadline,
+        })
+    }
+
+    /// Runs a request through the pipeline; returns the outputs it asked
+    /// for, by name, in signature order unless its filter ordered them.
+    pub async fn predict(&self, request: ValidRequest) -> Result<Vec<(String, Tensor)>> {
+        let ValidRequest { target, inputs, outputs: selected, deadline } = request;
+        debug_assert!(Arc::ptr_eq(&target.pipeline, &self.pipeline), "a request runs on its own target, this is a bug");
+        let signature = self.signature()?;
+        // Bounding the whole wait by the deadline also drops the request
+        // from whatever queue it is in: the queues skip requests whose
+        // caller has gone.
+        let outputs =
+            deadline.run("while queued or running", self.pipeline.predict(&self.version, inputs, deadline)).await?;
+        if outputs.len() != signature.outputs.len() {
+            return Err(Error::internal(format!(
+                "{self} returned {} outputs, but its signature has {}",
+                outputs.len(),
+                signature.outputs.len()
+            )));
+        }
+        let mut taken: Vec<Option<Tensor>> = outputs.into_iter().map(Some).collect();
+        Ok(selected
+            .into_iter()
+            .filter_map(|i| taken[i].take().map(|t| (signature.outputs[i].name.clone(), t)))
+            .collect())
+    }
+}
+
+/// A request whose inputs are exactly the target's, each checked against
+/// its spec, in signature order: the only thing the pipeline runs.
+pub struct ValidRequest {
+    target: Target,
+    inputs: Vec<Tensor>,
+    /// Output indexes to answer with, in answer order.
+    outputs: Vec<usize>,
+    deadline: Deadline,
+}
+
+impl ValidRequest {
+    /// Its inputs, in signature order.
+    pub fn inputs(&self) -> &[Tensor] {
+        &self.inputs
+    }
+}
+
+/// A request being validated: started by [`Target::request`], fed each
+/// decoded input with [`RequestBuilder::put`], ended by
+/// [`RequestBuilder::finish`].
+pub struct RequestBuilder<'a> {
+    target: &'a Target,
+    signature: &'a Signature,
+    slots: Vec<Option<Tensor>>,
+    outputs: Vec<usize>,
+    deadline: Deadline,
+}
+
+impl RequestBuilder<'_> {
+    /// The signature the request is checked against.
+    pub fn signature(&self) -> &Signature {
+        self.signature
+    }
+
+    /// Adds input `name` (one of the names the request started with),
+    /// checked against its spec: dtype, rank, fixed dimensions.
+    pub fn put(&mut self, name: &str, tensor: Tensor) -> Result<()> {
+        let index = self.signature.inputs.iter().position(|spec| spec.name == name).ok_or_else(|| {
+            Error::internal(format!("input '{name}' was not among the request's names, this is a bug"))
+        })?;
+        check_tensor(self.target, "input", &self.signature.inputs[index], &tensor)?;
+        if self.slots[index].replace(tensor).is_some() {
+            return Err(Error::invalid_argument(format!("input '{name}' is given twice")));
+        }
+        Ok(())
+    }
+
+    /// Checks that every input is there and that batched inputs agree on
+    /// their rows: the request is valid.
+    pub fn finish(self) -> Result<ValidRequest> {
+        let specs = &self.signature.inputs;
+        let mut inputs = Vec::with_capacity(specs.len());
+        for (spec, slot) in specs.iter().zip(self.slots) {
+            let tensor = slot.ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "missing input '{}' ({} {}); {} expects it",
+                    spec.name,
+                    spec.dtype,
+                    format_shape(&spec.shape),
+                    self.target
+                ))
+            })?;
+            inputs.push(tensor);
+        }
+        if self.signature.is_batched() {
+            self.signature.check_rows(self.target, &inputs)?;
+        }
+        Ok(ValidRequest { target: self.target.clone(), inputs, outputs: self.outputs, deadline: self.deadline })
+    }
+}

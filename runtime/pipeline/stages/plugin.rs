@@ -1,0 +1,194 @@
+//! The stage that runs a WebAssembly plugin in a pipeline, swappable while
+//! it serves. It is the registry's [`PluginSlot`]: the registry checks an
+//! upload against it and swaps it, without knowing what a pipeline is.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::StageRole;
+use crate::error::{Error, Result};
+use crate::models::ServedModel;
+use crate::pipeline::stage::{Stage, StageCx};
+use crate::plugin::registry::{PluginRegistry, PluginSlot};
+use crate::plugin::{Plugin, World};
+use crate::tensor::spec::{fits, TensorSpec};
+use crate::tensor::NamedTensor;
+
+/// A pipeline stage that runs a plugin, swappable while it serves.
+///
+/// The interface — what the stage takes and returns — is fixed when the
+/// pipeline is built, because clients and the model rely on it; a swap
+/// replaces the implementation only, with a plugin whose interface is the
+/// same (the registry checks before it swaps). A request takes the plugin
+/// current when it starts and keeps it to the end, so a swap never fails
+/// or mixes a request; the old plugin, with its compiled code and warm
+/// instances, is freed when its last request ends.
+pub struct PluginStage {
+    name: String,
+    pipeline: String,
+    team: Option<String>,
+    world: World,
+    model: Arc<ServedModel>,
+    current: ArcSwap<Plugin>,
+    inputs: Vec<TensorSpec>,
+    outputs: Vec<TensorSpec>,
+}
+
+/// Where a plugin stage sits and what it serves.
+pub struct PluginPlace<'a> {
+    /// The pipeline's name.
+    pub pipeline: &'a str,
+    /// The pipeline's team.
+    pub team: Option<&'a str>,
+    /// Before or after the model.
+    pub role: StageRole,
+    /// The model it feeds or reads.
+    pub model: &'a Arc<ServedModel>,
+}
+
+impl PluginStage {
+    /// Loads plugin `name` (its active uploaded version, else `NAME.wasm`)
+    /// for a stage at `place`, checks it fits, and binds the stage to the
+    /// registry so activations reach it. Each stage gets its own plugin
+    /// instance pool: warm instances are never shared between pipelines.
+    pub fn build(name: &str, place: &PluginPlace<'_>, registry: &PluginRegistry) -> Result<Arc<PluginStage>> {
+        let bytes = registry.initial_bytes(name)?;
+        let plugin = registry.load(name, &bytes).map_err(|e| e.context(format_args!("plugin '{name}'")))?;
+        let world = match place.role {
+            StageRole::Preprocess => World::Preprocessor,
+            StageRole::Postprocess => World::Postprocessor,
+        };
+        let description = plugin.description();
+        let stage = Arc::new(PluginStage {
+            name: format!("plugin {name}"),
+            pipeline: place.pipeline.to_string(),
+            team: place.team.map(str::to_string),
+            world,
+            model: place.model.clone(),
+            inputs: description.inputs.clone(),
+            outputs: description.outputs.clone(),
+            current: ArcSwap::new(Arc::new(plugin)),
+        });
+        let current = stage.current();
+        stage.fits_model(&current).map_err(|e| e.context(format_args!("plugin '{name}' ({})", current.label())))?;
+        registry.bind(name, stage.clone())?;
+        Ok(stage)
+    }
+
+    /// The plugin serving new requests.
+    pub fn current(&self) -> Arc<Plugin> {
+        self.current.load_full()
+    }
+
+    /// The plugin is of this stage's world, and fits every version of the
+    /// model: a preprocessor's outputs feed the model's inputs, a
+    /// postprocessor's inputs are the model's outputs.
+    fn fits_model(&self, plugin: &Plugin) -> Result<()> {
+        if plugin.world() != self.world {
+            return Err(Error::invalid_argument(format!(
+                "it is a {}, but the stage runs a {}",
+                plugin.world(),
+                self.world
+            )));
+        }
+        let description = plugin.description();
+        for version in self.model.versions() {
+            let model = version.signature();
+            let (wanted, given, role) = match self.world {
+                World::Preprocessor => (&model.inputs, &description.outputs, "outputs"),
+                World::Postprocessor => (&description.inputs, &model.outputs, "inputs"),
+            };
+            for want in wanted {
+                let have = given.iter().find(|g| g.name == want.name).ok_or_else(|| {
+                    Error::invalid_argument(format!("its {role} do not fit {version}: '{}' is missing", want.name))
+                })?;
+                fits(have, want).map_err(|e| e.context(format_args!("its {role} do not fit {version}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `plugin` has this stage's interface: the same inputs and outputs,
+    /// name for name, dtype for dtype, shape for shape.
+    fn same_interface(&self, plugin: &Plugin) -> Result<()> {
+        let same = |what: &str, have: &[TensorSpec], given: &[TensorSpec]| {
+            if have == given {
+                return Ok(());
+            }
+            let list = |specs: &[TensorSpec]| specs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            Err(Error::invalid_argument(format!(
+                "{} declares {what} [{}], but the stage's {what} are [{}]; a swap keeps the interface clients and \
+                 the model rely on",
+                plugin.label(),
+                list(given),
+                list(have)
+            )))
+        };
+        same("inputs", &self.inputs, &plugin.description().inputs)?;
+        same("outputs", &self.outputs, &plugin.description().outputs)
+    }
+}
+
+impl PluginSlot for PluginStage {
+    fn pipeline(&self) -> &str {
+        &self.pipeline
+    }
+
+    fn team(&self) -> Option<&str> {
+        self.team.as_deref()
+    }
+
+    fn accepts(&self, plugin: &Plugin) -> Result<()> {
+        self.fits_model(plugin)?;
+        self.same_interface(plugin)
+    }
+
+    fn swap(&self, plugin: Arc<Plugin>) -> Result<()> {
+        self.accepts(&plugin)?;
+        self.current.store(plugin);
+        Ok(())
+    }
+}
+
+impl Stage for PluginStage {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn inputs(&self) -> &[TensorSpec] {
+        &self.inputs
+    }
+
+    fn outputs(&self) -> &[TensorSpec] {
+        &self.outputs
+    }
+
+    fn process(&self, inputs: Vec<NamedTensor>, _cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
+        // The batch: the rows of the first input declared with a free
+        // dimension 0.
+        let rows = self
+            .inputs()
+            .iter()
+            .filter(|spec| spec.shape.first() == Some(&-1))
+            .find_map(|spec| inputs.iter().find(|t| t.name == spec.name))
+            .map(|t| t.tensor.rows());
+        let plugin = self.current.load_full();
+        // The host checks the outputs against the plugin's declaration.
+        let outputs = plugin.call(inputs)?;
+        // Rows in, the same rows out: a plugin must not invent or drop rows.
+        if let Some(rows) = rows {
+            for (output, spec) in outputs.iter().zip(self.outputs()) {
+                if spec.shape.first() == Some(&-1) && output.tensor.rows() != rows {
+                    return Err(Error::internal(format!(
+                        "{} returned {} rows in '{}' for a request of {rows}",
+                        plugin.label(),
+                        output.tensor.rows(),
+                        output.name
+                    )));
+                }
+            }
+        }
+        Ok(outputs)
+    }
+}
