@@ -14,11 +14,11 @@ use std::sync::Arc;
 
 use clap::Parser;
 use sluice::api::grpc::served_spec;
+use sluice::config::OutputEncoding;
 use sluice::proto::tensorflow::serving::prediction_service_server::{PredictionService, PredictionServiceServer};
 use sluice::proto::tensorflow::serving::{
     GetModelMetadataRequest, GetModelMetadataResponse, PredictRequest, PredictResponse,
 };
-use sluice::config::OutputEncoding;
 use sluice::tensor::proto::encode;
 use sluice::tensor::Tensor;
 use tonic::transport::server::TcpIncoming;

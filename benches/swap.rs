@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Method;
+use process::ServerProcess;
 use sluice::cli::bench::client::RestClient;
 use sluice::cli::bench::inputs::{input_specs, random_pool};
 use sluice::cli::bench::load::{self, LoadPlan};
-use process::ServerProcess;
 use sluice::cli::bench::stats::Summary;
 use sluice::proto::tensorflow::serving::ModelSpec;
 

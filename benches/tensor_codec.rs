@@ -13,8 +13,8 @@
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use prost::Message;
-use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
 use sluice::config::OutputEncoding;
+use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
 use sluice::tensor::proto::{decode, encode};
 use sluice::tensor::Tensor;
 
@@ -36,7 +36,7 @@ fn codec(c: &mut Criterion) {
     // The decoded tensor must point into the request buffer.
     let decoded = PredictRequest::decode(content_request.clone()).expect("decode");
     let proto = decoded.inputs.into_values().next().expect("input");
-    let t = decode("x", proto).expect("tensor");
+    let t = decode("x", proto, usize::MAX).expect("tensor");
     let start = content_request.as_ptr() as usize;
     let at = t.bytes().expect("fixed").as_ptr() as usize;
     assert!(at >= start && at < start + content_request.len(), "tensor_content was copied on decode");
@@ -51,14 +51,14 @@ fn codec(c: &mut Criterion) {
         b.iter(|| {
             let request = PredictRequest::decode(content_request.clone()).expect("decode");
             let proto = request.inputs.into_values().next().expect("input");
-            std::hint::black_box(decode("x", proto).expect("tensor"))
+            std::hint::black_box(decode("x", proto, usize::MAX).expect("tensor"))
         })
     });
     group.bench_function("decode request, float_val", |b| {
         b.iter(|| {
             let request = PredictRequest::decode(typed_request.clone()).expect("decode");
             let proto = request.inputs.into_values().next().expect("input");
-            std::hint::black_box(decode("x", proto).expect("tensor"))
+            std::hint::black_box(decode("x", proto, usize::MAX).expect("tensor"))
         })
     });
     group.bench_function("encode output, tensor_content", |b| {

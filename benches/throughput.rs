@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use process::ServerProcess;
 use sluice::cli::bench::inputs::{input_specs, random_pool, rest_bodies, RequestPool};
 use sluice::cli::bench::load::{self, LoadPlan};
-use process::ServerProcess;
 use sluice::cli::bench::stats::Summary;
 use sluice::proto::tensorflow::serving::ModelSpec;
 

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use sluice::config::{Config, ModelConfig};
 use sluice::config::{BatchingParameters, OutputEncoding};
+use sluice::config::{Config, ModelConfig};
 
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -154,7 +154,8 @@ fn no_import_cycle_between_top_level_modules() {
 
 #[test]
 fn the_checker_sees_imports() {
-    let found = imports("use crate::pipeline::Target;\n// use crate::api::x;\nlet e = crate::invalid!(\"x\");\n$crate::DType");
+    let found =
+        imports("use crate::pipeline::Target;\n// use crate::api::x;\nlet e = crate::invalid!(\"x\");\n$crate::DType");
     assert_eq!(found, BTreeSet::from(["pipeline".to_string(), "error".to_string()]));
 }
 

@@ -23,7 +23,7 @@ fn a_missing_onnxruntime_library_is_reported_with_every_place_looked_at() {
     let output = Command::new(&exe)
         .env_remove("ORT_DYLIB_PATH")
         .current_dir(dir.path())
-        .args(["serve", "--port", "0", "--model_name", "mlp", "--model_base_path"])
+        .args(["serve", "--port", "0", "--rest_api_port", "0", "--model_name", "mlp", "--model_base_path"])
         .arg(&model)
         .output()
         .expect("run");
@@ -39,7 +39,17 @@ fn a_missing_onnxruntime_library_is_reported_with_every_place_looked_at() {
     assert!(stderr.contains("--onnxruntime_library"), "{stderr}");
 
     let output = sluice()
-        .args(["serve", "--port", "0", "--onnxruntime_library", "/nowhere/libonnxruntime.so", "--model_name", "mlp"])
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--rest_api_port",
+            "0",
+            "--onnxruntime_library",
+            "/nowhere/libonnxruntime.so",
+            "--model_name",
+            "mlp",
+        ])
         .arg("--model_base_path")
         .arg(&model)
         .output()
@@ -61,7 +71,11 @@ fn a_broken_config_stops_the_start_with_the_file_and_key_named() {
     for (i, (text, key)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("broken-{i}.toml"));
         std::fs::write(&path, text).expect("write");
-        let output = sluice().args(["serve", "--port", "0", "--model_config_file"]).arg(&path).output().expect("run");
+        let output = sluice()
+            .args(["serve", "--port", "0", "--rest_api_port", "0", "--model_config_file"])
+            .arg(&path)
+            .output()
+            .expect("run");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "case {i} started");
         assert!(stderr.contains(key), "case {i}: {stderr}");

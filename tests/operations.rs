@@ -10,11 +10,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::ServerProcess;
 use common::*;
 use http::{Method, StatusCode};
 use serde_json::json;
 use sluice::cli::bench::client::RestClient;
-use common::ServerProcess;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;

@@ -186,3 +186,33 @@ async fn a_pipeline_reports_its_own_signature_and_checks_inputs_against_it() {
     assert!(status.message().contains("pipeline 'cnn-pixels'"), "{}", status.message());
     assert!(status.message().contains("DT_UINT8"), "{}", status.message());
 }
+
+#[tokio::test]
+async fn a_request_whose_stage_output_would_be_huge_is_refused_and_memory_stays_bounded() {
+    // 20 million 1×1 images (60 MB on the wire) would make image_normalize
+    // build 20M × 3 × 32 × 32 floats: 245 GB. It must be refused before
+    // anything that size is allocated, and the server must keep serving.
+    let server = Server::with_config(&config("pipelined"));
+    let rows = 20_000_000i64;
+    let tensor = TensorProto {
+        dtype: DataType::DtUint8 as i32,
+        tensor_shape: shape(&[rows, 1, 1, 3]),
+        tensor_content: Bytes::from(vec![9u8; rows as usize * 3]),
+        ..Default::default()
+    };
+    let before = server.rss_bytes();
+    let status = server
+        .predict_client()
+        .await
+        .predict(predict_request("cnn-pixels", vec![("pixels", tensor)]))
+        .await
+        .expect_err("a 245 GB stage output must be refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{}", status.message());
+    assert!(status.message().contains("server.max_tensor_bytes"), "{}", status.message());
+    assert!(status.message().contains("image_normalize"), "{}", status.message());
+    check_pixels(&server, 2, 7).await;
+    let after = server.rss_bytes();
+    // The request itself (60 MB) and its decoding may stay cached by the
+    // allocator; nothing near the 245 GB it asked for may.
+    assert!(after < before + (512 << 20), "resident memory grew from {before} to {after} bytes");
+}

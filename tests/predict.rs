@@ -173,7 +173,7 @@ async fn every_dtype_survives_the_round_trip_and_output_filter_selects() {
         let got = &response.outputs[&out_name];
         assert_eq!(got.dtype, sent.dtype, "{out_name} dtype");
         assert_eq!(dims(got), vec![1, 3], "{out_name} shape");
-        let as_tensor = |p: &TensorProto| sluice::tensor::proto::decode("t", p.clone()).expect("decode");
+        let as_tensor = |p: &TensorProto| sluice::tensor::proto::decode("t", p.clone(), usize::MAX).expect("decode");
         assert_eq!(as_tensor(got), as_tensor(sent), "{out_name} values");
     }
 

@@ -99,7 +99,8 @@ pub fn check_files(config: &Config) -> Result<Summary, Invalid> {
                 Some(kind) => {
                     if let StageKind::TopK(top_k) = kind {
                         if let Some(labels) = &top_k.labels {
-                            readable(labels).map_err(|e| invalid!("{key}.top_k.labels = \"{}\": {e}", labels.display()))?;
+                            readable(labels)
+                                .map_err(|e| invalid!("{key}.top_k.labels = \"{}\": {e}", labels.display()))?;
                         }
                     }
                     stages.push(format!("{role} {}", kind.name()));

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use crate::plugin::{zeros, Plugin, PluginEngine, PluginLimits, PluginsConfig};
 use crate::error::{Error, Result};
-use crate::tensor::spec::TensorSpec;
+use crate::plugin::{zeros, Plugin, PluginEngine, PluginLimits, PluginsConfig};
 use crate::tensor::json::{row_to_json, tensor_from_json};
+use crate::tensor::spec::TensorSpec;
 use crate::tensor::{format_shape, NamedTensor};
 
 /// The flags of `sluice plugin check`.

@@ -67,7 +67,8 @@ impl BatchingParameters {
             if last != self.max_batch_size {
                 return Err(invalid!(
                     "{key}.allowed_batch_sizes = {:?}: the last size must equal max_batch_size ({})",
-                    self.allowed_batch_sizes, self.max_batch_size
+                    self.allowed_batch_sizes,
+                    self.max_batch_size
                 ));
             }
         }

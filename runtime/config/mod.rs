@@ -410,7 +410,8 @@ impl Config {
             if limits.memory_mib == 0 || limits.memory_mib > self.plugins.max_memory_mib {
                 return Err(invalid!(
                     "{key}.memory_mib = {}: must be between 1 and plugins.max_memory_mib ({})",
-                    limits.memory_mib, self.plugins.max_memory_mib
+                    limits.memory_mib,
+                    self.plugins.max_memory_mib
                 ));
             }
             if limits.fuel.is_some() && !self.plugins.fuel {
@@ -430,7 +431,10 @@ impl Config {
             return Err(invalid!("server.max_tensor_bytes = {}: must be at least 1024", self.server.max_tensor_bytes));
         }
         if self.server.max_message_bytes < 1024 {
-            return Err(invalid!("server.max_message_bytes = {}: must be at least 1024", self.server.max_message_bytes));
+            return Err(invalid!(
+                "server.max_message_bytes = {}: must be at least 1024",
+                self.server.max_message_bytes
+            ));
         }
         Ok(())
     }
@@ -443,10 +447,14 @@ impl Config {
             return Ok(());
         }
         if self.plugins.dir.is_none() {
-            return Err(Invalid("admin.enabled = true: set [plugins] dir, where uploaded plugins are stored".to_string()));
+            return Err(Invalid(
+                "admin.enabled = true: set [plugins] dir, where uploaded plugins are stored".to_string(),
+            ));
         }
         if admin.tokens.is_empty() {
-            return Err(Invalid("admin.enabled = true, but admin.tokens is empty: nobody could use the admin API".to_string()));
+            return Err(Invalid(
+                "admin.enabled = true, but admin.tokens is empty: nobody could use the admin API".to_string(),
+            ));
         }
         if admin.max_upload_bytes == 0 {
             return Err(Invalid("admin.max_upload_bytes = 0: must be at least 1".to_string()));

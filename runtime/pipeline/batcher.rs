@@ -14,9 +14,11 @@
 //! as separate requests and are joined again in order.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+// Tokio's clock: the system's, and a test's paused clock when one pauses it.
+use tokio::time::Instant;
 
 use super::deadline::Deadline;
 use crate::config::BatchingParameters;
@@ -185,7 +187,7 @@ impl BatchFormer {
                     None => return,
                 },
             };
-            let flush_at = tokio::time::Instant::from_std(first.enqueued + self.timeout);
+            let flush_at = first.enqueued + self.timeout;
             let mut rows = first.rows;
             let mut batch = vec![first];
             while rows < self.max_batch_size && self.carry.is_none() {
@@ -288,5 +290,136 @@ fn answer(
                 let _ = reply.send(Err(error.clone()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures::future::BoxFuture;
+
+    use super::*;
+    use crate::error::Code;
+    use crate::metrics::Metrics;
+    use crate::tensor::spec::{Signature, TensorSpec};
+    use crate::tensor::DType;
+
+    /// A model that doubles its one input and records every batch it ran:
+    /// the rows of each request and the padded size.
+    struct Doubler {
+        signature: Signature,
+        batches: Mutex<Vec<(Vec<usize>, usize)>>,
+    }
+
+    impl Doubler {
+        fn new() -> Arc<Doubler> {
+            let spec = |name: &str| TensorSpec { name: name.into(), dtype: DType::F32, shape: vec![-1, 2] };
+            Arc::new(Doubler {
+                signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] },
+                batches: Mutex::new(Vec::new()),
+            })
+        }
+    }
+
+    impl Backend for Doubler {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>> {
+            let rows: Vec<usize> = batch.requests.iter().map(|r| r[0].rows()).collect();
+            self.batches.lock().expect("batches").push((rows, batch.padded_rows));
+            let mut values: Vec<f32> = batch.requests.iter().flat_map(|r| r[0].to_vec::<f32>().expect("f32")).collect();
+            values.iter_mut().for_each(|v| *v *= 2.0);
+            values.resize(batch.padded_rows * 2, 0.0);
+            let out = Tensor::from_values(vec![batch.padded_rows as i64, 2], &values);
+            Box::pin(async move { Ok(vec![out]) })
+        }
+    }
+
+    fn batcher(backend: &Arc<Doubler>, params: BatchingParameters) -> Batcher {
+        let metrics = Metrics::new();
+        Batcher::start(
+            backend.clone(),
+            params,
+            1,
+            "the batch queue of model 'm'".into(),
+            metrics.queue("m"),
+            metrics.model("m", 1),
+        )
+    }
+
+    fn rows(first: f32, n: usize) -> Vec<Tensor> {
+        let values: Vec<f32> = (0..n * 2).map(|i| first + i as f32).collect();
+        vec![Tensor::from_values(vec![n as i64, 2], &values)]
+    }
+
+    #[tokio::test]
+    async fn requests_within_the_timeout_share_a_padded_batch_and_get_their_own_rows() {
+        let backend = Doubler::new();
+        let params = BatchingParameters {
+            max_batch_size: 8,
+            batch_timeout_micros: 1000,
+            allowed_batch_sizes: vec![4, 8],
+            ..BatchingParameters::default()
+        };
+        let batcher = batcher(&backend, params);
+        let (a, b) =
+            tokio::join!(batcher.run(rows(0.0, 1), Deadline::NONE), batcher.run(rows(10.0, 2), Deadline::NONE));
+        assert_eq!(a.unwrap()[0].to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
+        assert_eq!(b.unwrap()[0].to_vec::<f32>().unwrap(), vec![20.0, 22.0, 24.0, 26.0]);
+        // One batch of 3 rows, padded to the next allowed size.
+        assert_eq!(*backend.batches.lock().unwrap(), vec![(vec![1, 2], 4)]);
+    }
+
+    #[tokio::test]
+    async fn a_lone_request_waits_for_the_timeout_then_runs_alone() {
+        let backend = Doubler::new();
+        let params =
+            BatchingParameters { max_batch_size: 8, batch_timeout_micros: 5000, ..BatchingParameters::default() };
+        let batcher = Arc::new(batcher(&backend, params));
+        let started = tokio::time::Instant::now();
+        let out = batcher.run(rows(1.0, 1), Deadline::NONE).await.unwrap();
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+        // Alone, it waited for the batch timeout, then ran.
+        assert!(started.elapsed() >= Duration::from_micros(5000), "{:?}", started.elapsed());
+        assert_eq!(*backend.batches.lock().unwrap(), vec![(vec![1], 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_request_larger_than_a_batch_is_split_and_joined_in_order() {
+        let backend = Doubler::new();
+        let params = BatchingParameters { max_batch_size: 2, batch_timeout_micros: 0, ..BatchingParameters::default() };
+        let batcher = batcher(&backend, params);
+        let out = batcher.run(rows(0.0, 5), Deadline::NONE).await.unwrap();
+        let want: Vec<f32> = (0..10).map(|i| 2.0 * i as f32).collect();
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), want);
+        assert_eq!(out[0].shape(), &[5, 2]);
+        let seen: Vec<usize> = backend.batches.lock().unwrap().iter().flat_map(|(r, _)| r.clone()).collect();
+        assert_eq!(seen, vec![2, 2, 1]);
+    }
+
+    #[tokio::test]
+    async fn more_rows_than_the_queue_holds_are_refused_at_once() {
+        let backend = Doubler::new();
+        let params = BatchingParameters { max_batch_size: 2, max_enqueued_batches: 2, ..BatchingParameters::default() };
+        let batcher = batcher(&backend, params);
+        let err = batcher.run(rows(0.0, 5), Deadline::NONE).await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted);
+        assert!(err.message().contains("5 rows"), "{err}");
+        assert!(backend.batches.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_deadline_passes_in_the_queue_is_dropped_before_the_model() {
+        let backend = Doubler::new();
+        let params =
+            BatchingParameters { max_batch_size: 8, batch_timeout_micros: 10_000, ..BatchingParameters::default() };
+        let batcher = batcher(&backend, params);
+        let deadline = Deadline::after(Duration::from_millis(2));
+        let err = batcher.run(rows(0.0, 1), deadline).await.unwrap_err();
+        assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
+        assert!(backend.batches.lock().unwrap().is_empty());
     }
 }

@@ -5,7 +5,11 @@
 //! time is answered DEADLINE_EXCEEDED and never reaches the model.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Tokio's clock (the system's, unless a test pauses it), so that deadlines
+// can be tested with paused time.
+use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 
@@ -47,9 +51,9 @@ impl Deadline {
     pub async fn run<T>(&self, at: &str, work: impl Future<Output = Result<T>>) -> Result<T> {
         match self.0 {
             None => work.await,
-            Some(at_instant) => tokio::time::timeout_at(at_instant.into(), work)
-                .await
-                .unwrap_or_else(|_| Err(Error::deadline_exceeded(at))),
+            Some(at_instant) => {
+                tokio::time::timeout_at(at_instant, work).await.unwrap_or_else(|_| Err(Error::deadline_exceeded(at)))
+            }
         }
     }
 

@@ -82,8 +82,8 @@ impl ModelStages {
 
     /// The stage of `version`.
     pub fn of(&self, version: &ModelVersion) -> Result<&Arc<InferenceStage>> {
-        self.versions.get(&version.version()).ok_or_else(|| {
-            Error::internal(format!("{version} has no inference stage, this is a bug"))
-        })
+        self.versions
+            .get(&version.version())
+            .ok_or_else(|| Error::internal(format!("{version} has no inference stage, this is a bug")))
     }
 }

@@ -97,12 +97,12 @@ impl Pipeline {
         let served = model.model().clone();
         let latest = served.latest().map_err(context)?.clone();
         let stage = |role: StageRole, stage_config: &StageConfig| -> Result<StageRunner> {
-            let kind = stage_config.kind().ok_or_else(|| {
-                Error::internal(format!("{}: an unchecked stage config, this is a bug", role.key()))
-            })?;
+            let kind = stage_config
+                .kind()
+                .ok_or_else(|| Error::internal(format!("{}: an unchecked stage config, this is a bug", role.key())))?;
             let place = PluginPlace { pipeline: &config.name, team: config.team.as_deref(), role, model: &served };
-            let built = stages::build(kind, latest.signature(), &place, cx.registry)
-                .map_err(|e| e.context(role.key()))?;
+            let built =
+                stages::build(kind, latest.signature(), &place, cx.registry).map_err(|e| e.context(role.key()))?;
             let label = format!("the {} stage ({}) of pipeline '{name}'", role.key(), built.name());
             let queue = cx.metrics.queue(&format!("{name}/{}", role.key()));
             Ok(match config.mode {
@@ -155,6 +155,11 @@ impl Pipeline {
     /// The name clients call, shared.
     pub fn name_label(&self) -> Arc<str> {
         self.name.clone()
+    }
+
+    /// The most bytes one tensor built for a request may hold.
+    pub fn max_tensor_bytes(&self) -> usize {
+        self.max_tensor_bytes
     }
 
     /// Its request counters and latency histograms.
@@ -310,7 +315,11 @@ impl Endpoints {
 
     /// The versions a status request asks about: every loaded one without
     /// a version, else the one named.
-    pub fn status_versions(&self, name: &str, choice: crate::models::VersionChoice<'_>) -> Result<Vec<Arc<ModelVersion>>> {
+    pub fn status_versions(
+        &self,
+        name: &str,
+        choice: crate::models::VersionChoice<'_>,
+    ) -> Result<Vec<Arc<ModelVersion>>> {
         let model = self.named(name)?.model();
         Ok(match choice {
             crate::models::VersionChoice::Latest => model.versions().cloned().collect(),

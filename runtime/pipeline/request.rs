@@ -74,13 +74,7 @@ impl Target {
         let signature = self.signature()?;
         signature.check_input_names(self, inputs)?;
         let outputs = signature.resolve_output_filter(self, output_filter)?;
-        Ok(RequestBuilder {
-            target: self,
-            signature,
-            slots: vec![None; signature.inputs.len()],
-            outputs,
-            deadline,
-        })
+        Ok(RequestBuilder { target: self, signature, slots: vec![None; signature.inputs.len()], outputs, deadline })
     }
 
     /// Runs a request through the pipeline; returns the outputs it asked

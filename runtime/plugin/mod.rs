@@ -205,10 +205,9 @@ impl Plugin {
         self.metrics.seconds.observe(stats.elapsed.as_secs_f64());
         let outcome = match answer {
             Err(trap) => Err(self.failure(trap, live.store.data())),
-            Ok(Err(PluginError::InvalidInput(message))) => Err(Error::plugin(
-                PluginFault::InvalidInput,
-                format!("{} rejected the input: {message}", self.label),
-            )),
+            Ok(Err(PluginError::InvalidInput(message))) => {
+                Err(Error::plugin(PluginFault::InvalidInput, format!("{} rejected the input: {message}", self.label)))
+            }
             Ok(Err(PluginError::Internal(message))) => {
                 Err(Error::plugin(PluginFault::Failed, format!("{} failed: {message}", self.label)))
             }
@@ -231,8 +230,11 @@ impl Plugin {
     /// downstream sizes anything from an unchecked one.
     fn check_outputs(&self, outputs: Vec<bindings::Tensor>) -> Result<Vec<NamedTensor>> {
         let bad = |e: Error| Error::plugin(PluginFault::BadOutput, format!("{} returned {e}", self.label));
-        let outputs =
-            outputs.into_iter().map(tensor_in).collect::<Result<Vec<_>>>().map_err(|e| bad(e.context("a malformed tensor")))?;
+        let outputs = outputs
+            .into_iter()
+            .map(tensor_in)
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| bad(e.context("a malformed tensor")))?;
         check_outputs(&self.label, &self.description.outputs, &outputs)
             .map_err(|e| Error::plugin(PluginFault::BadOutput, e.message()))?;
         Ok(outputs)

@@ -248,7 +248,8 @@ impl PluginRegistry {
             plugin.call(zeros).map_err(|e| refused(e.context("on zeros shaped like its declared inputs")))?;
         }
         for slot in state.bindings.get(name).into_iter().flatten() {
-            slot.accepts(&plugin).map_err(|e| refused(e.context(format_args!("for pipeline '{}'", slot.pipeline()))))?;
+            slot.accepts(&plugin)
+                .map_err(|e| refused(e.context(format_args!("for pipeline '{}'", slot.pipeline()))))?;
         }
         Ok(plugin)
     }

@@ -6,7 +6,7 @@ pub use sluice_sdk::{DType, UnservedDType};
 
 /// The ONNX Runtime element type of `dtype`.
 pub fn to_ort(dtype: DType) -> ort::value::TensorElementType {
-        use ort::value::TensorElementType as T;
+    use ort::value::TensorElementType as T;
     match dtype {
         DType::F32 => T::Float32,
         DType::F64 => T::Float64,
@@ -27,7 +27,7 @@ pub fn to_ort(dtype: DType) -> ort::value::TensorElementType {
 
 /// The dtype of an ONNX Runtime element type, if sluice serves it.
 pub fn from_ort(ty: ort::value::TensorElementType) -> Option<DType> {
-        use ort::value::TensorElementType as T;
+    use ort::value::TensorElementType as T;
     Some(match ty {
         T::Float32 => DType::F32,
         T::Float64 => DType::F64,

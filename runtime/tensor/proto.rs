@@ -10,20 +10,23 @@
 
 use bytes::Bytes;
 
-use super::{element_count, format_shape, DType, Tensor, TensorData};
+use super::{element_count, format_shape, tensor_bytes, DType, Tensor, TensorData};
 use crate::config::OutputEncoding;
 use crate::error::{Error, Result};
 use crate::proto::tensorflow::{tensor_shape_proto, TensorProto, TensorShapeProto};
 
-/// Decodes the tensor a client sent as input `name`.
-pub fn decode(name: &str, proto: TensorProto) -> Result<Tensor> {
-    decode_inner(proto).map_err(|e| e.context(format_args!("input '{name}'")))
+/// Decodes the tensor a client sent as input `name`; a tensor that would
+/// take more than `max_bytes` in memory (a single typed value broadcast to
+/// a huge shape) is refused before anything is allocated.
+pub fn decode(name: &str, proto: TensorProto, max_bytes: usize) -> Result<Tensor> {
+    decode_inner(proto, max_bytes).map_err(|e| e.context(format_args!("input '{name}'")))
 }
 
-fn decode_inner(mut proto: TensorProto) -> Result<Tensor> {
+fn decode_inner(mut proto: TensorProto, max_bytes: usize) -> Result<Tensor> {
     let dtype = DType::from_tf(proto.dtype).map_err(|e| Error::invalid_argument(format!("dtype {e}")))?;
     let shape = decode_shape(proto.tensor_shape.take())?;
     let count = element_count(&shape)?;
+    tensor_bytes(dtype, &shape, max_bytes, "the tensor")?;
     check_no_foreign_values(dtype, &proto)?;
     if dtype == DType::String {
         if !proto.tensor_content.is_empty() {
@@ -236,14 +239,30 @@ mod tests {
     }
 
     #[test]
+    fn a_broadcast_past_the_tensor_limit_is_refused_before_allocating() {
+        // One value filling 2^33 elements would be 32 GiB.
+        let err = decode("x", f32_proto(&[1 << 20, 1 << 13], vec![1.0]), 1 << 20).unwrap_err();
+        assert_eq!(err.code(), crate::error::Code::ResourceExhausted);
+        assert!(err.message().contains("server.max_tensor_bytes"), "{err}");
+        assert!(err.message().contains("input 'x'"), "{err}");
+        let strings = TensorProto {
+            dtype: DType::String.to_tf(),
+            tensor_shape: Some(encode_shape(&[1 << 40])),
+            string_val: vec![Bytes::from_static(b"a")],
+            ..Default::default()
+        };
+        assert!(matches!(decode("s", strings, 1 << 20), Err(crate::error::Error::LimitExceeded(_))));
+        assert!(decode("x", f32_proto(&[2, 2], vec![1.0]), 1 << 20).is_ok());
+    }
+    #[test]
     fn typed_values_decode_and_broadcast() {
-        let t = decode("x", f32_proto(&[2, 2], vec![1.0, 2.0, 3.0, 4.0])).unwrap();
+        let t = decode("x", f32_proto(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]), usize::MAX).unwrap();
         assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
-        let t = decode("x", f32_proto(&[2, 3], vec![7.0])).unwrap();
+        let t = decode("x", f32_proto(&[2, 3], vec![7.0]), usize::MAX).unwrap();
         assert_eq!(t.to_vec::<f32>().unwrap(), vec![7.0; 6]);
-        let err = decode("x", f32_proto(&[2, 3], vec![1.0, 2.0])).unwrap_err();
+        let err = decode("x", f32_proto(&[2, 3], vec![1.0, 2.0]), usize::MAX).unwrap_err();
         assert!(err.message().starts_with("input 'x': float_val has 2 values"), "{err}");
-        let err = decode("x", f32_proto(&[2, 3], vec![])).unwrap_err();
+        let err = decode("x", f32_proto(&[2, 3], vec![]), usize::MAX).unwrap_err();
         assert!(err.message().contains("none were given"), "{err}");
     }
 
@@ -256,7 +275,7 @@ mod tests {
             tensor_content: content.clone(),
             ..Default::default()
         };
-        let t = decode("x", proto).unwrap();
+        let t = decode("x", proto, usize::MAX).unwrap();
         assert_eq!(t.bytes().unwrap().as_ptr(), content.as_ptr());
     }
 
@@ -268,7 +287,7 @@ mod tests {
             string_val: vec![Bytes::from_static(b"abc")],
             ..Default::default()
         };
-        let err = decode("x", proto).unwrap_err();
+        let err = decode("x", proto, usize::MAX).unwrap_err();
         assert!(err.message().contains("string_val"), "{err}");
         assert!(err.message().contains("float_val or tensor_content"), "{err}");
 
@@ -278,14 +297,14 @@ mod tests {
             int_val: vec![3, 300],
             ..Default::default()
         };
-        let err = decode("img", proto).unwrap_err();
+        let err = decode("img", proto, usize::MAX).unwrap_err();
         assert!(err.message().contains("int_val[1] = 300"), "{err}");
         assert!(err.message().contains("DT_UINT8"), "{err}");
     }
 
     #[test]
     fn negative_dims_and_unknown_rank_are_refused() {
-        let err = decode("x", f32_proto(&[-1, 2], vec![1.0])).unwrap_err();
+        let err = decode("x", f32_proto(&[-1, 2], vec![1.0]), usize::MAX).unwrap_err();
         assert!(err.message().contains("dimension 0 is -1"), "{err}");
         let proto = TensorProto {
             dtype: DType::F32.to_tf(),
@@ -293,7 +312,7 @@ mod tests {
             float_val: vec![1.0],
             ..Default::default()
         };
-        assert!(decode("x", proto).unwrap_err().message().contains("unknown_rank"));
+        assert!(decode("x", proto, usize::MAX).unwrap_err().message().contains("unknown_rank"));
     }
 
     #[test]
@@ -316,7 +335,7 @@ mod tests {
         ];
         for tensor in tensors {
             for encoding in [OutputEncoding::TypedFields, OutputEncoding::TensorContent] {
-                let back = decode("t", encode(&tensor, encoding)).unwrap();
+                let back = decode("t", encode(&tensor, encoding), usize::MAX).unwrap();
                 assert_eq!(back, tensor, "{} via {encoding:?}", tensor.dtype());
             }
         }

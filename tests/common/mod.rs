@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use bytes::Bytes;
 pub use self::process::ServerProcess;
+use bytes::Bytes;
 use sluice::proto::tensorflow::serving::model_service_client::ModelServiceClient;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use sluice::proto::tensorflow::serving::{model_spec, ModelSpec, PredictRequest};
@@ -96,6 +96,11 @@ impl Server {
     /// The process id, for sending signals.
     pub fn pid(&self) -> u32 {
         self.process.pid()
+    }
+
+    /// The server's resident memory, in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        self.process.rss_bytes().expect("the server's resident memory")
     }
 
     /// Waits for the process to exit and returns its status.

@@ -37,7 +37,12 @@ pub fn required_spec(spec: Option<&ModelSpec>) -> Result<&ModelSpec> {
 
 /// The context of a gRPC call asking for the model `spec` names: its id
 /// from `x-request-id`, its deadline from `grpc-timeout`.
-fn context<T>(state: &ServingState, api: &'static str, request: &Request<T>, spec: Option<&ModelSpec>) -> RequestContext {
+fn context<T>(
+    state: &ServingState,
+    api: &'static str,
+    request: &Request<T>,
+    spec: Option<&ModelSpec>,
+) -> RequestContext {
     let metadata = request.metadata();
     let deadline = Deadline::from_grpc_timeout(metadata.get("grpc-timeout").and_then(|v| v.to_str().ok()));
     let id = metadata.get(REQUEST_ID).and_then(|v| v.to_str().ok());

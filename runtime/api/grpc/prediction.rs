@@ -92,7 +92,7 @@ async fn predict(
     // inputs or outputs.
     let mut builder = target.request(request.inputs.keys().map(String::as_str), &request.output_filter, deadline)?;
     for (name, proto) in request.inputs {
-        let tensor = decode(&name, proto)?;
+        let tensor = decode(&name, proto, target.pipeline.max_tensor_bytes())?;
         builder.put(&name, tensor)?;
     }
     let outputs = target.predict(builder.finish()?).await?;

@@ -44,7 +44,9 @@ pub(super) async fn predict(
     let signature_name = match request.remove("signature_name") {
         None => String::new(),
         Some(Value::String(name)) => name,
-        Some(other) => return Err(Error::invalid_argument(format!("\"signature_name\" is {other}; expected a string"))),
+        Some(other) => {
+            return Err(Error::invalid_argument(format!("\"signature_name\" is {other}; expected a string")))
+        }
     };
     let target = cx.resolve(endpoints, path.choice, &signature_name)?;
     predict_on(&target, request, cx.deadline).await
@@ -122,7 +124,11 @@ fn rows_to_request(target: &Target, instances: &Value, deadline: Deadline) -> Re
         Value::Object(first) if named_rows => {
             first.keys().map(|k| Column { name: k.as_str(), row_shape: None, leaves: Vec::new() }).collect()
         }
-        _ => vec![Column { name: single_input(signature, "instances")?.name.as_str(), row_shape: None, leaves: Vec::new() }],
+        _ => vec![Column {
+            name: single_input(signature, "instances")?.name.as_str(),
+            row_shape: None,
+            leaves: Vec::new(),
+        }],
     };
     let mut builder = target.request(columns.iter().map(|c| c.name), &[], deadline)?;
     for (i, row) in rows.iter().enumerate() {

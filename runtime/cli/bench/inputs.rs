@@ -10,13 +10,13 @@ use prost::Message;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-use crate::tensor::spec::TensorSpec;
+use crate::config::OutputEncoding;
 use crate::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use crate::proto::tensorflow::serving::{GetModelMetadataRequest, ModelSpec, PredictRequest, SignatureDefMap};
 use crate::proto::tensorflow::TensorProto;
 use crate::tensor::json::tensor_from_json;
 use crate::tensor::proto::encode;
-use crate::config::OutputEncoding;
+use crate::tensor::spec::TensorSpec;
 use crate::tensor::{element_count, DType, Tensor};
 
 /// Encoded requests to send, and the rows each carries.
@@ -193,7 +193,7 @@ pub fn rest_bodies(requests: &[Bytes]) -> Result<Vec<Bytes>, String> {
             let request = PredictRequest::decode(encoded.clone()).map_err(|e| format!("bad request: {e}"))?;
             let mut inputs = Vec::with_capacity(request.inputs.len());
             for (name, proto) in request.inputs {
-                let tensor = crate::tensor::proto::decode(&name, proto).map_err(|e| e.to_string())?;
+                let tensor = crate::tensor::proto::decode(&name, proto, usize::MAX).map_err(|e| e.to_string())?;
                 inputs.push((name, tensor));
             }
             let rows = inputs.first().map_or(0, |(_, t)| t.rows());

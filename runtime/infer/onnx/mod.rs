@@ -22,8 +22,8 @@ use tokio::sync::oneshot;
 
 use super::{Backend, Batch};
 use crate::config::onnx::{ExecutionProvider, OnnxOptions};
-use crate::metrics::ModelMetrics;
 use crate::error::{Error, Result};
+use crate::metrics::ModelMetrics;
 use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{batch, dtype, onnx as convert, Tensor};
 

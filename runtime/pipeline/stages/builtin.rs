@@ -422,7 +422,8 @@ mod tests {
         let stage = ImageNormalize::new(&config, &classifier(4)).unwrap();
         // One 2×2 image, HWC: channel c of pixel p is 10*p + c.
         let hwc: Vec<u8> = (0..4u8).flat_map(|p| (0..3u8).map(move |c| 10 * p + c)).collect();
-        let out = stage.process_now(vec![NamedTensor::new("pixels", Tensor::from_values(vec![1, 2, 2, 3], &hwc))]).unwrap();
+        let out =
+            stage.process_now(vec![NamedTensor::new("pixels", Tensor::from_values(vec![1, 2, 2, 3], &hwc))]).unwrap();
         assert_eq!(out[0].name, "image");
         assert_eq!(out[0].tensor.shape(), &[1, 3, 2, 2]);
         let v = out[0].tensor.to_vec::<f32>().unwrap();
@@ -438,5 +439,31 @@ mod tests {
         let out =
             stage.process_now(vec![NamedTensor::new("pixels", Tensor::from_values(vec![1, 4, 4, 3], &flat))]).unwrap();
         assert!(out[0].tensor.to_vec::<f32>().unwrap().iter().all(|&x| (x - (0.2 - 0.5) / 0.5).abs() < 1e-6));
+    }
+
+    #[test]
+    fn image_normalize_sizes_its_output_against_the_limit_before_allocating() {
+        let config = ImageNormalizeConfig { input: "pixels".into(), mean: vec![], std: vec![], scale: 255.0 };
+        let stage = ImageNormalize::new(&config, &classifier(4)).unwrap();
+        // 20 million 1×1 images would become 20M × 3 × 2 × 2 f32 = 960 MB.
+        let rows = 20_000_000i64;
+        let pixels =
+            Tensor::from_bytes(DType::U8, vec![rows, 1, 1, 3], Bytes::from(vec![7u8; rows as usize * 3])).unwrap();
+        let cx = StageCx::new(Deadline::NONE, &never_gone, 64 << 20);
+        let err = stage.process(vec![NamedTensor::new("pixels", pixels)], &cx).unwrap_err();
+        assert_eq!(err.code(), crate::error::Code::ResourceExhausted);
+        assert!(err.message().contains("server.max_tensor_bytes"), "{err}");
+        assert!(err.message().contains("960000000"), "{err}");
+    }
+
+    #[test]
+    fn image_normalize_stops_when_its_client_has_gone() {
+        let config = ImageNormalizeConfig { input: "pixels".into(), mean: vec![], std: vec![], scale: 255.0 };
+        let stage = ImageNormalize::new(&config, &classifier(4)).unwrap();
+        let pixels = Tensor::from_values(vec![64, 2, 2, 3], &vec![1u8; 64 * 12]);
+        let gone = || true;
+        let cx = StageCx::new(Deadline::NONE, &gone, 1 << 30);
+        let err = stage.process(vec![NamedTensor::new("pixels", pixels)], &cx).unwrap_err();
+        assert!(matches!(err, Error::Cancelled(_)), "{err}");
     }
 }

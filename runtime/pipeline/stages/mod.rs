@@ -32,9 +32,8 @@ pub fn build(
         StageKind::Argmax(config) => Arc::new(builtin::Argmax::new(config, model)?),
         StageKind::TopK(config) => Arc::new(builtin::TopK::new(config, model)?),
         StageKind::Plugin(name) => {
-            let registry = registry.ok_or_else(|| {
-                Error::internal("a plugin stage was built without a plugin registry, this is a bug")
-            })?;
+            let registry = registry
+                .ok_or_else(|| Error::internal("a plugin stage was built without a plugin registry, this is a bug"))?;
             PluginStage::build(name, place, registry)?
         }
     })
