@@ -177,9 +177,7 @@ async fn occupy(server: &Server) -> tokio::task::JoinHandle<()> {
         client.predict(request).await.expect("the blocker is answered");
     });
     let batches = r#"sluice_batch_rows_count{model="cnn",version="1"}"#;
-    while server.metric(batches).await < 1.0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    server.wait_for_metric(batches, 1.0).await;
     handle
 }
 
@@ -237,9 +235,7 @@ async fn a_cancelled_request_is_dropped_before_it_runs() {
         let _ = client.predict(request).await;
     });
     let queued = r#"sluice_queue_depth{queue="cnn/1/batch"}"#;
-    while server.metric(queued).await < 1.0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    server.wait_for_metric(queued, 1.0).await;
     cancelled.abort();
     let _ = cancelled.await;
     blocker.await.expect("blocker");

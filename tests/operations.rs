@@ -145,9 +145,7 @@ batching = { max_batch_size = 4096, batch_timeout_micros = 0 }
     let big = predict_request("cnn", vec![("image", f32_content(&[2048, 3, 32, 32], &values(1, 2048 * 3 * 32 * 32)))]);
     let blocker = tokio::spawn(async move { blocker_client.predict(big).await.map(|_| ()) });
     let batches = r#"sluice_batch_rows_count{model="cnn",version="1"}"#;
-    while server.metric(batches).await < 1.0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    server.wait_for_metric(batches, 1.0).await;
     let (mut refused, mut answered) = (0, 0);
     for _ in 0..3 {
         let small = predict_request("cnn", vec![("image", f32_content(&[1, 3, 32, 32], &values(2, 3 * 32 * 32)))]);
@@ -300,9 +298,7 @@ async fn sigterm_turns_readiness_off_refuses_new_requests_and_drains_in_flight_o
     // Every request admitted (waiting for the one session or running)
     // before the signal.
     let admitted = r#"sluice_queue_depth{queue="cnn/admission"}"#;
-    while server.metric(admitted).await < 4.0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    server.wait_for_metric(admitted, 4.0).await;
     // SAFETY: sending a signal to our own child process.
     assert_eq!(unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGTERM) }, 0);
 

@@ -98,6 +98,24 @@ impl Server {
         self.process.pid()
     }
 
+    /// Waits until `series` reaches at least `at_least`, polling; fails
+    /// with the last value seen if it has not within 30 seconds, instead
+    /// of hanging the test.
+    pub async fn wait_for_metric(&self, series: &str, at_least: f64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let value = self.metric(series).await;
+            if value >= at_least {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{series} stayed at {value} for 30 s; expected at least {at_least}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// The server's resident memory, in bytes.
     pub fn rss_bytes(&self) -> u64 {
         self.process.rss_bytes().expect("the server's resident memory")
