@@ -233,16 +233,20 @@ async fn twenty_swaps_under_load_fail_no_request_and_every_answer_is_one_version
     ok(&server, Method::PUT, "/admin/v1/plugins/features", ML, plugin_bytes("identity")).await;
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut clients = Vec::new();
     for _ in 0..8 {
         let mut client = server.predict_client().await;
         let stop = stop.clone();
+        let answered = answered.clone();
         let (identity, doubled) = (identity.clone(), doubled.clone());
         clients.push(tokio::spawn(async move {
             let (mut answers, mut failures, mut mixed) = ([0usize; 2], Vec::new(), 0usize);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let request = predict_request("scored", vec![("x", f32_content(&[1, 64], &input()))]);
-                match client.predict(request).await {
+                let result = client.predict(request).await;
+                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                match result {
                     Ok(response) => {
                         let got = f32_values(&response.into_inner().outputs["logits"]);
                         if got == identity {
@@ -259,7 +263,12 @@ async fn twenty_swaps_under_load_fail_no_request_and_every_answer_is_one_version
             (answers, failures, mixed)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every client is sending before the first swap.
+    eventually("16 answers before the swaps", || {
+        let n = answered.load(std::sync::atomic::Ordering::Relaxed);
+        (n >= 16).then_some(()).ok_or(format!("{n} answers so far"))
+    })
+    .await;
     for swap in 0..20 {
         let version = 1 + swap % 2;
         ok(&server, Method::POST, &format!("/admin/v1/plugins/features/versions/{version}/activate"), ML, vec![]).await;

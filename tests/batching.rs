@@ -216,8 +216,8 @@ async fn expired_deadlines_get_deadline_exceeded_and_never_reach_the_model() {
         assert!(message.contains("deadline exceeded"), "{message}");
     }
     blocker.await.expect("blocker");
-    // Give the batcher the moment it needs to drop the expired entries.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The batcher drops the expired entries as it reaches them.
+    server.wait_for_metric(r#"sluice_rejections_total{queue="cnn/1/batch",reason="cancelled"}"#, 5.0).await;
     let runs_after = server.metric(RUNS).await;
     assert_eq!(runs_after - runs_before, 1.0, "only the blocker ran; the expired requests never reached the model");
     let dropped = server.metric(r#"sluice_rejections_total{queue="cnn/1/batch",reason="cancelled"}"#).await;
@@ -239,7 +239,7 @@ async fn a_cancelled_request_is_dropped_before_it_runs() {
     cancelled.abort();
     let _ = cancelled.await;
     blocker.await.expect("blocker");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.wait_for_metric(r#"sluice_rejections_total{queue="cnn/1/batch",reason="cancelled"}"#, 1.0).await;
     assert_eq!(server.metric(RUNS).await - runs_before, 1.0, "the cancelled request never ran");
     let dropped = server.metric(r#"sluice_rejections_total{queue="cnn/1/batch",reason="cancelled"}"#).await;
     assert_eq!(dropped, 1.0);

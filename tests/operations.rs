@@ -366,11 +366,8 @@ async fn every_request_carries_an_id_into_its_answer_and_its_json_log_lines() {
     assert_eq!(made_up.len(), 16, "a generated id: {made_up:?}");
 
     // The failure's log line is JSON and carries the id in its span.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let lines = server.log();
-    let line =
-        lines.iter().find(|l| l.contains("trace-bad-2")).unwrap_or_else(|| panic!("no log line has the id: {lines:?}"));
-    let record: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    let line = server.wait_for_log("trace-bad-2").await;
+    let record: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
     assert_eq!(record["span"]["id"], "trace-bad-2", "{record}");
     assert_eq!(record["fields"]["code"], "INVALID_ARGUMENT", "{record}");
     assert!(record["fields"]["message"].as_str().unwrap_or_default().contains("request failed"), "{record}");

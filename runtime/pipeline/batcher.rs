@@ -355,7 +355,7 @@ mod tests {
         vec![Tensor::from_values(vec![n as i64, 2], &values)]
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn requests_within_the_timeout_share_a_padded_batch_and_get_their_own_rows() {
         let backend = Doubler::new();
         let params = BatchingParameters {
@@ -373,7 +373,7 @@ mod tests {
         assert_eq!(*backend.batches.lock().unwrap(), vec![(vec![1, 2], 4)]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_lone_request_waits_for_the_timeout_then_runs_alone() {
         let backend = Doubler::new();
         let params =
@@ -382,12 +382,14 @@ mod tests {
         let started = tokio::time::Instant::now();
         let out = batcher.run(rows(1.0, 1), Deadline::NONE).await.unwrap();
         assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
-        // Alone, it waited for the batch timeout, then ran.
-        assert!(started.elapsed() >= Duration::from_micros(5000), "{:?}", started.elapsed());
+        // Alone, it waited for the batch timeout (paused time advances
+        // straight to it), then ran.
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_micros(5000) && waited < Duration::from_micros(5100), "{waited:?}");
         assert_eq!(*backend.batches.lock().unwrap(), vec![(vec![1], 1)]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_request_larger_than_a_batch_is_split_and_joined_in_order() {
         let backend = Doubler::new();
         let params = BatchingParameters { max_batch_size: 2, batch_timeout_micros: 0, ..BatchingParameters::default() };
@@ -400,7 +402,7 @@ mod tests {
         assert_eq!(seen, vec![2, 2, 1]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn more_rows_than_the_queue_holds_are_refused_at_once() {
         let backend = Doubler::new();
         let params = BatchingParameters { max_batch_size: 2, max_enqueued_batches: 2, ..BatchingParameters::default() };
@@ -411,7 +413,7 @@ mod tests {
         assert!(backend.batches.lock().unwrap().is_empty());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_request_whose_deadline_passes_in_the_queue_is_dropped_before_the_model() {
         let backend = Doubler::new();
         let params =

@@ -98,6 +98,18 @@ mod tests {
         assert_eq!(parse_grpc_timeout("123456789S"), None);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_expires_when_its_time_has_passed() {
+        let deadline = Deadline::after(Duration::from_millis(250));
+        assert!(deadline.check("early").is_ok());
+        tokio::time::advance(Duration::from_millis(249)).await;
+        assert!(!deadline.expired());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(deadline.expired());
+        let slow = deadline.run("while running", std::future::pending::<Result<()>>());
+        assert!(matches!(slow.await, Err(Error::DeadlineExceeded { .. })));
+    }
+
     #[test]
     fn expired_deadline_is_refused() {
         let past = Deadline::after(Duration::ZERO);

@@ -119,6 +119,11 @@ impl StageRunner {
         StageRunner { stage, label: label.into(), queue: None, capacity: 0, metrics }
     }
 
+    /// Requests waiting for a worker now.
+    pub fn queued(&self) -> usize {
+        self.queue.as_ref().map_or(0, |queue| queue.len())
+    }
+
     /// The stage.
     pub fn stage(&self) -> &Arc<dyn Stage> {
         &self.stage
@@ -215,4 +220,118 @@ fn run_stage(
         .unwrap_or_else(|_| Err(Error::internal(format!("{label} panicked"))));
     metrics.busy.observe(started.elapsed().as_secs_f64());
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::tensor::{DType, Tensor};
+
+    /// Passes its input through once the test lets it (one message on
+    /// `gate` per call); panics on a tensor named "panic".
+    struct Gated {
+        specs: Vec<TensorSpec>,
+        gate: Mutex<mpsc::Receiver<()>>,
+        started: tokio::sync::mpsc::UnboundedSender<()>,
+    }
+
+    impl Stage for Gated {
+        fn name(&self) -> &str {
+            "gated"
+        }
+        fn inputs(&self) -> &[TensorSpec] {
+            &self.specs
+        }
+        fn outputs(&self) -> &[TensorSpec] {
+            &self.specs
+        }
+        fn process(&self, inputs: Vec<NamedTensor>, cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
+            assert!(inputs[0].name != "panic", "a stage bug");
+            let _ = self.started.send(());
+            self.gate.lock().expect("gate").recv().map_err(|_| Error::internal("gate closed"))?;
+            cx.check("in the gated stage")?;
+            Ok(inputs)
+        }
+    }
+
+    struct Harness {
+        runner: Arc<StageRunner>,
+        open: mpsc::Sender<()>,
+        started: tokio::sync::mpsc::UnboundedReceiver<()>,
+    }
+
+    fn gated(workers: usize, capacity: usize) -> Harness {
+        let (open, gate) = mpsc::channel();
+        let (started_tx, started) = tokio::sync::mpsc::unbounded_channel();
+        let specs = vec![TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![-1] }];
+        let stage = Arc::new(Gated { specs, gate: Mutex::new(gate), started: started_tx });
+        let metrics = Metrics::new().queue("test");
+        let runner =
+            StageRunner::pipelined(stage, "the gated stage".into(), workers, capacity, metrics).expect("start");
+        Harness { runner: Arc::new(runner), open, started }
+    }
+
+    /// Waits (at most 10 s) until `runner` holds `n` waiting requests.
+    async fn until_queued(runner: &StageRunner, n: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while runner.queued() != n {
+            assert!(tokio::time::Instant::now() < deadline, "the queue holds {}, not {n}", runner.queued());
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn input(name: &str) -> Vec<NamedTensor> {
+        vec![NamedTensor::new(name, Tensor::from_values(vec![1], &[1.0f32]))]
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_queue_refuses_at_once_and_queued_work_is_answered() {
+        let Harness { runner, open, mut started } = gated(1, 1);
+        let run = |runner: Arc<StageRunner>| async move { runner.run(input("x"), Deadline::NONE, 1 << 20).await };
+        // The first request holds the only worker, the second the only place.
+        let first = tokio::spawn(run(runner.clone()));
+        started.recv().await.expect("the first request reached the stage");
+        let second = tokio::spawn(run(runner.clone()));
+        until_queued(&runner, 1).await;
+        let refused = runner.run(input("x"), Deadline::NONE, 1 << 20).await.unwrap_err();
+        assert!(matches!(refused, Error::QueueFull { capacity: 1, .. }), "{refused}");
+        assert!(refused.message().contains("the gated stage"), "{refused}");
+        open.send(()).expect("open");
+        open.send(()).expect("open");
+        assert_eq!(first.await.expect("join").expect("first")[0].name, "x");
+        assert_eq!(second.await.expect("join").expect("second")[0].name, "x");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_stage_answers_internal_and_its_worker_keeps_serving() {
+        let Harness { runner, open, .. } = gated(1, 4);
+        let err = runner.run(input("panic"), Deadline::NONE, 1 << 20).await.unwrap_err();
+        assert_eq!(err.code(), crate::error::Code::Internal);
+        assert!(err.message().contains("panicked"), "{err}");
+        open.send(()).expect("open");
+        assert!(runner.run(input("x"), Deadline::NONE, 1 << 20).await.is_ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_expired_request_never_reaches_the_stage() {
+        let Harness { runner, .. } = gated(1, 4);
+        let past = Deadline::after(Duration::ZERO);
+        let err = runner.run(input("x"), past, 1 << 20).await.unwrap_err();
+        assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
+        assert!(err.message().contains("before the gated stage"), "{err}");
+    }
+
+    #[test]
+    fn a_context_reports_a_client_that_left() {
+        let gone = || true;
+        let cx = StageCx::new(Deadline::NONE, &gone, 0);
+        assert!(matches!(cx.check("here"), Err(Error::Cancelled(_))));
+        let cx = StageCx::new(Deadline::NONE, &never_gone, 0);
+        assert!(cx.check("here").is_ok());
+    }
 }

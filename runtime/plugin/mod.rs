@@ -420,3 +420,85 @@ fn tensor_in(t: bindings::Tensor) -> Result<NamedTensor> {
     .map_err(|e| e.context(format_args!("tensor '{name}'")))?;
     Ok(NamedTensor::new(name, tensor))
 }
+
+#[cfg(test)]
+mod tests {
+    //! The host against real components: `target/plugins/*.wasm`, built by
+    //! `scripts/build-plugins` (which `make test` runs first).
+
+    use std::sync::OnceLock;
+
+    use super::*;
+
+    fn engine() -> &'static Arc<PluginEngine> {
+        static ENGINE: OnceLock<Arc<PluginEngine>> = OnceLock::new();
+        ENGINE.get_or_init(|| Arc::new(PluginEngine::new(&PluginsConfig::default()).expect("plugin engine")))
+    }
+
+    fn load(name: &str) -> Plugin {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/plugins").join(format!("{name}.wasm"));
+        let limits = PluginLimits { timeout_ms: 100, memory_mib: 16, ..PluginLimits::default() };
+        Plugin::load_file(engine(), &path, limits, None).unwrap_or_else(|e| panic!("{e} (run scripts/build-plugins)"))
+    }
+
+    fn attack(plugin: &Plugin, verb: &str) -> Result<Vec<NamedTensor>> {
+        let attack = Tensor::from_strings(vec![1], vec![Bytes::from(verb.to_string())]).expect("attack tensor");
+        let x = Tensor::from_values(vec![1, 64], &[1.0f32; 64]);
+        plugin.call(vec![NamedTensor::new("attack", attack), NamedTensor::new("x", x)])
+    }
+
+    fn fault_of(result: Result<Vec<NamedTensor>>) -> (PluginFault, String) {
+        match result {
+            Err(Error::Plugin { fault, message }) => (fault, message),
+            other => panic!("expected a plugin fault, got {:?}", other.map(|o| o.len())),
+        }
+    }
+
+    #[test]
+    fn each_way_a_guest_fails_is_its_own_fault_and_the_plugin_keeps_serving() {
+        let plugin = load("hostile");
+        let cases = [
+            ("loop", PluginFault::Timeout, "time limit of 100 ms"),
+            ("memory", PluginFault::OutOfMemory, "limit of 16 MiB"),
+            ("recursion", PluginFault::StackOverflow, "stack"),
+            ("unreachable", PluginFault::Trap, "unreachable"),
+            ("panic", PluginFault::Trap, "unreachable code"),
+            ("wrong-name", PluginFault::BadOutput, "declared"),
+            ("wrong-dtype", PluginFault::BadOutput, "DT_INT32"),
+            ("bad-length", PluginFault::BadOutput, "malformed"),
+            ("invalid", PluginFault::InvalidInput, "refuses this input"),
+        ];
+        for (verb, fault, says) in cases {
+            let (got, message) = fault_of(attack(&plugin, verb));
+            assert_eq!(got, fault, "{verb}: {message}");
+            assert!(message.contains(says), "{verb}: {message}");
+            assert!(message.contains("plugin 'hostile' 6.6.6"), "{verb}: {message}");
+            // A fresh instance serves the next call as if nothing happened.
+            let ok = attack(&plugin, "none").unwrap_or_else(|e| panic!("after {verb}: {e}"));
+            assert_eq!(ok[0].tensor.to_vec::<f32>().expect("f32"), vec![1.0; 64]);
+        }
+    }
+
+    #[test]
+    fn the_sandbox_grants_no_files_sockets_or_environment() {
+        let plugin = load("hostile");
+        for (verb, says) in [("file", "failed"), ("socket:127.0.0.1:9", "failed"), ("env", "0 variables")] {
+            let (fault, message) = fault_of(attack(&plugin, verb));
+            assert_eq!(fault, PluginFault::Failed, "{verb}: {message}");
+            assert!(message.contains(says), "{verb}: {message}");
+        }
+    }
+
+    #[test]
+    fn a_plugin_describes_itself_and_a_component_of_another_kind_is_refused() {
+        let plugin = load("identity");
+        assert_eq!(plugin.world(), World::Preprocessor);
+        assert!(plugin.label().starts_with("plugin 'identity'"), "{}", plugin.label());
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/plugins/bad_imports.wasm");
+        let err = Plugin::load_file(engine(), &path, PluginLimits::default(), None).err().expect("refused");
+        assert_eq!(err.code(), crate::error::Code::InvalidArgument);
+        assert!(err.message().contains("imports what the host does not provide"), "{err}");
+        let err = Plugin::load(engine(), b"not wasm at all", PluginLimits::default(), None).err().expect("refused");
+        assert_eq!(err.code(), crate::error::Code::InvalidArgument, "{err}");
+    }
+}

@@ -116,6 +116,16 @@ impl Server {
         }
     }
 
+    /// Waits until a line of the server's log contains `needle` and
+    /// returns it; fails after 30 seconds with the lines seen.
+    pub async fn wait_for_log(&self, needle: &str) -> String {
+        eventually(&format!("a log line with {needle:?}"), || {
+            let lines = self.log();
+            lines.iter().find(|l| l.contains(needle)).cloned().ok_or(format!("{lines:?}"))
+        })
+        .await
+    }
+
     /// The server's resident memory, in bytes.
     pub fn rss_bytes(&self) -> u64 {
         self.process.rss_bytes().expect("the server's resident memory")
@@ -362,5 +372,18 @@ pub fn assert_close(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert!((g - w).abs() <= tolerance, "{what}: element {i}: got {g}, want {w} (tolerance {tolerance})");
+    }
+}
+
+/// Polls `check` until it gives a value; fails after 30 seconds with
+/// `what` and what `check` last said, instead of hanging the test.
+pub async fn eventually<T>(what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match check() {
+            Ok(value) => return value,
+            Err(last) if std::time::Instant::now() >= deadline => panic!("waited 30 s for {what}; last: {last}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
     }
 }

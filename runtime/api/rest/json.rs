@@ -16,7 +16,7 @@ use crate::pipeline::deadline::Deadline;
 use crate::pipeline::{Endpoints, Target, ValidRequest};
 use crate::tensor::json::{flatten, tensor_from_leaves, JsonView};
 use crate::tensor::spec::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
-use crate::tensor::{format_shape, Tensor};
+use crate::tensor::{format_shape, tensor_bytes, Tensor};
 
 /// How the request's tensors were given; the answer uses the same form.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -104,6 +104,7 @@ fn columns_to_request(target: &Target, inputs: &Value, deadline: Deadline) -> Re
         let spec = input_spec(signature, name)?;
         let what = format!("input '{name}'");
         let (shape, leaves) = flatten(value, &what)?;
+        tensor_bytes(spec.dtype, &shape, target.pipeline.max_tensor_bytes(), &what)?;
         builder.put(name, tensor_from_leaves(spec.dtype, shape, &leaves, &what)?)?;
     }
     builder.finish()
@@ -175,6 +176,7 @@ fn rows_to_request(target: &Target, instances: &Value, deadline: Deadline) -> Re
         let mut shape = vec![rows.len() as i64];
         shape.extend(row_shape.unwrap_or_default());
         let what = format!("input '{name}'");
+        tensor_bytes(spec.dtype, &shape, target.pipeline.max_tensor_bytes(), &what)?;
         builder.put(name, tensor_from_leaves(spec.dtype, shape, &leaves, &what)?)?;
     }
     builder.finish()
