@@ -330,6 +330,19 @@ async fn every_refusal_has_its_status_and_message_and_changes_nothing() {
             "not starting with '.'",
         ),
         (Method::PUT, features, Some(ML), vec![7u8; 5 << 20], StatusCode::PAYLOAD_TOO_LARGE, "admin.max_upload_bytes"),
+        // Declared shapes are claims: 2^40 elements are refused, not
+        // allocated as zeros (this upload once aborted the server).
+        (
+            Method::PUT,
+            features,
+            Some(ML),
+            plugin_bytes("liar_huge_input"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "dimension 0 = 1099511627776",
+        ),
+        // A name no pipeline runs belongs to no team: a team may claim one
+        // only in its own namespace.
+        (Method::PUT, "/admin/v1/plugins/unclaimed", Some(WEB), scale.clone(), StatusCode::FORBIDDEN, "'web.NAME'"),
         (Method::PUT, features, Some(ML), b"\0asm not really".to_vec(), StatusCode::UNPROCESSABLE_ENTITY, "refused"),
         (
             Method::PUT,

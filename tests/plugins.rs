@@ -222,6 +222,10 @@ fn attacks(socket: &str) -> Vec<Attack> {
         a("wrong-dtype", vec![Code::Internal], vec!["DT_INT32"]),
         a("huge", vec![Code::Internal, Code::ResourceExhausted], vec![]),
         a("invalid", vec![Code::InvalidArgument], vec!["rejected the input", "refuses this input"]),
+        // Blocking in a host call is bounded by the same time limit.
+        a("sleep", vec![Code::ResourceExhausted], vec!["blocked in a host call", "time limit of 50 ms"]),
+        // Plugin text is capped, with a visible mark.
+        a("big-error", vec![Code::InvalidArgument], vec!["truncated: "]),
     ]
 }
 
@@ -255,7 +259,8 @@ async fn every_hostile_attack_fails_its_request_alone_and_everything_keeps_servi
             );
         }
         // Stopped, not left running: far inside any client's patience.
-        assert!(elapsed < Duration::from_secs(5), "{} took {elapsed:?}", attack_case.name);
+        assert!(elapsed < Duration::from_secs(2), "{} took {elapsed:?}", attack_case.name);
+        assert!(status.message().len() < 4096, "{}: a {} byte message", attack_case.name, status.message().len());
 
         // The same pipeline, another pipeline and the bare model all serve.
         let ok = client.predict(attack("none", 2)).await.unwrap_or_else(|e| panic!("after {}: {e}", attack_case.name));
@@ -268,18 +273,28 @@ async fn every_hostile_attack_fails_its_request_alone_and_everything_keeps_servi
     assert!(listener.accept().is_err(), "the plugin must not have reached the test's socket");
 
     // Chatty plugins are capped, not failed.
-    for chatty in ["log-flood", "stdout-flood"] {
+    for chatty in ["log-flood", "stdout-flood", "log-forge"] {
         let ok = client.predict(attack(chatty, 1)).await.unwrap_or_else(|e| panic!("{chatty}: {e}"));
         assert_eq!(dims(&ok.into_inner().outputs["logits"]), vec![1, 10]);
     }
+    // What a plugin logs stays on its own line: it cannot forge another.
+    let forged = server.wait_for_log("plugin activate team=admin").await;
+    assert!(forged.contains("fine\\n"), "the line break is escaped: {forged}");
+    assert!(
+        !server.log().iter().any(|l| l.trim_start().starts_with("INFO sluice::audit")),
+        "a plugin forged an audit line: {:?}",
+        server.log()
+    );
     let metrics = server.metrics().await;
     let calls: Vec<&str> = metrics.lines().filter(|l| l.starts_with("sluice_plugin_calls_total")).collect();
     let count = |outcome: &str| {
-        metric_value(&metrics, &format!(r#"sluice_plugin_calls_total{{plugin="hostile 6.6.6",outcome="{outcome}"}}"#))
+        // Labelled by the name the pipeline gives it, never by what the
+        // plugin declares.
+        metric_value(&metrics, &format!(r#"sluice_plugin_calls_total{{plugin="hostile",outcome="{outcome}"}}"#))
     };
     // `huge` may run out of time before it is caught returning too many rows.
-    assert!(count("timeout") >= 1.0, "{calls:#?}");
-    for (outcome, expected) in [("out_of_memory", 1.0), ("stack_overflow", 1.0), ("invalid_input", 1.0), ("trap", 2.0)]
+    assert!(count("timeout") >= 2.0, "{calls:#?}");
+    for (outcome, expected) in [("out_of_memory", 1.0), ("stack_overflow", 1.0), ("invalid_input", 2.0), ("trap", 2.0)]
     {
         assert_eq!(count(outcome), expected, "{outcome}: {calls:#?}");
     }
@@ -308,8 +323,8 @@ async fn hostile_attacks_from_many_clients_at_once_leave_the_good_requests_answe
     }
 }
 
-#[test]
-fn a_plugin_importing_what_the_host_lacks_is_refused_with_the_imports_listed() {
+#[tokio::test]
+async fn a_plugin_importing_what_the_host_lacks_is_refused_with_the_imports_listed() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["plugin", "check"])
         .arg(root().join("target/plugins/bad_imports.wasm"))
@@ -320,22 +335,26 @@ fn a_plugin_importing_what_the_host_lacks_is_refused_with_the_imports_listed() {
     assert!(stderr.contains("evil:plugin/exfiltrate"), "{stderr}");
     assert!(stderr.contains("does not provide"), "{stderr}");
 
-    let dir = tempfile::tempdir().expect("dir");
-    let config = dir.path().join("sluice.toml");
-    let text = format!(
-        "[plugins]\ndir = \"{}\"\n[[models]]\nname = \"mlp\"\nbase_path = \"{}\"\n[[pipelines]]\nname = \"p\"\nmodel = \"mlp\"\npreprocess = {{ plugin = \"bad_imports\" }}\n",
-        plugin_dir(),
-        root().join("examples/models/mlp").display()
-    );
-    std::fs::write(&config, text).expect("write");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--port", "0", "--rest_api_port", "0", "--model_config_file"])
-        .arg(&config)
-        .output()
-        .expect("run");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "the server started with a plugin it cannot link");
-    assert!(stderr.contains("pipeline 'p'") && stderr.contains("evil:plugin/exfiltrate"), "{stderr}");
+    // Served, the plugin fails its own pipeline, never the server: the
+    // pipeline answers UNAVAILABLE with the reason, the model serves.
+    let server = Server::with_config(&format!(
+        "[plugins]\ndir = \"{}\"\n[[models]]\nname = \"mlp\"\nbase_path = \"$ROOT/examples/models/mlp\"\n\
+         [[pipelines]]\nname = \"p\"\nmodel = \"mlp\"\npreprocess = {{ plugin = \"bad_imports\" }}\n",
+        plugin_dir()
+    ));
+    let mut client = server.predict_client().await;
+    let status = client
+        .predict(predict_request("p", vec![("x", f32_content(&[1, 64], &values(1, 64)))]))
+        .await
+        .expect_err("the pipeline of a plugin that cannot link does not serve");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{}", status.message());
+    assert!(status.message().contains("pipeline 'p'"), "{}", status.message());
+    assert!(status.message().contains("evil:plugin/exfiltrate"), "{}", status.message());
+    client
+        .predict(predict_request("mlp", vec![("x", f32_content(&[1, 64], &values(1, 64)))]))
+        .await
+        .expect("the model serves beside the failed pipeline");
+    assert!(server.log().iter().any(|l| l.contains("pipeline not served")), "{:?}", server.log());
 }
 
 #[test]
@@ -377,4 +396,34 @@ fn plugin_check_stops_an_endless_loop_by_fuel_and_says_so() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("ran out of fuel (100000 units)"), "{stderr}");
+}
+
+/// Runs `sluice plugin check` on a fixture.
+fn plugin_check(file: &str) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["plugin", "check"])
+        .arg(root().join("target/plugins").join(file))
+        .output()
+        .expect("run sluice plugin check")
+}
+
+#[test]
+fn lying_declarations_are_refused_before_anything_is_sized_from_them() {
+    plugin_dir();
+    let cases = [
+        // A negative dimension other than -1 is not a wildcard.
+        ("liar_negative_dim.wasm", "dimension 1 = -2"),
+        // 2^40 elements with no sample: never allocated as zeros.
+        ("liar_huge_input.wasm", "dimension 0 = 1099511627776"),
+        // Names are short and cannot carry a line break.
+        ("liar_long_name.wasm", "truncated: "),
+        ("liar_newline_name.wasm", "liar\\nsluice_forged_metric 1"),
+    ];
+    for (file, says) in cases {
+        let output = plugin_check(file);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{file}: {stderr}");
+        assert!(stderr.contains(says), "{file}: {stderr}");
+        assert!(stderr.len() < 4096, "{file}: {} bytes of error", stderr.len());
+    }
 }

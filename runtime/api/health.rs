@@ -115,6 +115,9 @@ impl Lifecycle {
             for pipeline in state.endpoints.all() {
                 self.reporter.set_service_status(pipeline.name(), status).await;
             }
+            for (name, _) in state.endpoints.failed() {
+                self.reporter.set_service_status(name, ServingStatus::NotServing).await;
+            }
         }
         self.reporter.set_service_status("", status).await;
     }

@@ -78,7 +78,10 @@ pub fn run(args: &CheckArgs) -> Result<String> {
     let (inputs, source) = match (&args.input, &d.sample) {
         (Some(path), _) => (from_json(path, &d.inputs)?, format!("{}", path.display())),
         (None, Some(sample)) => (sample.clone(), "its declared sample".to_string()),
-        (None, None) => (zeros(&d.inputs)?, "zeros shaped from its declared inputs".to_string()),
+        (None, None) => (
+            zeros(&d.inputs, usize::try_from(args.memory_mib).unwrap_or(usize::MAX).saturating_mul(1 << 20))?,
+            "zeros shaped from its declared inputs".to_string(),
+        ),
     };
     let (outputs, stats) = plugin.call_measured(inputs)?;
     let _ = writeln!(

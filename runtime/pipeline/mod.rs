@@ -273,6 +273,9 @@ fn order_as(specs: &[TensorSpec], mut tensors: Vec<NamedTensor>, version: &Model
 pub struct Endpoints {
     registry: Arc<ModelRegistry>,
     pipelines: BTreeMap<String, Arc<Pipeline>>,
+    /// Pipelines whose plugin could not be loaded, and why: they answer
+    /// UNAVAILABLE with the reason while everything else serves.
+    failed: BTreeMap<String, Error>,
 }
 
 impl Endpoints {
@@ -287,17 +290,38 @@ impl Endpoints {
             models.insert(model.name.clone(), stages.clone());
             pipelines.insert(model.name.clone(), Arc::new(Pipeline::direct(stages, model.max_in_flight, cx)));
         }
+        let mut failed = BTreeMap::new();
         for pipeline in &config.pipelines {
             let stages = models.get(&pipeline.model).cloned().ok_or_else(|| {
                 Error::not_found(format!("pipeline '{}': model '{}' is not served", pipeline.name, pipeline.model))
             })?;
-            pipelines.insert(pipeline.name.clone(), Arc::new(Pipeline::build(pipeline, stages, cx)?));
+            match Pipeline::build(pipeline, stages, cx) {
+                Ok(built) => {
+                    pipelines.insert(pipeline.name.clone(), Arc::new(built));
+                }
+                // One team's plugin must not stop the server for every
+                // team: its pipeline is left out, with the reason.
+                Err(error) if pipeline.uses_plugins() => {
+                    tracing::error!(pipeline = %pipeline.name, "pipeline not served: {error}");
+                    pipelines.remove(&pipeline.name);
+                    failed.insert(pipeline.name.clone(), error);
+                }
+                Err(error) => return Err(error),
+            }
         }
-        Ok(Endpoints { registry, pipelines })
+        Ok(Endpoints { registry, pipelines, failed })
+    }
+
+    /// Pipelines that failed to load, and why.
+    pub fn failed(&self) -> impl Iterator<Item = (&str, &Error)> {
+        self.failed.iter().map(|(name, error)| (name.as_str(), error))
     }
 
     /// The pipeline called `name`.
     pub fn get(&self, name: &str) -> Result<&Arc<Pipeline>> {
+        if let Some(error) = self.failed.get(name) {
+            return Err(Error::unavailable(format!("pipeline '{name}' is not serving: it failed to load: {error}")));
+        }
         self.pipelines.get(name).ok_or_else(|| {
             let names: Vec<&str> = self.pipelines.keys().map(String::as_str).collect();
             Error::not_found(format!("model '{name}' is not served; served: [{}]", names.join(", ")))

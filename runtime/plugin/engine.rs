@@ -13,7 +13,7 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
 
 use super::bindings::pre::Preprocessor;
-use super::state::HostState;
+use super::state::{BoundedPollData, HostState};
 use super::PluginsConfig;
 use crate::error::{Error, Result};
 
@@ -39,6 +39,9 @@ pub struct PluginEngine {
     linker: Linker<HostState>,
     cache_dir: Option<PathBuf>,
     fuel: bool,
+    limits: CompileLimits,
+    /// True while a compilation runs (one at a time).
+    compiling: Arc<AtomicBool>,
     stop_ticker: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
 }
@@ -92,6 +95,16 @@ impl PluginEngine {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| Error::internal(format!("linking WASI failed: {e:#}")))?;
+        // WASI's own `wasi:io/poll` can block the calling thread for as
+        // long as the guest asks (a `sleep`), out of reach of epochs; ours
+        // gives up at the call's deadline.
+        linker.allow_shadowing(true);
+        wasmtime_wasi::p2::bindings::sync::io::poll::add_to_linker::<HostState, BoundedPollData>(
+            &mut linker,
+            HostState::bounded_poll,
+        )
+        .map_err(|e| Error::internal(format!("linking the bounded poll failed: {e:#}")))?;
+        linker.allow_shadowing(false);
         Preprocessor::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::internal(format!("linking the log import failed: {e:#}")))?;
 
@@ -119,6 +132,8 @@ impl PluginEngine {
             linker,
             cache_dir: config.cache_dir.clone(),
             fuel: config.fuel,
+            limits: CompileLimits::from(config),
+            compiling: Arc::new(AtomicBool::new(false)),
             stop_ticker,
             ticker: Some(ticker),
         })
@@ -140,23 +155,40 @@ impl PluginEngine {
     }
 
     /// Compiles a component, or loads it from the cache when these bytes
-    /// were compiled before with these engine settings.
+    /// were compiled and accepted before with these engine settings.
+    ///
+    /// Compiling is untrusted work: the component's structure is checked
+    /// against [`CompileLimits`] first (functions, code size, memories,
+    /// tables), one compilation runs at a time (another is refused at
+    /// once, not queued), and a compilation that overruns its time budget
+    /// is abandoned — the caller gets an error while the thread finishes in
+    /// the background, still holding the one compile slot. Nothing is
+    /// written to the cache here: only [`PluginEngine::remember`] writes,
+    /// once a plugin has passed every check.
     pub fn compile(&self, wasm: &[u8]) -> Result<Component> {
-        let Some(dir) = &self.cache_dir else { return self.compile_fresh(wasm) };
-        let mut settings = std::collections::hash_map::DefaultHasher::new();
-        self.engine.precompile_compatibility_hash().hash(&mut settings);
-        let key = format!("{}-{:016x}.cwasm", super::store::sha256_hex(wasm), settings.finish());
-        let path = dir.join(key);
-        if path.is_file() {
-            // SAFETY: the file is one this server wrote into its own cache
-            // directory, named by the hash of the source and the engine
-            // settings; wasmtime checks its header and version on load.
-            match unsafe { Component::deserialize_file(&self.engine, &path) } {
-                Ok(component) => return Ok(component),
-                Err(e) => tracing::warn!(path = %path.display(), "cached plugin unusable, compiling again: {e:#}"),
+        if let Some(path) = self.cache_path(&super::store::sha256_hex(wasm)) {
+            if path.is_file() {
+                // SAFETY: the file is one this server wrote into its own
+                // cache directory, named by the hash of the source and the
+                // engine settings; wasmtime checks its header and version.
+                match unsafe { Component::deserialize_file(&self.engine, &path) } {
+                    Ok(component) => return Ok(component),
+                    Err(e) => tracing::warn!(path = %path.display(), "cached plugin unusable, compiling again: {e:#}"),
+                }
             }
         }
-        let component = self.compile_fresh(wasm)?;
+        check_structure(wasm, &self.limits)?;
+        self.compile_bounded(wasm)
+    }
+
+    /// Writes an accepted plugin's compiled code to the cache (when there
+    /// is one), keeping the cache within its bounds by evicting the oldest
+    /// entries.
+    pub fn remember(&self, sha256: &str, component: &Component) {
+        let Some(path) = self.cache_path(sha256) else { return };
+        if path.is_file() {
+            return;
+        }
         match component.serialize() {
             Ok(bytes) => {
                 if let Err(e) = crate::plugin::store::write_atomically(&path, &bytes) {
@@ -165,18 +197,54 @@ impl PluginEngine {
             }
             Err(e) => tracing::warn!("cannot serialize the compiled plugin: {e:#}"),
         }
-        Ok(component)
+        if let Some(dir) = &self.cache_dir {
+            evict(dir, CACHE_MAX_ENTRIES, CACHE_MAX_BYTES);
+        }
     }
 
-    fn compile_fresh(&self, wasm: &[u8]) -> Result<Component> {
+    fn cache_path(&self, sha256: &str) -> Option<PathBuf> {
+        let dir = self.cache_dir.as_ref()?;
+        let mut settings = std::collections::hash_map::DefaultHasher::new();
+        self.engine.precompile_compatibility_hash().hash(&mut settings);
+        Some(dir.join(format!("{sha256}-{:016x}.cwasm", settings.finish())))
+    }
+
+    /// Compiles on a thread of its own, within the time budget.
+    fn compile_bounded(&self, wasm: &[u8]) -> Result<Component> {
         if wasm.len() >= 8 && wasm[..4] == *b"\0asm" && wasm[4..8] == [1, 0, 0, 0] {
             return Err(Error::invalid_argument(
                 "this is a core WebAssembly module, not a component; build the plugin with \
                  `cargo build --target wasm32-wasip2 --release`",
             ));
         }
-        Component::new(&self.engine, wasm)
-            .map_err(|e| Error::invalid_argument(format!("not a valid WebAssembly component: {e:#}")))
+        if self.compiling.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return Err(Error::resource_exhausted(
+                "another plugin is being compiled; plugins compile one at a time, retry in a few seconds",
+            ));
+        }
+        let (done, answer) = std::sync::mpsc::channel();
+        let engine = self.engine.clone();
+        let wasm = wasm.to_vec();
+        let slot = self.compiling.clone();
+        let spawned = std::thread::Builder::new().name("wasm-compile".into()).spawn(move || {
+            let compiled = Component::new(&engine, &wasm);
+            slot.store(false, Ordering::Release);
+            let _ = done.send(compiled);
+        });
+        if let Err(e) = spawned {
+            self.compiling.store(false, Ordering::Release);
+            return Err(Error::internal(format!("starting the compiler thread failed: {e}")));
+        }
+        let budget = self.limits.compile_time;
+        match answer.recv_timeout(budget) {
+            Ok(compiled) => {
+                compiled.map_err(|e| Error::invalid_argument(format!("not a valid WebAssembly component: {e:#}")))
+            }
+            Err(_) => Err(Error::resource_exhausted(format!(
+                "compiling the plugin took longer than its budget of {} s and was abandoned",
+                budget.as_secs()
+            ))),
+        }
     }
 
     /// Imports of `component` that the linker does not provide.
@@ -202,6 +270,132 @@ impl Drop for PluginEngine {
         self.stop_ticker.store(true, Ordering::Relaxed);
         if let Some(ticker) = self.ticker.take() {
             let _ = ticker.join();
+        }
+    }
+}
+
+/// What a component may contain before it is compiled, and how long
+/// compiling it may take: compiling is untrusted work too.
+#[derive(Debug, Clone)]
+pub struct CompileLimits {
+    /// Functions, over all its core modules.
+    pub max_functions: u64,
+    /// Bytes of code, over all its core modules.
+    pub max_code_bytes: u64,
+    /// Initial pages of any memory it declares (the engine's memory cap).
+    pub max_memory_pages: u64,
+    /// Initial elements of any table it declares.
+    pub max_table_elements: u64,
+    /// Core modules it nests.
+    pub max_modules: u64,
+    /// Wall time one compilation may take.
+    pub compile_time: Duration,
+}
+
+impl From<&PluginsConfig> for CompileLimits {
+    fn from(config: &PluginsConfig) -> Self {
+        CompileLimits {
+            max_functions: MAX_FUNCTIONS,
+            max_code_bytes: MAX_CODE_BYTES,
+            max_memory_pages: config.max_memory_mib.saturating_mul(16),
+            max_table_elements: MAX_TABLE_ELEMENTS,
+            max_modules: MAX_MODULES,
+            compile_time: COMPILE_TIME,
+        }
+    }
+}
+
+/// Functions a plugin may define (a Rust plugin with std has a few
+/// thousand; the compile bomb that showed the need had 250,000).
+pub const MAX_FUNCTIONS: u64 = 20_000;
+/// Bytes of function bodies a plugin may carry.
+pub const MAX_CODE_BYTES: u64 = 8 << 20;
+/// Elements a declared table may start with.
+pub const MAX_TABLE_ELEMENTS: u64 = 100_000;
+/// Core modules a component may nest.
+pub const MAX_MODULES: u64 = 16;
+/// Wall time one compilation may take.
+pub const COMPILE_TIME: Duration = Duration::from_secs(10);
+/// Compiled plugins kept in the cache.
+pub const CACHE_MAX_ENTRIES: usize = 64;
+/// Bytes of compiled plugins kept in the cache.
+pub const CACHE_MAX_BYTES: u64 = 256 << 20;
+
+/// Reads a component's structure and refuses it when it exceeds `limits`,
+/// before any compilation.
+pub fn check_structure(wasm: &[u8], limits: &CompileLimits) -> Result<()> {
+    use wasmparser::Payload;
+    let (mut functions, mut code, mut modules) = (0u64, 0u64, 0u64);
+    let invalid =
+        |e: wasmparser::BinaryReaderError| Error::invalid_argument(format!("not a valid WebAssembly component: {e}"));
+    for payload in wasmparser::Parser::new(0).parse_all(wasm) {
+        match payload.map_err(invalid)? {
+            Payload::ModuleSection { .. } => modules += 1,
+            Payload::FunctionSection(reader) => functions += u64::from(reader.count()),
+            Payload::CodeSectionStart { size, .. } => code += u64::from(size),
+            Payload::MemorySection(reader) => {
+                for memory in reader {
+                    let memory = memory.map_err(invalid)?;
+                    if memory.initial > limits.max_memory_pages {
+                        return Err(Error::invalid_argument(format!(
+                            "it declares a memory of {} pages to start with; at most {} (plugins.max_memory_mib)",
+                            memory.initial, limits.max_memory_pages
+                        )));
+                    }
+                }
+            }
+            Payload::TableSection(reader) => {
+                for table in reader {
+                    let table = table.map_err(invalid)?;
+                    if table.ty.initial > limits.max_table_elements {
+                        return Err(Error::invalid_argument(format!(
+                            "it declares a table of {} elements; at most {}",
+                            table.ty.initial, limits.max_table_elements
+                        )));
+                    }
+                }
+            }
+            _ => {}
+        }
+        let over = |what: &str, n: u64, max: u64| {
+            Error::invalid_argument(format!("it has {n} {what}; a plugin may have at most {max}"))
+        };
+        if functions > limits.max_functions {
+            return Err(over("functions", functions, limits.max_functions));
+        }
+        if code > limits.max_code_bytes {
+            return Err(over("bytes of code", code, limits.max_code_bytes));
+        }
+        if modules > limits.max_modules {
+            return Err(over("core modules", modules, limits.max_modules));
+        }
+    }
+    Ok(())
+}
+
+/// Keeps `dir` within `max_entries` files and `max_bytes`, removing the
+/// least recently written first.
+fn evict(dir: &std::path::Path, max_entries: usize, max_bytes: u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            let path = e.path();
+            (meta.is_file() && path.extension().is_some_and(|x| x == "cwasm"))
+                .then(|| (meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len(), path))
+        })
+        .collect();
+    files.sort();
+    let mut total: u64 = files.iter().map(|(_, size, _)| size).sum();
+    let mut count = files.len();
+    for (_, size, path) in files {
+        if count <= max_entries && total <= max_bytes {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            count -= 1;
+            total = total.saturating_sub(size);
         }
     }
 }

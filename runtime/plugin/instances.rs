@@ -101,6 +101,9 @@ impl Instances {
     fn arm(&self, store: &mut Store<HostState>) -> wasmtime::Result<()> {
         let ticks = self.limits.timeout_ms.div_ceil(engine::TICK.as_millis() as u64).max(1);
         store.set_epoch_deadline(ticks);
+        // The same budget for time spent blocked in host calls.
+        store.data_mut().deadline =
+            std::time::Instant::now().checked_add(std::time::Duration::from_millis(self.limits.timeout_ms));
         if self.engine.fuel() {
             store.set_fuel(self.limits.fuel.unwrap_or(u64::MAX))?;
         }

@@ -89,6 +89,8 @@ pub struct CallStats {
 
 /// A loaded plugin, ready to be called from any thread.
 pub struct Plugin {
+    engine: Arc<PluginEngine>,
+    component: Component,
     world: World,
     description: Description,
     label: Arc<str>,
@@ -103,12 +105,13 @@ impl Plugin {
     /// component of one of the two worlds, import nothing the host does not
     /// provide, answer `describe`, and — when it declares one — run its
     /// sample under its limits. `metrics`, when given, receives the
-    /// plugin's call counts and times under `name version`.
+    /// plugin's call counts and times under the name the registry knows it
+    /// by (never the text the plugin declares).
     pub fn load(
         engine: &Arc<PluginEngine>,
         wasm: &[u8],
         limits: PluginLimits,
-        metrics: Option<&Metrics>,
+        metrics: Option<(&Metrics, &str)>,
     ) -> Result<Plugin> {
         let component = engine.compile(wasm)?;
         let missing = engine.missing_imports(&component);
@@ -129,11 +132,12 @@ impl Plugin {
         let (name, version) = (&description.name, &description.version);
         let label: Arc<str> = Arc::from(format!("plugin '{name}' {version}"));
         let metrics = match metrics {
-            Some(metrics) => metrics.plugin(&format!("{name} {version}")),
-            None => PluginMetrics::detached(&format!("{name} {version}")),
+            Some((metrics, registered)) => metrics.plugin(registered),
+            None => PluginMetrics::detached(name),
         };
         let instances = Instances::new(engine, pre, limits.clone(), label.clone());
-        let plugin = Plugin { world, description, label, limits, sha256, instances, metrics };
+        let plugin =
+            Plugin { engine: engine.clone(), component, world, description, label, limits, sha256, instances, metrics };
         if let Some(sample) = plugin.description.sample.clone() {
             plugin.call(sample).map_err(|e| e.context("its sample failed"))?;
         }
@@ -145,11 +149,17 @@ impl Plugin {
         engine: &Arc<PluginEngine>,
         path: &Path,
         limits: PluginLimits,
-        metrics: Option<&Metrics>,
+        metrics: Option<(&Metrics, &str)>,
     ) -> Result<Plugin> {
         let wasm = std::fs::read(path)
             .map_err(|e| Error::invalid_argument(format!("cannot read plugin {}: {e}", path.display())))?;
         Plugin::load(engine, &wasm, limits, metrics).map_err(|e| e.context(path.display()))
+    }
+
+    /// The plugin passed every check and serves (or is stored): its
+    /// compiled code may go to the cache. Nothing refused is ever cached.
+    pub fn accepted(&self) {
+        self.engine.remember(&self.sha256, &self.component);
     }
 
     /// `plugin 'name' version`.
@@ -205,11 +215,12 @@ impl Plugin {
         self.metrics.seconds.observe(stats.elapsed.as_secs_f64());
         let outcome = match answer {
             Err(trap) => Err(self.failure(trap, live.store.data())),
-            Ok(Err(PluginError::InvalidInput(message))) => {
-                Err(Error::plugin(PluginFault::InvalidInput, format!("{} rejected the input: {message}", self.label)))
-            }
+            Ok(Err(PluginError::InvalidInput(message))) => Err(Error::plugin(
+                PluginFault::InvalidInput,
+                format!("{} rejected the input: {}", self.label, plugin_text(&message)),
+            )),
             Ok(Err(PluginError::Internal(message))) => {
-                Err(Error::plugin(PluginFault::Failed, format!("{} failed: {message}", self.label)))
+                Err(Error::plugin(PluginFault::Failed, format!("{} failed: {}", self.label, plugin_text(&message))))
             }
             Ok(Ok(outputs)) => self.check_outputs(outputs),
         };
@@ -230,9 +241,10 @@ impl Plugin {
     /// downstream sizes anything from an unchecked one.
     fn check_outputs(&self, outputs: Vec<bindings::Tensor>) -> Result<Vec<NamedTensor>> {
         let bad = |e: Error| Error::plugin(PluginFault::BadOutput, format!("{} returned {e}", self.label));
+        let max_bytes = memory_bytes(&self.limits);
         let outputs = outputs
             .into_iter()
-            .map(tensor_in)
+            .map(|t| tensor_in(t, max_bytes))
             .collect::<Result<Vec<_>>>()
             .map_err(|e| bad(e.context("a malformed tensor")))?;
         check_outputs(&self.label, &self.description.outputs, &outputs)
@@ -257,30 +269,115 @@ fn describe(instances: &Instances, limits: &PluginLimits) -> Result<Description>
     live.store.data().flush_output();
     instances.give_back(live, false);
     let info = info?;
-    let spec = |s: bindings::TensorSpec| TensorSpec { name: s.name, dtype: dtype_in(s.dtype), shape: s.shape };
+    // Everything a plugin declares is a claim: bound it before anything is
+    // sized or named from it.
+    let refused = |what: String| Error::invalid_argument(format!("describe: {what}"));
+    check_declared_text("name", &info.name, NAME_CHARS).map_err(refused)?;
+    check_declared_text("version", &info.version, VERSION_CHARS).map_err(refused)?;
+    let specs = |role: &str, specs: Vec<bindings::TensorSpec>| -> Result<Vec<TensorSpec>> {
+        if specs.len() > MAX_DECLARED_TENSORS {
+            return Err(refused(format!(
+                "it declares {} {role}; at most {MAX_DECLARED_TENSORS} are allowed",
+                specs.len()
+            )));
+        }
+        specs
+            .into_iter()
+            .map(|s| {
+                check_declared_text(&format!("{role} name"), &s.name, TENSOR_NAME_CHARS).map_err(refused)?;
+                check_declared_shape(&s.name, &s.shape).map_err(refused)?;
+                Ok(TensorSpec { name: s.name, dtype: dtype_in(s.dtype), shape: s.shape })
+            })
+            .collect()
+    };
+    let inputs = specs("inputs", info.inputs)?;
+    let outputs = specs("outputs", info.outputs)?;
+    let max_bytes = memory_bytes(limits);
     let sample = match info.sample {
         None => None,
         Some(tensors) => Some(
             tensors
                 .into_iter()
-                .map(tensor_in)
+                .map(|t| tensor_in(t, max_bytes))
                 .collect::<Result<Vec<_>>>()
                 .map_err(|e| e.context("its declared sample is malformed"))?,
         ),
     };
-    Ok(Description {
-        name: info.name,
-        version: info.version,
-        inputs: info.inputs.into_iter().map(spec).collect(),
-        outputs: info.outputs.into_iter().map(spec).collect(),
-        sample,
-    })
+    Ok(Description { name: info.name, version: info.version, inputs, outputs, sample })
 }
+
+/// Characters of a plugin's declared name.
+const NAME_CHARS: &str = "A-Z, a-z, 0-9, '_', '-', '.'";
+/// Characters of a plugin's declared version.
+const VERSION_CHARS: &str = "A-Z, a-z, 0-9, '_', '-', '.', '+'";
+/// Characters of a declared tensor name.
+const TENSOR_NAME_CHARS: &str = "A-Z, a-z, 0-9, '_', '-', '.', '/', ':'";
+/// Longest declared name or version.
+const MAX_DECLARED_TEXT: usize = 64;
+/// Most inputs or outputs a plugin may declare.
+const MAX_DECLARED_TENSORS: usize = 64;
+/// Highest rank a declared tensor may have.
+const MAX_DECLARED_RANK: usize = 8;
+/// Largest fixed dimension a plugin may declare.
+const MAX_DECLARED_DIM: i64 = i32::MAX as i64;
+
+/// A declared name or version: short, and only the characters `allowed`
+/// lists (nothing that could break a log line, a metric or a message).
+fn check_declared_text(what: &str, text: &str, allowed: &str) -> std::result::Result<(), String> {
+    let extra = match allowed {
+        VERSION_CHARS => "_-.+",
+        TENSOR_NAME_CHARS => "_-./:",
+        _ => "_-.",
+    };
+    let valid = !text.is_empty()
+        && text.len() <= MAX_DECLARED_TEXT
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || extra.contains(c));
+    if valid {
+        return Ok(());
+    }
+    let shown = state::escape(&state::cap(text, MAX_DECLARED_TEXT)).into_owned();
+    Err(format!(
+        "its {what} \"{shown}\" ({} bytes) is not 1 to {MAX_DECLARED_TEXT} characters of {allowed}",
+        text.len()
+    ))
+}
+
+/// A declared shape: rank at most 8, each dimension -1 (any size) or 0 to
+/// 2^31 - 1; no other negative number is a wildcard.
+fn check_declared_shape(name: &str, shape: &[i64]) -> std::result::Result<(), String> {
+    if shape.len() > MAX_DECLARED_RANK {
+        return Err(format!("'{name}' has rank {}; at most {MAX_DECLARED_RANK}", shape.len()));
+    }
+    if let Some((axis, dim)) = shape.iter().enumerate().find(|(_, &d)| !(-1..=MAX_DECLARED_DIM).contains(&d)) {
+        return Err(format!(
+            "'{name}' declares dimension {axis} = {dim}; a dimension is -1 (any size) or 0 to {MAX_DECLARED_DIM}"
+        ));
+    }
+    Ok(())
+}
+
+/// The plugin's memory limit in bytes: nothing it returns or declares can
+/// fairly need more.
+pub(crate) fn memory_bytes(limits: &PluginLimits) -> usize {
+    usize::try_from(limits.memory_mib).unwrap_or(usize::MAX).saturating_mul(1 << 20)
+}
+
+/// Longest error message kept from a plugin.
+const MAX_PLUGIN_MESSAGE: usize = 1024;
 
 /// A trap or host error as the client's error: what limit was hit, or
 /// what the guest said before it trapped.
 fn classify(label: &str, limits: &PluginLimits, error: wasmtime::Error, state: &HostState) -> Error {
     let said = state.stderr.last_words().map(|l| format!(" (it said: {l})")).unwrap_or_default();
+    if error.downcast_ref::<state::BlockedPastDeadline>().is_some() {
+        return Error::plugin(
+            PluginFault::Timeout,
+            format!(
+                "{label} blocked in a host call (a sleep or a poll) until its time limit of {} ms and was stopped",
+                limits.timeout_ms
+            ),
+        );
+    }
     let (fault, message) = match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => (
             PluginFault::Timeout,
@@ -319,12 +416,14 @@ fn classify(label: &str, limits: &PluginLimits, error: wasmtime::Error, state: &
 }
 
 /// Zeros shaped like `specs` (dynamic dimensions as 1): what a plugin
-/// without a sample is tried with.
-pub fn zeros(specs: &[TensorSpec]) -> Result<Vec<NamedTensor>> {
+/// without a sample is tried with. Each is sized against `max_bytes` first:
+/// the shapes are the plugin's claims.
+pub fn zeros(specs: &[TensorSpec], max_bytes: usize) -> Result<Vec<NamedTensor>> {
     specs
         .iter()
         .map(|s| {
-            let shape = s.shape.iter().map(|&d| if d < 0 { 1 } else { d }).collect();
+            let shape: Vec<i64> = s.shape.iter().map(|&d| if d < 0 { 1 } else { d }).collect();
+            crate::tensor::tensor_bytes(s.dtype, &shape, max_bytes, &format!("declared input '{}'", s.name))?;
             Ok(NamedTensor::new(s.name.clone(), Tensor::zeros(s.dtype, shape)?))
         })
         .collect()
@@ -395,11 +494,22 @@ fn tensor_out(t: &NamedTensor) -> bindings::Tensor {
     }
 }
 
-/// A tensor from a plugin, checked like any client tensor: shape, byte
-/// length, booleans.
-fn tensor_in(t: bindings::Tensor) -> Result<NamedTensor> {
+/// A message a plugin wrote, for a client or a log: capped and escaped.
+fn plugin_text(message: &str) -> String {
+    state::escape(&state::cap(message, MAX_PLUGIN_MESSAGE)).into_owned()
+}
+
+/// A tensor from a plugin, checked like any client tensor — shape, byte
+/// length, booleans — and sized against `max_bytes` (counting zero
+/// dimensions as one, so a shape of `[2^40, 0]` with no bytes cannot make
+/// an encoder write 2^40 empty rows).
+fn tensor_in(t: bindings::Tensor, max_bytes: usize) -> Result<NamedTensor> {
     let dtype = dtype_in(t.dtype);
     let name = t.name;
+    if name.len() > MAX_DECLARED_TEXT {
+        return Err(Error::invalid_argument(format!("a tensor name of {} bytes", name.len())));
+    }
+    crate::tensor::tensor_bytes(dtype, &t.shape, max_bytes, &format!("tensor '{name}'"))?;
     let tensor = match dtype {
         DType::String => {
             if !t.data.is_empty() {
@@ -459,6 +569,7 @@ mod tests {
         let plugin = load("hostile");
         let cases = [
             ("loop", PluginFault::Timeout, "time limit of 100 ms"),
+            ("sleep", PluginFault::Timeout, "blocked in a host call"),
             ("memory", PluginFault::OutOfMemory, "limit of 16 MiB"),
             ("recursion", PluginFault::StackOverflow, "stack"),
             ("unreachable", PluginFault::Trap, "unreachable"),
@@ -469,7 +580,9 @@ mod tests {
             ("invalid", PluginFault::InvalidInput, "refuses this input"),
         ];
         for (verb, fault, says) in cases {
+            let started = std::time::Instant::now();
             let (got, message) = fault_of(attack(&plugin, verb));
+            assert!(started.elapsed() < std::time::Duration::from_secs(2), "{verb} ran {:?}", started.elapsed());
             assert_eq!(got, fault, "{verb}: {message}");
             assert!(message.contains(says), "{verb}: {message}");
             assert!(message.contains("plugin 'hostile' 6.6.6"), "{verb}: {message}");

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -150,23 +150,42 @@ impl PluginRegistry {
         Ok(registry)
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, State>> {
-        self.state.lock().map_err(|_| Error::internal("the plugin registry's lock is poisoned"))
+    /// The registry's state. No plugin code ever runs while it is held
+    /// (validation and loading happen outside), and its data is consistent
+    /// between statements, so a panic elsewhere cannot leave it half
+    /// changed: a poisoned lock is taken over instead of failing every
+    /// later admin call.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The bytes a stage running `name` starts with: the active stored
-    /// version when it is intact, else `NAME.wasm` in the plugin directory.
-    pub fn initial_bytes(&self, name: &str) -> Result<Vec<u8>> {
+    /// What a stage of a pipeline owned by `team` may start `name` from,
+    /// best first, each with where it came from: the active stored version
+    /// when it is intact and belongs to the same team (a pipeline never
+    /// runs another team's upload), then `NAME.wasm` in the plugin
+    /// directory. The stage takes the first that loads, so a stored version
+    /// that fails at start-up falls back instead of failing the server.
+    pub fn initial_sources(&self, name: &str, team: Option<&str>) -> Result<Vec<(String, Vec<u8>)>> {
         let active = {
-            let state = self.lock()?;
+            let state = self.lock();
             state.manifests.get(name).and_then(|m| {
                 let version = m.active?;
+                if m.team.as_deref() != team {
+                    tracing::error!(
+                        plugin = name,
+                        owner = m.team.as_deref().unwrap_or("-"),
+                        pipeline_team = team.unwrap_or("-"),
+                        "the stored plugin belongs to another team; the pipeline runs {name}.wasm"
+                    );
+                    return None;
+                }
                 m.versions.iter().find(|v| v.version == version).cloned()
             })
         };
+        let mut sources = Vec::new();
         if let Some(stored) = active {
             match self.read_blob(&stored) {
-                Ok(bytes) => return Ok(bytes),
+                Ok(bytes) => sources.push((format!("stored version {}", stored.version), bytes)),
                 Err(e) => tracing::error!(
                     plugin = name,
                     version = stored.version,
@@ -175,23 +194,30 @@ impl PluginRegistry {
             }
         }
         let path = self.config.path_of(name)?;
-        std::fs::read(&path).map_err(|e| Error::invalid_argument(format!("cannot read plugin {}: {e}", path.display())))
+        match std::fs::read(&path) {
+            Ok(bytes) => sources.push((path.display().to_string(), bytes)),
+            Err(e) if sources.is_empty() => {
+                return Err(Error::invalid_argument(format!("cannot read plugin {}: {e}", path.display())))
+            }
+            Err(e) => tracing::warn!(plugin = name, "no fallback {}: {e}", path.display()),
+        }
+        Ok(sources)
     }
 
     /// Loads `bytes` as plugin `name` with its configured limits.
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<Plugin> {
-        Plugin::load(&self.engine, bytes, self.config.limits_of(name), Some(&self.metrics))
+        Plugin::load(&self.engine, bytes, self.config.limits_of(name), Some((&self.metrics, name)))
     }
 
     /// Records that `slot` runs plugin `name`, so that activations reach it.
     pub fn bind(&self, name: &str, slot: Arc<dyn PluginSlot>) -> Result<()> {
-        self.lock()?.bindings.entry(name.to_string()).or_default().push(slot);
+        self.lock().bindings.entry(name.to_string()).or_default().push(slot);
         Ok(())
     }
 
     /// The plugin `pipeline` runs, for uploads addressed to a pipeline.
     pub fn plugin_of_pipeline(&self, pipeline: &str) -> Result<String> {
-        let state = self.lock()?;
+        let state = self.lock();
         let names: Vec<&String> = state
             .bindings
             .iter()
@@ -225,6 +251,19 @@ impl PluginRegistry {
                 )));
             }
         }
+        let bound = state.bindings.get(name).is_some_and(|b| !b.is_empty());
+        if !caller.admin && !bound && !state.manifests.contains_key(name) {
+            // A name no pipeline runs yet belongs to no team: a team may
+            // claim one only in its own namespace, so it cannot squat a
+            // name another team's pipeline will be configured with.
+            let team = caller.team.as_deref().unwrap_or("none");
+            if !name.starts_with(&format!("{team}.")) {
+                return Err(denied(format!(
+                    "plugin '{name}': no pipeline runs it, and a team may create only plugins named '{team}.NAME' \
+                     (or the plugins its own pipelines run)"
+                )));
+            }
+        }
         for binding in state.bindings.get(name).into_iter().flatten() {
             if !caller.may(binding.team()) {
                 return Err(denied(format!(
@@ -239,27 +278,43 @@ impl PluginRegistry {
 
     /// Checks an upload without storing anything: it compiles, answers
     /// `describe`, runs its sample (or zeros shaped like its inputs) under
-    /// the real limits, and fits every stage that runs `name`.
-    fn validate(&self, state: &State, name: &str, bytes: &[u8]) -> Result<Plugin> {
+    /// the real limits, and fits every slot in `slots`. Runs plugin code:
+    /// never called with the registry's lock held, and a panic in it is an
+    /// error, not a crash.
+    fn validate(&self, name: &str, bytes: &[u8], slots: &[Arc<dyn PluginSlot>]) -> Result<Plugin> {
         let refused = |e: Error| e.into_unprocessable(format_args!("plugin '{name}' refused"));
-        let plugin = self.load(name, bytes).map_err(refused)?;
-        if plugin.description().sample.is_none() {
-            let zeros = super::zeros(&plugin.description().inputs).map_err(refused)?;
-            plugin.call(zeros).map_err(|e| refused(e.context("on zeros shaped like its declared inputs")))?;
-        }
-        for slot in state.bindings.get(name).into_iter().flatten() {
-            slot.accepts(&plugin)
-                .map_err(|e| refused(e.context(format_args!("for pipeline '{}'", slot.pipeline()))))?;
-        }
-        Ok(plugin)
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let plugin = self.load(name, bytes)?;
+            if plugin.description().sample.is_none() {
+                let max_bytes = super::memory_bytes(plugin.limits());
+                let zeros = super::zeros(&plugin.description().inputs, max_bytes)?;
+                plugin.call(zeros).map_err(|e| e.context("on zeros shaped like its declared inputs"))?;
+            }
+            for slot in slots {
+                slot.accepts(&plugin).map_err(|e| e.context(format_args!("for pipeline '{}'", slot.pipeline())))?;
+            }
+            Ok(plugin)
+        }));
+        checked
+            .unwrap_or_else(|_| Err(Error::internal("checking it crashed the check (a bug in sluice)")))
+            .map_err(refused)
+    }
+
+    /// The slots running `name`, once `caller` is allowed to change it.
+    fn authorized_slots(&self, caller: &Caller, name: &str) -> Result<Vec<Arc<dyn PluginSlot>>> {
+        let state = self.lock();
+        self.authorize(&state, caller, name)?;
+        Ok(state.bindings.get(name).cloned().unwrap_or_default())
     }
 
     /// Validates and stores `bytes` as the next version of `name`.
     pub fn upload(&self, caller: &Caller, name: &str, bytes: &[u8]) -> Result<StoredVersion> {
         check_name("plugin name", name)?;
-        let mut state = self.lock()?;
+        let slots = self.authorized_slots(caller, name)?;
+        let plugin = self.validate(name, bytes, &slots)?;
+        let mut state = self.lock();
+        // Checked again: the registry may have changed while validating.
         self.authorize(&state, caller, name)?;
-        let plugin = self.validate(&state, name, bytes)?;
         let description = plugin.description();
         let sha256 = plugin.sha256().to_string();
         let blob = self.blob_path(&sha256);
@@ -287,6 +342,7 @@ impl PluginRegistry {
         };
         manifest.versions.push(stored.clone());
         self.write_manifest(&manifest)?;
+        plugin.accepted();
         state.manifests.insert(name.to_string(), manifest);
         audit(caller, "upload", name, Some(stored.version), None, &stored.sha256);
         Ok(stored)
@@ -295,39 +351,41 @@ impl PluginRegistry {
     /// Makes `version` of `name` the one every stage running it serves new
     /// requests with.
     pub fn activate(&self, caller: &Caller, name: &str, version: u32) -> Result<Manifest> {
-        let mut state = self.lock()?;
-        self.authorize(&state, caller, name)?;
-        let manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
+        let (manifest, slots) = self.manifest_to_change(caller, name)?;
         let previous = manifest.active;
-        let manifest = self.switch(&state, caller, manifest, version, true)?;
-        state.manifests.insert(name.to_string(), manifest.clone());
+        let manifest = self.switch(caller, manifest, &slots, version, true)?;
         audit(caller, "activate", name, Some(version), previous, "");
         Ok(manifest)
     }
 
     /// Returns `name` to the version active before the current one.
     pub fn rollback(&self, caller: &Caller, name: &str) -> Result<Manifest> {
-        let mut state = self.lock()?;
-        self.authorize(&state, caller, name)?;
-        let mut manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
+        let (mut manifest, slots) = self.manifest_to_change(caller, name)?;
         let previous = manifest.active;
         let version = manifest.history.pop().ok_or_else(|| {
             Error::failed_precondition(format!("plugin '{name}' has no earlier active version to roll back to"))
         })?;
-        let manifest = self.switch(&state, caller, manifest, version, false)?;
-        state.manifests.insert(name.to_string(), manifest.clone());
+        let manifest = self.switch(caller, manifest, &slots, version, false)?;
         audit(caller, "rollback", name, Some(version), previous, "");
         Ok(manifest)
     }
 
-    /// Loads `version` for every stage, swaps them all, and records it.
-    /// Every stage's plugin is loaded before any is swapped, so a failure
-    /// changes nothing.
+    /// `name`'s manifest and slots, once `caller` is allowed to change it.
+    fn manifest_to_change(&self, caller: &Caller, name: &str) -> Result<(Manifest, Vec<Arc<dyn PluginSlot>>)> {
+        let state = self.lock();
+        self.authorize(&state, caller, name)?;
+        let manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
+        Ok((manifest, state.bindings.get(name).cloned().unwrap_or_default()))
+    }
+
+    /// Loads `version` for every slot, swaps them all, and records it.
+    /// Every slot's plugin is loaded (outside the lock) before any is
+    /// swapped, so a failure changes nothing.
     fn switch(
         &self,
-        state: &State,
         caller: &Caller,
         mut manifest: Manifest,
+        slots: &[Arc<dyn PluginSlot>],
         version: u32,
         remember: bool,
     ) -> Result<Manifest> {
@@ -337,11 +395,10 @@ impl PluginRegistry {
             Error::not_found(format!("plugin '{name}' has no version {version} (versions: {})", have.join(", ")))
         })?;
         let bytes = self.read_blob(&stored)?;
-        let bindings = state.bindings.get(&name).map(Vec::as_slice).unwrap_or_default();
-        // Each stage gets its own plugin (its own warm instances);
-        // `validate` checks it against every stage.
+        // Each slot gets its own plugin (its own warm instances);
+        // `validate` checks it against every slot.
         let loaded =
-            bindings.iter().map(|_| self.validate(state, &name, &bytes).map(Arc::new)).collect::<Result<Vec<_>>>()?;
+            slots.iter().map(|_| self.validate(&name, &bytes, slots).map(Arc::new)).collect::<Result<Vec<_>>>()?;
         let previous = manifest.active;
         manifest.active = Some(version);
         if remember {
@@ -349,8 +406,12 @@ impl PluginRegistry {
                 manifest.history.push(previous);
             }
         }
+        let mut state = self.lock();
+        self.authorize(&state, caller, &name)?;
         self.write_manifest(&manifest)?;
-        for (slot, plugin) in bindings.iter().zip(loaded) {
+        state.manifests.insert(name.clone(), manifest.clone());
+        for (slot, plugin) in slots.iter().zip(loaded) {
+            plugin.accepted();
             slot.swap(plugin)?;
             tracing::info!(plugin = %name, version, pipeline = %slot.pipeline(), token_id = %caller.token_id, "swapped");
         }
@@ -360,7 +421,7 @@ impl PluginRegistry {
     /// Deletes an inactive version (and its blob, unless another version
     /// has the same bytes).
     pub fn delete(&self, caller: &Caller, name: &str, version: u32) -> Result<Manifest> {
-        let mut state = self.lock()?;
+        let mut state = self.lock();
         self.authorize(&state, caller, name)?;
         let mut manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
         if manifest.active == Some(version) {
@@ -391,13 +452,13 @@ impl PluginRegistry {
 
     /// The manifests `caller` may see.
     pub fn list(&self, caller: &Caller) -> Result<Vec<Manifest>> {
-        let state = self.lock()?;
+        let state = self.lock();
         Ok(state.manifests.values().filter(|m| caller.may(m.team.as_deref())).cloned().collect())
     }
 
     /// One manifest, when `caller` may see it.
     pub fn show(&self, caller: &Caller, name: &str) -> Result<Manifest> {
-        let state = self.lock()?;
+        let state = self.lock();
         let manifest = state.manifests.get(name).ok_or_else(|| no_plugin(name))?;
         if !caller.may(manifest.team.as_deref()) {
             return Err(Error::PermissionDenied(format!("plugin '{name}' belongs to another team")));

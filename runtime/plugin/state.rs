@@ -3,15 +3,26 @@
 //!
 //! A fresh `HostState` goes with every fresh instance, so nothing a call
 //! leaves behind — memory, output, log budget — reaches the next one.
+//!
+//! Guest instructions are stopped by epochs, but a guest can also block in
+//! a host call: `wasi:io/poll` (a `sleep`, a wait on a clock). Those calls
+//! are replaced here ([`BoundedPoll`]) by ones that give up at the call's
+//! own deadline, so no way of blocking outlives the plugin's time limit.
+//! Everything a guest writes to the host's log is escaped (no line breaks
+//! or control characters that could forge log lines) and capped.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use wasmtime::component::{HasData, Resource};
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::bindings::sync::io::poll as sync_poll;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_io::bindings::wasi::io::poll as async_poll;
+use wasmtime_wasi_io::poll::DynPollable;
 
 use super::bindings::{pre::sluice::plugin::log, pre::sluice::plugin::types, Level};
 
@@ -179,6 +190,9 @@ pub struct HostState {
     pub log_lines: u32,
     /// `plugin 'name' version`, for log lines.
     pub label: Arc<str>,
+    /// When the current call's time is up: host calls that block give up
+    /// then.
+    pub deadline: Option<Instant>,
 }
 
 impl HostState {
@@ -197,6 +211,7 @@ impl HostState {
             stderr,
             log_lines: 0,
             label,
+            deadline: None,
         }
     }
 
@@ -205,7 +220,8 @@ impl HostState {
         for (stream, captured) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
             let (text, dropped) = captured.take();
             if !text.is_empty() {
-                tracing::info!(plugin = %self.label, stream, dropped_bytes = dropped, "{}", text.trim_end());
+                let text = escape(text.trim_end());
+                tracing::info!(plugin = %self.label, stream, dropped_bytes = dropped, "{text}");
             }
         }
     }
@@ -229,14 +245,8 @@ impl log::Host for HostState {
             }
             return;
         }
-        let mut message = message;
-        if message.len() > LOG_LINE_CAP {
-            let mut cut = LOG_LINE_CAP;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-        }
+        let capped = cap(&message, LOG_LINE_CAP);
+        let message = escape(&capped);
         let plugin = &*self.label;
         match level {
             Level::Debug => tracing::debug!(plugin, "{message}"),
@@ -244,5 +254,103 @@ impl log::Host for HostState {
             Level::Warn => tracing::warn!(plugin, "{message}"),
             Level::Error => tracing::error!(plugin, "{message}"),
         }
+    }
+}
+
+/// `text` cut to at most `limit` bytes (on a character boundary), with a
+/// visible mark saying how much was cut: every string a plugin hands the
+/// host (errors, log lines) goes through here.
+pub fn cap(text: &str, limit: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= limit {
+        return text.into();
+    }
+    let mut cut = limit;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… [truncated: {} more bytes]", &text[..cut], text.len() - cut).into()
+}
+
+/// `text` with line breaks and other control characters escaped, so what a
+/// plugin writes stays one log line and cannot pass for another.
+pub fn escape(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    text.chars()
+        .flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
+        .collect::<String>()
+        .into()
+}
+
+/// A guest blocked in a host call (a sleep, a poll) until its call's time
+/// was up; classified as the plugin running out of time.
+#[derive(Debug)]
+pub struct BlockedPastDeadline;
+
+impl std::fmt::Display for BlockedPastDeadline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("blocked in a host call (a sleep or a poll) until its time limit")
+    }
+}
+
+impl std::error::Error for BlockedPastDeadline {}
+
+/// `wasi:io/poll` with every wait bounded by the call's deadline.
+pub struct BoundedPoll<'a> {
+    table: &'a mut ResourceTable,
+    deadline: Option<Instant>,
+}
+
+/// Links [`BoundedPoll`] in place of WASI's own `wasi:io/poll`.
+pub struct BoundedPollData;
+
+impl HasData for BoundedPollData {
+    type Data<'a> = BoundedPoll<'a>;
+}
+
+impl HostState {
+    /// The bounded `wasi:io/poll` of this instance.
+    pub fn bounded_poll(&mut self) -> BoundedPoll<'_> {
+        BoundedPoll { table: &mut self.table, deadline: self.deadline }
+    }
+}
+
+/// Runs a host wait, giving up with [`BlockedPastDeadline`] at `deadline`.
+fn bounded<T>(
+    deadline: Option<Instant>,
+    wait: impl std::future::Future<Output = wasmtime::Result<T>>,
+) -> wasmtime::Result<T> {
+    // Without a deadline (never the case for a call) the wait is refused
+    // outright rather than left unbounded.
+    let at = deadline.unwrap_or_else(Instant::now);
+    wasmtime_wasi::runtime::in_tokio(async move {
+        match tokio::time::timeout_at(at.into(), wait).await {
+            Ok(result) => result,
+            Err(_) => Err(wasmtime::Error::new(BlockedPastDeadline)),
+        }
+    })
+}
+
+impl sync_poll::Host for BoundedPoll<'_> {
+    fn poll(&mut self, pollables: Vec<Resource<DynPollable>>) -> wasmtime::Result<Vec<u32>> {
+        let table = &mut *self.table;
+        bounded(self.deadline, async move { async_poll::Host::poll(table, pollables).await })
+    }
+}
+
+impl sync_poll::HostPollable for BoundedPoll<'_> {
+    fn ready(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<bool> {
+        let table = &mut *self.table;
+        bounded(self.deadline, async move { async_poll::HostPollable::ready(table, pollable).await })
+    }
+
+    fn block(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
+        let table = &mut *self.table;
+        bounded(self.deadline, async move { async_poll::HostPollable::block(table, pollable).await })
+    }
+
+    fn drop(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
+        async_poll::HostPollable::drop(&mut *self.table, pollable)
     }
 }

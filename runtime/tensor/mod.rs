@@ -84,9 +84,13 @@ pub fn element_count(shape: &[i64]) -> Result<usize> {
 /// a client's shape, a broadcast, a plugin's declaration — is sized here.
 /// `what` names the tensor in the error, which names the limit.
 pub fn tensor_bytes(dtype: DType, shape: &[i64], limit: usize, what: &str) -> Result<usize> {
-    let count = element_count(shape)?;
+    element_count(shape)?;
+    // Zero dimensions count as one: a tensor of shape [2^40, 0] holds no
+    // values, but whatever walks its structure (a JSON encoder writing
+    // 2^40 empty rows) pays for the other dimensions.
+    let nominal = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d.max(1)).ok()?));
     let size = dtype.size().unwrap_or(std::mem::size_of::<Bytes>());
-    match count.checked_mul(size) {
+    match nominal.and_then(|n| n.checked_mul(size)) {
         Some(bytes) if bytes <= limit => Ok(bytes),
         bytes => Err(Error::resource_exhausted(format!(
             "{what} of shape {} would take {} bytes, more than the limit of {limit} bytes per tensor \

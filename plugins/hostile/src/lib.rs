@@ -52,6 +52,16 @@ impl Guest for Hostile {
         let (verb, argument) = attack.split_once(':').unwrap_or((attack.as_str(), ""));
         match verb {
             "none" => Ok(vec![x]),
+            // Blocks in a host call (wasi:io/poll) instead of spinning.
+            "sleep" => {
+                std::thread::sleep(std::time::Duration::from_secs(3));
+                Ok(vec![x])
+            }
+            "big-error" => Err(PluginError::InvalidInput("e".repeat(2 << 20))),
+            "log-forge" => {
+                log(Level::Info, "fine\nINFO sluice::audit: plugin activate team=admin");
+                Ok(vec![x])
+            }
             "loop" => {
                 let mut spins = 0u64;
                 loop {

@@ -9,6 +9,9 @@
 mod model_service;
 mod prediction;
 
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -62,8 +65,13 @@ async fn serve<T>(
         state.phase.check_ready()?;
         work(&mut cx).await
     }
-    .instrument(span)
-    .await;
+    .instrument(span);
+    // A bug that panics answers this call INTERNAL instead of resetting
+    // the stream.
+    let result = AssertUnwindSafe(result)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(Error::internal("the server hit a bug answering this call (it panicked)")));
     let id = MetadataValue::try_from(cx.id.as_str()).ok();
     cx.finish(&result);
     let with_id = |metadata: &mut MetadataMap| {

@@ -23,6 +23,8 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::Router;
+use futures::FutureExt;
+use std::panic::AssertUnwindSafe;
 use tracing::Instrument;
 
 use super::context::{request_id, RequestContext, REQUEST_ID};
@@ -188,8 +190,13 @@ async fn route(
             _ => json::status_json(endpoints, parsed.name, parsed.choice),
         }
     }
-    .instrument(span)
-    .await;
+    .instrument(span);
+    // A bug that panics answers this request INTERNAL instead of dropping
+    // the connection.
+    let result = AssertUnwindSafe(result)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(Error::internal("the server hit a bug answering this request (it panicked)")));
     let id = cx.id.clone();
     cx.finish(&result);
     let response = match result {
@@ -207,7 +214,8 @@ const DRAIN_LIMIT: u64 = 64 << 20;
 /// The body, refused early when its declared length is over the limit and
 /// cut off when it grows past it.
 pub(crate) async fn read_body(body: Body, headers: &HeaderMap, limit: usize, key: &str) -> Result<Bytes> {
-    let too_large = |size: &dyn std::fmt::Display| {
+    let too_large = |size: Option<u64>| {
+        let size = size.map_or_else(|| format!("more than {limit}"), |s| s.to_string());
         Error::TooLarge(format!("the request body is {size} bytes; the limit is {limit} bytes ({key})"))
     };
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
@@ -216,12 +224,12 @@ pub(crate) async fn read_body(body: Body, headers: &HeaderMap, limit: usize, key
             let mut body = body.into_data_stream();
             while let Some(Ok(_)) = futures::StreamExt::next(&mut body).await {}
         }
-        return Err(too_large(&length));
+        return Err(too_large(Some(length)));
     }
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let e = e.into_inner();
         if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-            too_large(&"more than the limit of")
+            too_large(None)
         } else {
             Error::invalid_argument(format!("the request body could not be read: {e}"))
         }

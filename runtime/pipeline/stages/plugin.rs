@@ -53,27 +53,45 @@ impl PluginStage {
     /// registry so activations reach it. Each stage gets its own plugin
     /// instance pool: warm instances are never shared between pipelines.
     pub fn build(name: &str, place: &PluginPlace<'_>, registry: &PluginRegistry) -> Result<Arc<PluginStage>> {
-        let bytes = registry.initial_bytes(name)?;
-        let plugin = registry.load(name, &bytes).map_err(|e| e.context(format_args!("plugin '{name}'")))?;
         let world = match place.role {
             StageRole::Preprocess => World::Preprocessor,
             StageRole::Postprocess => World::Postprocessor,
         };
-        let description = plugin.description();
-        let stage = Arc::new(PluginStage {
-            name: format!("plugin {name}"),
-            pipeline: place.pipeline.to_string(),
-            team: place.team.map(str::to_string),
-            world,
-            model: place.model.clone(),
-            inputs: description.inputs.clone(),
-            outputs: description.outputs.clone(),
-            current: ArcSwap::new(Arc::new(plugin)),
-        });
-        let current = stage.current();
-        stage.fits_model(&current).map_err(|e| e.context(format_args!("plugin '{name}' ({})", current.label())))?;
-        registry.bind(name, stage.clone())?;
-        Ok(stage)
+        let mut failures = Vec::new();
+        for (source, bytes) in registry.initial_sources(name, place.team)? {
+            // Plugin code runs here (describe, the sample): a panic is this
+            // source's failure, not the server's.
+            let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| registry.load(name, &bytes)))
+                .unwrap_or_else(|_| Err(Error::internal("loading it panicked")));
+            let plugin = match loaded {
+                Ok(plugin) => plugin,
+                Err(e) => {
+                    tracing::error!(plugin = name, pipeline = place.pipeline, %source, "plugin refused: {e}");
+                    failures.push(format!("{source}: {e}"));
+                    continue;
+                }
+            };
+            let description = plugin.description();
+            let stage = Arc::new(PluginStage {
+                name: format!("plugin {name}"),
+                pipeline: place.pipeline.to_string(),
+                team: place.team.map(str::to_string),
+                world,
+                model: place.model.clone(),
+                inputs: description.inputs.clone(),
+                outputs: description.outputs.clone(),
+                current: ArcSwap::new(Arc::new(plugin)),
+            });
+            let current = stage.current();
+            if let Err(e) = stage.fits_model(&current) {
+                failures.push(format!("{source}: {} {e}", current.label()));
+                continue;
+            }
+            registry.bind(name, stage.clone())?;
+            current.accepted();
+            return Ok(stage);
+        }
+        Err(Error::invalid_argument(format!("plugin '{name}' could not be loaded: {}", failures.join("; "))))
     }
 
     /// The plugin serving new requests.
