@@ -26,6 +26,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::models::ModelRegistry;
+use crate::pipeline::stages::plugin::TeamShares;
 use crate::pipeline::{BuildContext, Endpoints};
 use crate::plugin::registry::PluginRegistry;
 use crate::plugin::PluginEngine;
@@ -215,10 +216,12 @@ async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>
     let registry = plugins.clone();
     // Compiling plugins and starting stage threads is blocking work.
     let endpoints = tokio::task::spawn_blocking(move || {
+        let team_shares = TeamShares::new(config.plugins.max_calls_per_team);
         let cx = BuildContext {
             registry: registry.as_ref(),
             metrics: &metrics,
             max_tensor_bytes: config.server.max_tensor_bytes,
+            team_shares: &team_shares,
         };
         Endpoints::build(&config, models, &cx)
     })

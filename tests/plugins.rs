@@ -62,11 +62,13 @@ preprocess = {{ plugin = "feature_transform" }}
 [[pipelines]]
 name = "hostile"
 model = "mlp"
+team = "evil"
 preprocess = {{ plugin = "hostile", workers = 2 }}
 
 [[pipelines]]
 name = "identity"
 model = "mlp"
+team = "good"
 preprocess = {{ plugin = "identity" }}
 "#,
         dir = plugin_dir()
@@ -426,4 +428,51 @@ fn lying_declarations_are_refused_before_anything_is_sized_from_them() {
         assert!(stderr.contains(says), "{file}: {stderr}");
         assert!(stderr.len() < 4096, "{file}: {} bytes of error", stderr.len());
     }
+}
+
+#[tokio::test]
+async fn a_team_whose_plugin_burns_its_budget_leaves_another_teams_answers_right_and_prompt() {
+    let server = std::sync::Arc::new(Server::with_config(&config()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut attackers = Vec::new();
+    for _ in 0..4 {
+        let mut client = server.predict_client().await;
+        let stop = stop.clone();
+        attackers.push(tokio::spawn(async move {
+            let mut sent = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = client.predict(attack("loop", 1)).await;
+                sent += 1;
+            }
+            sent
+        }));
+    }
+    let mut client = server.predict_client().await;
+    let x = values(9, 64);
+    let want = client
+        .predict(predict_request("mlp", vec![("x", f32_content(&[1, 64], &x))]))
+        .await
+        .expect("the model alone")
+        .into_inner();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let started = Instant::now();
+        let got = client
+            .predict(predict_request("identity", vec![("x", f32_content(&[1, 64], &x))]))
+            .await
+            .expect("the well-behaved team is answered while the other burns its budget")
+            .into_inner();
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(f32_values(&got.outputs["logits"]), f32_values(&want.outputs["logits"]));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut attacks = 0;
+    for attacker in attackers {
+        attacks += attacker.await.expect("attacker");
+    }
+    assert!(attacks > 0, "the attackers ran");
+    // A liveness bound, not a benchmark: the hostile team's calls run 50 ms
+    // each, at most its share at once; a bystander never waits behind
+    // seconds of them.
+    assert!(slowest < Duration::from_secs(1), "the well-behaved team waited {slowest:?}");
 }

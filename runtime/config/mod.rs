@@ -424,6 +424,9 @@ impl Config {
                 check_name(&format!("pipelines[{i}].team"), team)?;
             }
         }
+        if self.plugins.max_calls_per_team == 0 {
+            return Err(Invalid("plugins.max_calls_per_team = 0: must be at least 1".to_string()));
+        }
         if self.plugins.max_instances == 0 {
             return Err(Invalid("plugins.max_instances = 0: must be at least 1".to_string()));
         }

@@ -20,6 +20,11 @@ pub struct PluginsConfig {
     pub fuel: bool,
     /// Plugin instances that may exist at once (the instance pool).
     pub max_instances: u32,
+    /// Plugin calls one team's stages may run at once, over all its
+    /// pipelines: a team whose plugin burns its whole time budget on every
+    /// call gets this share of the cores, and the other teams the rest.
+    /// Default: half the cores, at least 1.
+    pub max_calls_per_team: usize,
     /// The largest `memory_mib` any plugin may be given.
     pub max_memory_mib: u64,
     /// Linear memory kept mapped between instances of a pool slot, zeroed
@@ -37,6 +42,7 @@ impl Default for PluginsConfig {
             cache_dir: None,
             fuel: false,
             max_instances: 256,
+            max_calls_per_team: std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             max_memory_mib: 256,
             keep_resident_kib: 2048,
             limits: BTreeMap::new(),

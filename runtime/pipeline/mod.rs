@@ -65,6 +65,8 @@ pub struct BuildContext<'a> {
     pub metrics: &'a Metrics,
     /// `server.max_tensor_bytes`.
     pub max_tensor_bytes: usize,
+    /// Each team's share of plugin calls.
+    pub team_shares: &'a stages::plugin::TeamShares,
 }
 
 impl Pipeline {
@@ -100,7 +102,13 @@ impl Pipeline {
             let kind = stage_config
                 .kind()
                 .ok_or_else(|| Error::internal(format!("{}: an unchecked stage config, this is a bug", role.key())))?;
-            let place = PluginPlace { pipeline: &config.name, team: config.team.as_deref(), role, model: &served };
+            let place = PluginPlace {
+                pipeline: &config.name,
+                team: config.team.as_deref(),
+                role,
+                model: &served,
+                shares: cx.team_shares,
+            };
             let built =
                 stages::build(kind, latest.signature(), &place, cx.registry).map_err(|e| e.context(role.key()))?;
             let label = format!("the {} stage ({}) of pipeline '{name}'", role.key(), built.name());

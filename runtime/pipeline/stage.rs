@@ -53,6 +53,11 @@ impl<'a> StageCx<'a> {
         StageCx { deadline, gone, max_tensor_bytes }
     }
 
+    /// The request's deadline.
+    pub fn deadline(&self) -> Deadline {
+        self.deadline
+    }
+
     /// `Ok` while the request is worth finishing; DEADLINE_EXCEEDED or
     /// CANCELLED, saying `at` where, once it is not.
     pub fn check(&self, at: &str) -> Result<()> {

@@ -2,7 +2,9 @@
 //! it serves. It is the registry's [`PluginSlot`]: the registry checks an
 //! upload against it and swaps it, without knowing what a pipeline is.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -26,6 +28,8 @@ use crate::tensor::NamedTensor;
 /// instances, is freed when its last request ends.
 pub struct PluginStage {
     name: String,
+    /// The share of plugin calls its team may run at once.
+    share: Arc<TeamShare>,
     pipeline: String,
     team: Option<String>,
     world: World,
@@ -45,6 +49,81 @@ pub struct PluginPlace<'a> {
     pub role: StageRole,
     /// The model it feeds or reads.
     pub model: &'a Arc<ServedModel>,
+    /// Every team's share of plugin calls.
+    pub shares: &'a TeamShares,
+}
+
+/// The plugin calls each team may run at once (`plugins.max_calls_per_team`).
+pub struct TeamShares {
+    limit: usize,
+    teams: Mutex<HashMap<String, Arc<TeamShare>>>,
+}
+
+impl TeamShares {
+    /// `limit` calls at once per team.
+    pub fn new(limit: usize) -> TeamShares {
+        TeamShares { limit: limit.max(1), teams: Mutex::new(HashMap::new()) }
+    }
+
+    /// The share of `team`; a pipeline without a team has its own.
+    fn of(&self, team: Option<&str>, pipeline: &str) -> Arc<TeamShare> {
+        let key = match team {
+            Some(team) => format!("team {team}"),
+            None => format!("pipeline {pipeline}"),
+        };
+        let mut teams = self.teams.lock().unwrap_or_else(PoisonError::into_inner);
+        teams
+            .entry(key)
+            .or_insert_with(|| Arc::new(TeamShare { limit: self.limit, busy: Mutex::new(0), freed: Condvar::new() }))
+            .clone()
+    }
+}
+
+/// One team's calls in progress.
+struct TeamShare {
+    limit: usize,
+    busy: Mutex<usize>,
+    freed: Condvar,
+}
+
+/// Longest a call waits for its team's share when its request has no
+/// deadline.
+const SHARE_WAIT: Duration = Duration::from_secs(5);
+
+impl TeamShare {
+    /// Waits (on the stage's worker thread) until the team may run one
+    /// more call, at most until the request's deadline.
+    fn enter(self: &Arc<Self>, cx: &StageCx<'_>, team: Option<&str>) -> Result<TeamCall> {
+        let wait = cx
+            .deadline()
+            .instant()
+            .map_or(SHARE_WAIT, |at| at.saturating_duration_since(tokio::time::Instant::now()).min(SHARE_WAIT));
+        let busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut busy, waited) = self
+            .freed
+            .wait_timeout_while(busy, wait, |busy| *busy >= self.limit)
+            .unwrap_or_else(PoisonError::into_inner);
+        if waited.timed_out() && *busy >= self.limit {
+            return Err(Error::resource_exhausted(format!(
+                "team {:?} already runs {} plugin calls at once (plugins.max_calls_per_team); retry later",
+                team.unwrap_or("none"),
+                self.limit
+            )));
+        }
+        *busy += 1;
+        Ok(TeamCall(self.clone()))
+    }
+}
+
+/// A call counted in its team's share until dropped.
+struct TeamCall(Arc<TeamShare>);
+
+impl Drop for TeamCall {
+    fn drop(&mut self) {
+        let mut busy = self.0.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        *busy = busy.saturating_sub(1);
+        self.0.freed.notify_one();
+    }
 }
 
 impl PluginStage {
@@ -74,6 +153,7 @@ impl PluginStage {
             let description = plugin.description();
             let stage = Arc::new(PluginStage {
                 name: format!("plugin {name}"),
+                share: place.shares.of(place.team, place.pipeline),
                 pipeline: place.pipeline.to_string(),
                 team: place.team.map(str::to_string),
                 world,
@@ -182,7 +262,10 @@ impl Stage for PluginStage {
         &self.outputs
     }
 
-    fn process(&self, inputs: Vec<NamedTensor>, _cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
+    fn process(&self, inputs: Vec<NamedTensor>, cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
+        // Fairness between teams: this team's calls take at most their
+        // share of the cores.
+        let _call = self.share.enter(cx, self.team.as_deref())?;
         // The batch: the rows of the first input declared with a free
         // dimension 0.
         let rows = self
