@@ -101,8 +101,17 @@ preprocess = {{ plugin = "features", workers = 2 }}
     }
 
     fn files_in_store(&self) -> Vec<String> {
+        self.files_in(&["blobs", "manifests"])
+    }
+
+    /// Compiled plugins in the cache (`store/compiled`, the default).
+    fn compiled(&self) -> Vec<String> {
+        self.files_in(&["compiled"])
+    }
+
+    fn files_in(&self, subs: &[&str]) -> Vec<String> {
         let mut files = Vec::new();
-        for sub in ["blobs", "manifests"] {
+        for &sub in subs {
             if let Ok(entries) = std::fs::read_dir(self.store().join(sub)) {
                 files.extend(entries.flatten().map(|e| format!("{sub}/{}", e.file_name().to_string_lossy())));
             }
@@ -300,6 +309,7 @@ async fn every_refusal_has_its_status_and_message_and_changes_nothing() {
     let (identity, _) = references(&server).await;
     let features = "/admin/v1/plugins/features";
     let scale = plugin_bytes("scale");
+    let compiled_before = fixture.compiled();
     let cases: Vec<Refusal> = vec![
         (Method::PUT, features, None, scale.clone(), StatusCode::UNAUTHORIZED, "no Authorization header"),
         (Method::PUT, features, Some("guess"), scale.clone(), StatusCode::UNAUTHORIZED, "the token is not valid"),
@@ -340,6 +350,9 @@ async fn every_refusal_has_its_status_and_message_and_changes_nothing() {
             StatusCode::UNPROCESSABLE_ENTITY,
             "dimension 0 = 1099511627776",
         ),
+        // A compile bomb (30,000 empty functions) is refused by its
+        // structure, before anything is compiled.
+        (Method::PUT, features, Some(ML), many_functions(30_000), StatusCode::UNPROCESSABLE_ENTITY, "30000 functions"),
         // A name no pipeline runs belongs to no team: a team may claim one
         // only in its own namespace.
         (Method::PUT, "/admin/v1/plugins/unclaimed", Some(WEB), scale.clone(), StatusCode::FORBIDDEN, "'web.NAME'"),
@@ -399,6 +412,7 @@ async fn every_refusal_has_its_status_and_message_and_changes_nothing() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert_eq!(fixture.files_in_store(), Vec::<String>::new(), "nothing was stored");
+    assert_eq!(fixture.compiled(), compiled_before, "a refused upload left compiled code in the cache");
     assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "the pipeline is unchanged");
 
     // A version that is active cannot be deleted; an inactive one can.
@@ -465,4 +479,37 @@ async fn the_admin_api_can_have_a_port_of_its_own() {
     assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     let response = on_admin.call(Method::GET, "/v1/models/mlp", &headers, Bytes::new()).await.expect("call");
     assert_eq!(response.status, StatusCode::NOT_FOUND, "the admin port serves only the admin API");
+}
+
+/// A WebAssembly module of `n` empty functions: the shape of a compile bomb.
+fn many_functions(n: u32) -> Vec<u8> {
+    fn leb(mut v: u32, out: &mut Vec<u8>) {
+        loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    fn section(id: u8, body: Vec<u8>, out: &mut Vec<u8>) {
+        out.push(id);
+        leb(body.len() as u32, out);
+        out.extend(body);
+    }
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, vec![1, 0x60, 0, 0], &mut module);
+    let mut functions = Vec::new();
+    leb(n, &mut functions);
+    functions.extend(std::iter::repeat_n(0u8, n as usize));
+    section(3, functions, &mut module);
+    let mut code = Vec::new();
+    leb(n, &mut code);
+    for _ in 0..n {
+        code.extend([2, 0, 0x0b]);
+    }
+    section(10, code, &mut module);
+    module
 }
