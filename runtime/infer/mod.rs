@@ -21,16 +21,17 @@ pub struct Batch {
     /// Each request's inputs, in signature order.
     pub requests: Vec<Vec<Tensor>>,
     /// The batch size to run: the sum of the requests' rows, or more when
-    /// `allowed_batch_sizes` asks for padding. Ignored for models whose
-    /// signature is not batched (then there is exactly one request).
+    /// `allowed_batch_sizes` asks for padding. 0 for a single request run
+    /// exactly as sent: its inputs need not share a dimension 0 at all.
     pub padded_rows: usize,
 }
 
 impl Batch {
-    /// A batch of one request, unpadded.
+    /// One request, run exactly as sent: nothing joined, nothing padded.
+    /// Only the batcher, for models whose every input shares dimension 0,
+    /// joins and pads.
     pub fn single(inputs: Vec<Tensor>) -> Batch {
-        let rows = inputs.first().map_or(1, Tensor::rows);
-        Batch { requests: vec![inputs], padded_rows: rows }
+        Batch { requests: vec![inputs], padded_rows: 0 }
     }
 
     /// Total rows of real (not padding) data.

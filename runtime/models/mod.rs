@@ -213,14 +213,6 @@ async fn load_model(config: &ModelConfig, library: Option<&Path>, metrics: &Metr
             .await
             .map_err(|e| Error::internal(format!("loading task failed: {e}")))??,
         );
-        if config.batching.is_some() && !backend.signature().is_batched() {
-            return Err(Error::invalid_argument(format!(
-                "model '{}' version {version} cannot be batched: every input and output needs a dynamic \
-                 dimension 0 (the batch), and its signature is {:?}",
-                config.name,
-                backend.signature()
-            )));
-        }
         let loaded = ModelVersion::new(config.name.clone(), version, backend);
         tracing::info!(model = %config.name, version, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "loaded");
         loaded.warm_up().await?;

@@ -314,7 +314,12 @@ mod tests {
 
     impl Doubler {
         fn new() -> Arc<Doubler> {
-            let spec = |name: &str| TensorSpec { name: name.into(), dtype: DType::F32, shape: vec![-1, 2] };
+            let spec = |name: &str| TensorSpec {
+                name: name.into(),
+                dtype: DType::F32,
+                shape: vec![-1, 2],
+                unknown_rank: false,
+            };
             Arc::new(Doubler {
                 signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] },
                 batches: Mutex::new(Vec::new()),

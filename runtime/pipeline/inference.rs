@@ -26,7 +26,19 @@ pub struct InferenceStage {
 impl InferenceStage {
     /// The inference stage of `version`, batching as `config` says.
     pub fn start(version: Arc<ModelVersion>, config: &ModelConfig, metrics: &Metrics) -> InferenceStage {
-        let batcher = config.batching.as_ref().map(|params| {
+        // Only a model whose every input and output shares a dynamic
+        // dimension 0 can be batched (and padded); any other runs each
+        // request exactly as sent, as TF Serving does with such models.
+        let batchable = version.signature().is_batched();
+        if config.batching.is_some() && !batchable {
+            tracing::warn!(
+                model = version.model(),
+                version = version.version(),
+                "batching is on, but the model's inputs and outputs do not all share a dynamic dimension 0; \
+                 its requests run unbatched"
+            );
+        }
+        let batcher = config.batching.as_ref().filter(|_| batchable).map(|params| {
             let (model, number) = (version.model(), version.version());
             let threads = if params.num_batch_threads == 0 { config.onnx.sessions } else { params.num_batch_threads };
             Batcher::start(

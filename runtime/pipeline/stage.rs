@@ -273,7 +273,7 @@ mod tests {
     fn gated(workers: usize, capacity: usize) -> Harness {
         let (open, gate) = mpsc::channel();
         let (started_tx, started) = tokio::sync::mpsc::unbounded_channel();
-        let specs = vec![TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![-1] }];
+        let specs = vec![TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![-1], unknown_rank: false }];
         let stage = Arc::new(Gated { specs, gate: Mutex::new(gate), started: started_tx });
         let metrics = Metrics::new().queue("test");
         let runner =

@@ -286,7 +286,7 @@ fn describe(instances: &Instances, limits: &PluginLimits) -> Result<Description>
             .map(|s| {
                 check_declared_text(&format!("{role} name"), &s.name, TENSOR_NAME_CHARS).map_err(refused)?;
                 check_declared_shape(&s.name, &s.shape).map_err(refused)?;
-                Ok(TensorSpec { name: s.name, dtype: dtype_in(s.dtype), shape: s.shape })
+                Ok(TensorSpec { name: s.name, dtype: dtype_in(s.dtype), shape: s.shape, unknown_rank: false })
             })
             .collect()
     };

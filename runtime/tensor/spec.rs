@@ -24,11 +24,18 @@ pub struct TensorSpec {
     pub dtype: DType,
     /// Dimensions; -1 where any size is accepted.
     pub shape: Vec<i64>,
+    /// The rank is not known: any shape is accepted, and `shape` is empty
+    /// (TF Serving's `unknown_rank: true`).
+    pub unknown_rank: bool,
 }
 
 impl fmt::Display for TensorSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {} {}", self.name, self.dtype, format_shape(&self.shape))
+        if self.unknown_rank {
+            write!(f, "{} {} (any shape)", self.name, self.dtype)
+        } else {
+            write!(f, "{} {} {}", self.name, self.dtype, format_shape(&self.shape))
+        }
     }
 }
 
@@ -44,8 +51,9 @@ pub struct Signature {
 impl Signature {
     /// True when every input and output has a dynamic dimension 0: the
     /// model takes any number of rows, so requests can be batched together.
+    /// Inputs of unknown rank share no known batch dimension.
     pub fn is_batched(&self) -> bool {
-        self.inputs.iter().chain(&self.outputs).all(|spec| spec.shape.first() == Some(&-1))
+        self.inputs.iter().chain(&self.outputs).all(|spec| !spec.unknown_rank && spec.shape.first() == Some(&-1))
     }
 
     /// Index of the output called `name`.
@@ -156,6 +164,9 @@ pub fn check_tensor(owner: &dyn fmt::Display, role: &str, spec: &TensorSpec, ten
             spec.dtype
         )));
     }
+    if spec.unknown_rank {
+        return Ok(());
+    }
     let shape = tensor.shape();
     if shape.len() != spec.shape.len() {
         return Err(Error::invalid_argument(format!(
@@ -183,8 +194,9 @@ pub fn check_tensor(owner: &dyn fmt::Display, role: &str, spec: &TensorSpec, ten
 /// A producer's declared tensor fits a consumer's: the same dtype and rank,
 /// and dimensions equal wherever both are fixed.
 pub fn fits(given: &TensorSpec, wanted: &TensorSpec) -> Result<()> {
-    let dims_fit = given.shape.len() == wanted.shape.len()
-        && given.shape.iter().zip(&wanted.shape).all(|(&g, &w)| g < 0 || w < 0 || g == w);
+    let dims_fit = wanted.unknown_rank
+        || given.shape.len() == wanted.shape.len()
+            && given.shape.iter().zip(&wanted.shape).all(|(&g, &w)| g < 0 || w < 0 || g == w);
     if given.dtype != wanted.dtype || !dims_fit {
         return Err(Error::invalid_argument(format!(
             "'{}' is {} {}, but {} {} is expected",
@@ -226,10 +238,15 @@ mod tests {
     fn sig() -> Signature {
         Signature {
             inputs: vec![
-                TensorSpec { name: "dense".into(), dtype: DType::F32, shape: vec![-1, 3] },
-                TensorSpec { name: "ids".into(), dtype: DType::I64, shape: vec![-1, 2] },
+                TensorSpec { name: "dense".into(), dtype: DType::F32, shape: vec![-1, 3], unknown_rank: false },
+                TensorSpec { name: "ids".into(), dtype: DType::I64, shape: vec![-1, 2], unknown_rank: false },
             ],
-            outputs: vec![TensorSpec { name: "score".into(), dtype: DType::F32, shape: vec![-1, 1] }],
+            outputs: vec![TensorSpec {
+                name: "score".into(),
+                dtype: DType::F32,
+                shape: vec![-1, 1],
+                unknown_rank: false,
+            }],
         }
     }
 

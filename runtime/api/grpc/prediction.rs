@@ -23,7 +23,7 @@ use crate::proto::tensorflow::serving::{
     model_spec, GetModelMetadataRequest, GetModelMetadataResponse, ModelSpec, PredictRequest, PredictResponse,
     SignatureDefMap,
 };
-use crate::proto::tensorflow::{tensor_info, SignatureDef, TensorInfo};
+use crate::proto::tensorflow::{tensor_info, SignatureDef, TensorInfo, TensorShapeProto};
 use crate::tensor::proto::{decode, encode, encode_shape};
 use crate::tensor::spec::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
 
@@ -132,7 +132,11 @@ pub fn signature_def(signature: &Signature) -> SignatureDef {
             TensorInfo {
                 encoding: Some(tensor_info::Encoding::Name(spec.name.clone())),
                 dtype: spec.dtype.to_tf(),
-                tensor_shape: Some(encode_shape(&spec.shape)),
+                tensor_shape: Some(if spec.unknown_rank {
+                    TensorShapeProto { dim: Vec::new(), unknown_rank: true }
+                } else {
+                    encode_shape(&spec.shape)
+                }),
             },
         )
     };

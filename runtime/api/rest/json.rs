@@ -318,7 +318,7 @@ pub(super) fn metadata_json(target: &Target) -> Result<Vec<u8>> {
                     spec.name.clone(),
                     json!({
                         "dtype": spec.dtype.to_string(),
-                        "tensor_shape": { "dim": dims, "unknown_rank": false },
+                        "tensor_shape": { "dim": dims, "unknown_rank": spec.unknown_rank },
                         "name": spec.name,
                     }),
                 )

@@ -180,9 +180,15 @@ fn signature_of(session: &Session) -> Result<Signature> {
                 outlet.name()
             ))
         })?;
+        // ONNX Runtime reports no dimensions both for a scalar and for a
+        // value of unknown rank (tf2onnx writes inputs converted from
+        // TensorSpec(None) with no shape). Refusing every non-scalar would
+        // refuse what ONNX Runtime runs, so no dimensions means any rank;
+        // ONNX Runtime itself still refuses a rank its graph cannot take.
         Ok(TensorSpec {
             name: outlet.name().to_string(),
             dtype,
+            unknown_rank: shape.is_empty(),
             shape: shape.iter().map(|&d| if d < 0 { -1 } else { d }).collect(),
         })
     };
@@ -212,7 +218,9 @@ fn run_batch(session: &mut Session, batch: &Batch) -> Result<Vec<Tensor>> {
     let mut values: Vec<SessionInputValue<'_>> = Vec::with_capacity(inputs);
     for i in 0..inputs {
         let value = match batch.requests.as_slice() {
-            [only] if only[i].rows() == batch.padded_rows || only[i].shape().is_empty() => convert::to_value(&only[i])?,
+            [only] if batch.padded_rows == 0 || only[i].rows() == batch.padded_rows || only[i].shape().is_empty() => {
+                convert::to_value(&only[i])?
+            }
             requests => {
                 let parts: Vec<&Tensor> = requests.iter().map(|r| &r[i]).collect();
                 batch::join_to_value(&parts, batch.padded_rows)?

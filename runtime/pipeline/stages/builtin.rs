@@ -83,8 +83,13 @@ impl Softmax {
     pub fn new(config: &ReduceConfig, model: &Signature) -> Result<Softmax> {
         let (input, classes) = model_output(model, config.input.as_deref(), "softmax")?;
         Ok(Softmax {
-            inputs: vec![TensorSpec { name: input, dtype: DType::F32, shape: vec![-1, classes] }],
-            outputs: vec![TensorSpec { name: "probabilities".into(), dtype: DType::F32, shape: vec![-1, classes] }],
+            inputs: vec![TensorSpec { name: input, dtype: DType::F32, shape: vec![-1, classes], unknown_rank: false }],
+            outputs: vec![TensorSpec {
+                name: "probabilities".into(),
+                dtype: DType::F32,
+                shape: vec![-1, classes],
+                unknown_rank: false,
+            }],
         })
     }
 }
@@ -119,8 +124,13 @@ impl Argmax {
     pub fn new(config: &ReduceConfig, model: &Signature) -> Result<Argmax> {
         let (input, classes) = model_output(model, config.input.as_deref(), "argmax")?;
         Ok(Argmax {
-            inputs: vec![TensorSpec { name: input, dtype: DType::F32, shape: vec![-1, classes] }],
-            outputs: vec![TensorSpec { name: "classes".into(), dtype: DType::I64, shape: vec![-1] }],
+            inputs: vec![TensorSpec { name: input, dtype: DType::F32, shape: vec![-1, classes], unknown_rank: false }],
+            outputs: vec![TensorSpec {
+                name: "classes".into(),
+                dtype: DType::I64,
+                shape: vec![-1],
+                unknown_rank: false,
+            }],
         })
     }
 }
@@ -193,17 +203,22 @@ impl TopK {
         };
         let k = config.k as i64;
         let mut outputs = vec![
-            TensorSpec { name: "scores".into(), dtype: DType::F32, shape: vec![-1, k] },
-            TensorSpec { name: "classes".into(), dtype: DType::I64, shape: vec![-1, k] },
+            TensorSpec { name: "scores".into(), dtype: DType::F32, shape: vec![-1, k], unknown_rank: false },
+            TensorSpec { name: "classes".into(), dtype: DType::I64, shape: vec![-1, k], unknown_rank: false },
         ];
         if labels.is_some() {
-            outputs.push(TensorSpec { name: "labels".into(), dtype: DType::String, shape: vec![-1, k] });
+            outputs.push(TensorSpec {
+                name: "labels".into(),
+                dtype: DType::String,
+                shape: vec![-1, k],
+                unknown_rank: false,
+            });
         }
         Ok(TopK {
             k: config.k,
             softmax: config.softmax,
             labels,
-            inputs: vec![TensorSpec { name: input, dtype: DType::F32, shape: vec![-1, classes] }],
+            inputs: vec![TensorSpec { name: input, dtype: DType::F32, shape: vec![-1, classes], unknown_rank: false }],
             outputs,
         })
     }
@@ -299,6 +314,7 @@ impl ImageNormalize {
                 name: config.input.clone(),
                 dtype: DType::U8,
                 shape: vec![-1, -1, -1, channels],
+                unknown_rank: false,
             }],
             outputs: vec![spec.clone()],
         })
@@ -367,8 +383,18 @@ mod tests {
 
     fn classifier(classes: i64) -> Signature {
         Signature {
-            inputs: vec![TensorSpec { name: "image".into(), dtype: DType::F32, shape: vec![-1, 3, 2, 2] }],
-            outputs: vec![TensorSpec { name: "logits".into(), dtype: DType::F32, shape: vec![-1, classes] }],
+            inputs: vec![TensorSpec {
+                name: "image".into(),
+                dtype: DType::F32,
+                shape: vec![-1, 3, 2, 2],
+                unknown_rank: false,
+            }],
+            outputs: vec![TensorSpec {
+                name: "logits".into(),
+                dtype: DType::F32,
+                shape: vec![-1, classes],
+                unknown_rank: false,
+            }],
         }
     }
 

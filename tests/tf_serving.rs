@@ -1,0 +1,107 @@
+//! TF Serving compatibility where sluice once answered wrongly: models
+//! whose inputs share no batch dimension (run exactly as sent, never
+//! padded to another input's rows, batching on or off), and inputs of
+//! unknown rank (any rank accepted, `unknown_rank: true` in metadata).
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http::{Method, StatusCode};
+use prost::Message;
+use serde_json::{json, Value};
+use sluice::cli::bench::client::RestClient;
+use sluice::proto::tensorflow::serving::{GetModelMetadataRequest, SignatureDefMap};
+
+fn config(batching: bool) -> String {
+    let batching = if batching { "batching = { max_batch_size = 8, batch_timeout_micros = 100 }" } else { "" };
+    format!(
+        r#"
+[[models]]
+name = "unshared"
+base_path = "$ROOT/tests/fixtures/models/unshared"
+{batching}
+
+[[models]]
+name = "anyrank"
+base_path = "$ROOT/tests/fixtures/models/anyrank"
+"#
+    )
+}
+
+async fn rest_post(server: &Server, path: &str, body: Value) -> (StatusCode, Value) {
+    let mut client = RestClient::new(&server.http.to_string()).expect("REST client");
+    let response = client.call(Method::POST, path, &[], Bytes::from(body.to_string())).await.expect("REST call");
+    (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn inputs_without_a_shared_batch_dimension_run_exactly_as_sent() {
+    for batching in [false, true] {
+        let server = Server::with_config(&config(batching));
+        let mut client = server.predict_client().await;
+        // b with fewer, equal and more rows than a: its mean must be its
+        // own, never padded with zeros to a's two rows.
+        for b in [vec![5.0f32], vec![1.5, 2.5], vec![1.0, 2.0, 3.0]] {
+            let response = client
+                .predict(predict_request(
+                    "unshared",
+                    vec![("a", f32_content(&[2], &[1.0, 2.0])), ("b", f32_content(&[b.len() as i64], &b))],
+                ))
+                .await
+                .unwrap_or_else(|e| panic!("batching {batching}, b = {b:?}: {e}"))
+                .into_inner();
+            assert_eq!(f32_values(&response.outputs["a_twice"]), vec![2.0, 4.0], "batching {batching}");
+            let mean = b.iter().sum::<f32>() / b.len() as f32;
+            assert_eq!(f32_values(&response.outputs["b_mean"]), vec![mean], "batching {batching}");
+        }
+        // REST, columnar, with tensors of different first dimensions.
+        let (status, answer) = rest_post(
+            &server,
+            "/v1/models/unshared:predict",
+            json!({ "inputs": { "a": [1.0, 2.0], "b": [1.0, 2.0, 3.0] } }),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "batching {batching}: {answer}");
+        assert_eq!(answer["outputs"]["a_twice"], json!([2.0, 4.0]), "{answer}");
+        assert_eq!(answer["outputs"]["b_mean"], json!([2.0]), "{answer}");
+    }
+}
+
+#[tokio::test]
+async fn an_input_of_unknown_rank_takes_any_rank_and_says_so_in_metadata() {
+    let server = Server::with_config(&config(false));
+    let mut client = server.predict_client().await;
+    for dims in [vec![], vec![3], vec![2, 3], vec![1, 2, 2]] {
+        let n: i64 = dims.iter().product();
+        let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let response = client
+            .predict(predict_request("anyrank", vec![("x", f32_content(&dims, &x))]))
+            .await
+            .unwrap_or_else(|e| panic!("shape {dims:?}: {e}"))
+            .into_inner();
+        let want: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
+        assert_eq!(f32_values(&response.outputs["y"]), want, "shape {dims:?}");
+        assert_eq!(dims_of(&response.outputs["y"]), dims, "shape {dims:?}");
+    }
+    let metadata = client
+        .get_model_metadata(GetModelMetadataRequest {
+            model_spec: spec("anyrank", None),
+            metadata_field: vec!["signature_def".into()],
+        })
+        .await
+        .expect("metadata")
+        .into_inner();
+    let defs = SignatureDefMap::decode(metadata.metadata["signature_def"].value.as_slice()).expect("SignatureDefMap");
+    let x = &defs.signature_def["serving_default"].inputs["x"];
+    assert!(x.tensor_shape.as_ref().is_some_and(|s| s.unknown_rank && s.dim.is_empty()), "{x:?}");
+    let mut rest = RestClient::new(&server.http.to_string()).expect("REST client");
+    let response = rest.call(Method::GET, "/v1/models/anyrank/metadata", &[], Bytes::new()).await.expect("metadata");
+    let json: Value = serde_json::from_slice(&response.body).expect("JSON");
+    let shape = &json["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]["x"]["tensor_shape"];
+    assert_eq!(shape["unknown_rank"], json!(true), "{json}");
+}
+
+fn dims_of(tensor: &sluice::proto::tensorflow::TensorProto) -> Vec<i64> {
+    tensor.tensor_shape.as_ref().map(|s| s.dim.iter().map(|d| d.size).collect()).unwrap_or_default()
+}
