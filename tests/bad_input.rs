@@ -71,7 +71,8 @@ fn cases() -> Vec<Case> {
                     signature_name: String::new(),
                 },
             ),
-            code: Code::NotFound,
+            // TF Serving: "Unrecognized servable version label".
+            code: Code::InvalidArgument,
             says: vec!["label 'beta'", "canary", "stable"],
         },
         Case {

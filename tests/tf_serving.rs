@@ -105,3 +105,35 @@ async fn an_input_of_unknown_rank_takes_any_rank_and_says_so_in_metadata() {
 fn dims_of(tensor: &sluice::proto::tensorflow::TensorProto) -> Vec<i64> {
     tensor.tensor_shape.as_ref().map(|s| s.dim.iter().map(|d| d.size).collect()).unwrap_or_default()
 }
+
+#[tokio::test]
+async fn rest_ignores_top_level_keys_tf_serving_ignores_and_metadata_echoes_the_signature_name() {
+    let server = Server::with_config(&config(false));
+    let (status, answer) = rest_post(
+        &server,
+        "/v1/models/unshared:predict",
+        json!({ "inputs": { "a": [1.0, 2.0], "b": [4.0] }, "extra": 1, "request_id": "x" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["outputs"]["b_mean"], json!([4.0]), "{answer}");
+
+    let mut client = server.predict_client().await;
+    for signature_name in ["", "serving_default"] {
+        let mut model_spec = spec("unshared", None).expect("spec");
+        model_spec.signature_name = signature_name.to_string();
+        let metadata = client
+            .get_model_metadata(GetModelMetadataRequest {
+                model_spec: Some(model_spec),
+                metadata_field: vec!["signature_def".into()],
+            })
+            .await
+            .expect("metadata")
+            .into_inner();
+        assert_eq!(metadata.model_spec.expect("model_spec").signature_name, signature_name);
+    }
+    let mut rest = RestClient::new(&server.http.to_string()).expect("REST client");
+    let response = rest.call(Method::GET, "/v1/models/unshared/metadata", &[], Bytes::new()).await.expect("metadata");
+    let json: Value = serde_json::from_slice(&response.body).expect("JSON");
+    assert_eq!(json["metadata"]["signature_def"]["signature_def"]["serving_default"]["defaults"], json!({}), "{json}");
+}

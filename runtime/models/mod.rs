@@ -142,9 +142,11 @@ impl ServedModel {
                 ))
             }),
             VersionChoice::Label(label) => {
+                // TF Serving: "Unrecognized servable version label",
+                // INVALID_ARGUMENT (400 over REST).
                 let v = self.labels.get(label).ok_or_else(|| {
                     let labels: Vec<&str> = self.labels.keys().map(String::as_str).collect();
-                    Error::not_found(format!(
+                    Error::invalid_argument(format!(
                         "model '{}' has no version label '{label}'; labels: [{}]",
                         self.name,
                         labels.join(", ")

@@ -76,7 +76,7 @@ impl PredictionService for PredictionApi {
         serve(state, cx, async |cx| {
             let spec = required_spec(request.model_spec.as_ref())?;
             let target = cx.resolve(&state.endpoints, version_choice(spec), &spec.signature_name)?;
-            model_metadata(&target, &request.metadata_field)
+            model_metadata(&target, &request.metadata_field, &spec.signature_name)
         })
         .await
     }
@@ -102,7 +102,7 @@ async fn predict(
     })
 }
 
-fn model_metadata(target: &Target, fields: &[String]) -> Result<GetModelMetadataResponse, Error> {
+fn model_metadata(target: &Target, fields: &[String], signature_name: &str) -> Result<GetModelMetadataResponse, Error> {
     if fields.is_empty() {
         return Err(Error::invalid_argument(format!("metadata_field is empty; ask for \"{SIGNATURE_DEF_FIELD}\"")));
     }
@@ -118,8 +118,11 @@ fn model_metadata(target: &Target, fields: &[String]) -> Result<GetModelMetadata
         type_url: "type.googleapis.com/tensorflow.serving.SignatureDefMap".to_string(),
         value: prost::Message::encode_to_vec(&signatures),
     };
+    // TF Serving echoes the signature name the request gave (often none).
+    let mut model_spec = served_spec(target.pipeline.name(), target.version.version());
+    model_spec.signature_name = signature_name.to_string();
     Ok(GetModelMetadataResponse {
-        model_spec: Some(served_spec(target.pipeline.name(), target.version.version())),
+        model_spec: Some(model_spec),
         metadata: HashMap::from([(SIGNATURE_DEF_FIELD.to_string(), any)]),
     })
 }

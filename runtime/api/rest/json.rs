@@ -67,11 +67,7 @@ async fn predict_on(target: &Target, mut request: Map<String, Value>, deadline: 
             ))
         }
     };
-    if let Some(key) = request.keys().next() {
-        return Err(Error::invalid_argument(format!(
-            "unexpected key \"{key}\" in the request; allowed: \"signature_name\", \"instances\", \"inputs\""
-        )));
-    }
+    // Other top-level keys are ignored, as TF Serving ignores them.
     let outputs = target.predict(valid).await?;
     let written = match form {
         Form::Columnar => write_columnar(&outputs),
@@ -339,6 +335,7 @@ pub(super) fn metadata_json(target: &Target) -> Result<Vec<u8>> {
                         "inputs": tensors(&signature.inputs),
                         "outputs": tensors(&signature.outputs),
                         "method_name": PREDICT_METHOD,
+                        "defaults": {},
                     }
                 }
             }

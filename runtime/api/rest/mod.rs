@@ -124,11 +124,10 @@ fn parse_path(path: &str) -> Result<ModelPath<'_>> {
             Error::invalid_argument(format!("the version in the URL is '{n}'; versions are whole numbers"))
         })?),
         [_, "labels", label] if !label.is_empty() => VersionChoice::Label(label),
-        _ => {
-            return Err(Error::not_found(format!(
-            "no such endpoint: /v1/models/{path}; expected /v1/models/NAME[/versions/N|/labels/L][:predict|/metadata]"
-        )))
-        }
+        // TF Serving answers a path it cannot parse 400 "Malformed request".
+        _ => return Err(Error::invalid_argument(format!(
+            "Malformed request: /v1/models/{path}; expected /v1/models/NAME[/versions/N|/labels/L][:predict|/metadata]"
+        ))),
     };
     Ok(ModelPath { name: segments[0], choice, call })
 }
@@ -173,7 +172,8 @@ async fn route(
         }
     };
     if method != wanted {
-        let error = Error::MethodNotAllowed(format!("{method} is not allowed on /v1/models/{path}; use {wanted}"));
+        // TF Serving answers 400 "Malformed request" here too.
+        let error = Error::invalid_argument(format!("Malformed request: {method} /v1/models/{path}; use {wanted}"));
         return (request_id(given_id), error_response(&error));
     }
     let mut cx = RequestContext::new(&state.metrics, api, "rest", given_id, parsed.name, Deadline::NONE);
@@ -260,6 +260,6 @@ mod tests {
         assert_eq!(parse_path("mlp:classify").unwrap().call, Call::Other("classify"));
         let err = parse_path("mlp/versions/x:predict").unwrap_err();
         assert!(err.message().contains("'x'"), "{err}");
-        assert_eq!(parse_path("mlp/versions").unwrap_err().code(), Code::NotFound);
+        assert_eq!(parse_path("mlp/versions").unwrap_err().code(), Code::InvalidArgument);
     }
 }
