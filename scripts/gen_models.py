@@ -211,6 +211,25 @@ def anyrank():
     return make_model(graph)
 
 
+def tfjson():
+    """y = x (floats, any of them non-finite) and s_bytes = s (strings): a
+    fixture for TF Serving's JSON, which writes outputs named *_bytes as
+    {"b64": ...} and non-finite floats as NaN / Infinity / -Infinity."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Identity", ["s"], ["s_bytes"])],
+        "tfjson",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("s", TensorProto.STRING, ["batch"]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("s_bytes", TensorProto.STRING, ["batch"]),
+        ],
+    )
+    return make_model(graph)
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     examples = os.path.join(root, "examples", "models")
@@ -222,6 +241,7 @@ def main():
     save(dtypes(), fixtures, "dtypes", 1)
     save(unshared(), fixtures, "unshared", 1)
     save(anyrank(), fixtures, "anyrank", 1, check=False)
+    save(tfjson(), fixtures, "tfjson", 1)
     return 0
 
 

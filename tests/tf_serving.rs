@@ -25,6 +25,10 @@ base_path = "$ROOT/tests/fixtures/models/unshared"
 [[models]]
 name = "anyrank"
 base_path = "$ROOT/tests/fixtures/models/anyrank"
+
+[[models]]
+name = "tfjson"
+base_path = "$ROOT/tests/fixtures/models/tfjson"
 "#
     )
 }
@@ -136,4 +140,35 @@ async fn rest_ignores_top_level_keys_tf_serving_ignores_and_metadata_echoes_the_
     let response = rest.call(Method::GET, "/v1/models/unshared/metadata", &[], Bytes::new()).await.expect("metadata");
     let json: Value = serde_json::from_slice(&response.body).expect("JSON");
     assert_eq!(json["metadata"]["signature_def"]["signature_def"]["serving_default"]["defaults"], json!({}), "{json}");
+}
+
+#[tokio::test]
+async fn rest_json_writes_bytes_outputs_as_b64_and_non_finite_floats_as_tf_serving_does() {
+    let server = Server::with_config(&config(false));
+    let mut rest = RestClient::new(&server.http.to_string()).expect("REST client");
+    // What Python's json.dumps writes for float("nan") and float("inf").
+    for (body, form) in [
+        (r#"{"inputs": {"x": [[NaN, Infinity, -Infinity, 1.5]], "s": ["hi"]}}"#, "outputs"),
+        (r#"{"instances": [{"x": [NaN, Infinity, -Infinity, 1.5], "s": "hi"}]}"#, "predictions"),
+    ] {
+        let response =
+            rest.call(Method::POST, "/v1/models/tfjson:predict", &[], Bytes::from(body)).await.expect("predict");
+        let text = response.text();
+        assert_eq!(response.status, StatusCode::OK, "{body}: {text}");
+        assert!(text.contains("[NaN,Infinity,-Infinity,1.5]"), "{form}: {text}");
+        assert!(text.contains(r#"{"b64":"aGk="}"#), "{form}: {text}");
+        assert!(text.contains(form), "{text}");
+    }
+    // Inside strings the words are text, not numbers.
+    let response = rest
+        .call(
+            Method::POST,
+            "/v1/models/tfjson:predict",
+            &[],
+            Bytes::from(r#"{"inputs": {"x": [[1, 2, 3, 4]], "s": ["NaN, Infinity"]}}"#),
+        )
+        .await
+        .expect("predict");
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    assert!(response.text().contains("TmFOLCBJbmZpbml0eQ=="), "{}", response.text());
 }

@@ -85,7 +85,10 @@ pub fn tensor_from_leaves(dtype: DType, shape: Vec<i64>, leaves: &[&Value], what
             Tensor::from_values(shape, &out)
         }};
     }
-    let float = |i: usize, leaf: &Value| leaf.as_f64().ok_or_else(|| bad(i, leaf, "a number"));
+    let float = |i: usize, leaf: &Value| match leaf {
+        Value::String(s) => non_finite(s).ok_or_else(|| bad(i, leaf, "a number")),
+        _ => leaf.as_f64().ok_or_else(|| bad(i, leaf, "a number")),
+    };
     Ok(match dtype {
         DType::F32 => {
             let v =
@@ -158,23 +161,37 @@ pub fn tensor_from_json(value: &Value, dtype: DType, what: &str) -> Result<Tenso
 /// not `0.10000000149011612`), strings as text or `{"b64": …}`. It
 /// serialises straight from the tensor's bytes, without building a JSON
 /// tree first.
+#[derive(Clone, Copy)]
 pub struct JsonView<'a> {
     tensor: &'a Tensor,
     dims: &'a [i64],
     from: usize,
+    /// Every string as `{"b64": …}` (TF Serving does this for outputs whose
+    /// name ends in `_bytes`).
+    binary: bool,
+    /// Non-finite floats as TF Serving writes them (`NaN`, `Infinity`,
+    /// `-Infinity`) instead of `null`; only for serde_json's writer.
+    tf_floats: bool,
 }
 
 impl<'a> JsonView<'a> {
     /// The whole tensor (a bare value for rank 0).
     pub fn whole(tensor: &'a Tensor) -> Self {
-        JsonView { tensor, dims: tensor.shape(), from: 0 }
+        JsonView { tensor, dims: tensor.shape(), from: 0, binary: false, tf_floats: false }
+    }
+
+    /// As TF Serving's REST API writes output `name`: strings as
+    /// `{"b64": …}` when the name ends in `_bytes`, non-finite floats as
+    /// `NaN`, `Infinity`, `-Infinity`.
+    pub fn output(self, name: &str) -> Self {
+        JsonView { binary: name.ends_with("_bytes"), tf_floats: true, ..self }
     }
 
     /// Row `row` along dimension 0.
     pub fn row(tensor: &'a Tensor, row: usize) -> Self {
         let dims = tensor.shape().get(1..).unwrap_or(&[]);
         let stride: usize = dims.iter().map(|&d| d as usize).product();
-        JsonView { tensor, dims, from: row * stride }
+        JsonView { tensor, dims, from: row * stride, binary: false, tf_floats: false }
     }
 
     fn element<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
@@ -184,8 +201,8 @@ impl<'a> JsonView<'a> {
             TensorData::Strings(strings) => {
                 let s = &strings[i];
                 return match std::str::from_utf8(s) {
-                    Ok(text) => serializer.serialize_str(text),
-                    Err(_) => {
+                    Ok(text) if !self.binary => serializer.serialize_str(text),
+                    _ => {
                         let mut map = serializer.serialize_map(Some(1))?;
                         map.serialize_entry("b64", &B64.encode(s))?;
                         map.end()
@@ -199,11 +216,51 @@ impl<'a> JsonView<'a> {
         fn le<T: bytemuck::Pod>(raw: &[u8]) -> T {
             bytemuck::pod_read_unaligned(raw)
         }
+        let float = |x: f64, serializer: S| {
+            if self.tf_floats && !x.is_finite() {
+                // serde_json writes its raw-value token verbatim: TF
+                // Serving's bare NaN / Infinity, which Python's json reads.
+                let token = if x.is_nan() {
+                    "NaN"
+                } else if x > 0.0 {
+                    "Infinity"
+                } else {
+                    "-Infinity"
+                };
+                use serde::ser::SerializeStruct;
+                let mut raw = serializer.serialize_struct(RAW_VALUE_TOKEN, 1)?;
+                raw.serialize_field(RAW_VALUE_TOKEN, token)?;
+                raw.end()
+            } else {
+                serializer.serialize_f64(x)
+            }
+        };
         match self.tensor.dtype() {
-            DType::F32 => serializer.serialize_f32(le::<f32>(raw)),
-            DType::F64 => serializer.serialize_f64(le::<f64>(raw)),
-            DType::F16 => serializer.serialize_f32(le::<half::f16>(raw).to_f32()),
-            DType::BF16 => serializer.serialize_f32(le::<half::bf16>(raw).to_f32()),
+            DType::F32 => {
+                let x = le::<f32>(raw);
+                if x.is_finite() {
+                    serializer.serialize_f32(x)
+                } else {
+                    float(f64::from(x), serializer)
+                }
+            }
+            DType::F64 => float(le::<f64>(raw), serializer),
+            DType::F16 => {
+                let x = le::<half::f16>(raw).to_f32();
+                if x.is_finite() {
+                    serializer.serialize_f32(x)
+                } else {
+                    float(f64::from(x), serializer)
+                }
+            }
+            DType::BF16 => {
+                let x = le::<half::bf16>(raw).to_f32();
+                if x.is_finite() {
+                    serializer.serialize_f32(x)
+                } else {
+                    float(f64::from(x), serializer)
+                }
+            }
             DType::I8 => serializer.serialize_i8(le::<i8>(raw)),
             DType::I16 => serializer.serialize_i16(le::<i16>(raw)),
             DType::I32 => serializer.serialize_i32(le::<i32>(raw)),
@@ -228,10 +285,71 @@ impl serde::Serialize for JsonView<'_> {
         let stride: usize = rest.iter().map(|&d| d as usize).product();
         let mut seq = serializer.serialize_seq(Some(n as usize))?;
         for i in 0..n as usize {
-            seq.serialize_element(&JsonView { tensor: self.tensor, dims: rest, from: self.from + i * stride })?;
+            seq.serialize_element(&JsonView { dims: rest, from: self.from + i * stride, ..*self })?;
         }
         seq.end()
     }
+}
+
+/// serde_json's name for a value it writes verbatim (its `RawValue`).
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
+/// What a request's JSON says for a non-finite float, after
+/// [`accept_non_finite`] rewrote it.
+const NON_FINITE: [(&str, f64); 3] =
+    [("\u{0}NaN", f64::NAN), ("\u{0}Infinity", f64::INFINITY), ("\u{0}-Infinity", f64::NEG_INFINITY)];
+
+fn non_finite(text: &str) -> Option<f64> {
+    NON_FINITE.iter().find(|(token, _)| *token == text).map(|&(_, value)| value)
+}
+
+/// A request body with TF Serving's (and Python `json.dumps`'s) bare
+/// `NaN`, `Infinity` and `-Infinity` rewritten as strings that
+/// [`tensor_from_leaves`] reads back as those floats: serde_json refuses
+/// the bare tokens. Text inside strings is left alone. Borrowed when there
+/// is nothing to rewrite.
+pub fn accept_non_finite(body: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let mentions = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+    if !mentions(b"NaN") && !mentions(b"Infinity") {
+        return body.into();
+    }
+    let mut out = Vec::with_capacity(body.len() + 16);
+    let (mut in_string, mut escaped, mut i) = (false, false, 0);
+    while i < body.len() {
+        let b = body[i];
+        if in_string {
+            out.push(b);
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if b == b'"' {
+            in_string = true;
+            out.push(b);
+            i += 1;
+            continue;
+        }
+        let rest = &body[i..];
+        let token = [&b"-Infinity"[..], b"Infinity", b"NaN"].into_iter().find(|t| rest.starts_with(t));
+        match token {
+            Some(token) => {
+                out.extend_from_slice(b"\"\\u0000");
+                out.extend_from_slice(token);
+                out.push(b'"');
+                i += token.len();
+            }
+            None => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out.into()
 }
 
 /// A tensor as a JSON tree (a scalar for rank 0).

@@ -33,7 +33,8 @@ pub(super) async fn predict(
     path: &ModelPath<'_>,
     body: &[u8],
 ) -> Result<Vec<u8>> {
-    let request: Value = serde_json::from_slice(body)
+    let body = crate::tensor::json::accept_non_finite(body);
+    let request: Value = serde_json::from_slice(&body)
         .map_err(|e| Error::invalid_argument(format!("the request body is not valid JSON: {e}")))?;
     let Value::Object(mut request) = request else {
         return Err(Error::invalid_argument(format!(
@@ -235,7 +236,7 @@ fn write_columnar(outputs: &[(String, Tensor)]) -> serde_json::Result<Vec<u8>> {
         outputs: NamedOutputs<'a>,
     }
     match outputs {
-        [(_, only)] => serde_json::to_vec(&Single { outputs: JsonView::whole(only) }),
+        [(name, only)] => serde_json::to_vec(&Single { outputs: JsonView::whole(only).output(name) }),
         many => serde_json::to_vec(&Named { outputs: NamedOutputs { outputs: many, row: None } }),
     }
 }
@@ -256,7 +257,9 @@ fn write_rows(outputs: &[(String, Tensor)]) -> Result<serde_json::Result<Vec<u8>
         predictions: Vec<T>,
     }
     Ok(match outputs {
-        [(_, only)] => serde_json::to_vec(&Rows { predictions: (0..rows).map(|r| JsonView::row(only, r)).collect() }),
+        [(name, only)] => {
+            serde_json::to_vec(&Rows { predictions: (0..rows).map(|r| JsonView::row(only, r).output(name)).collect() })
+        }
         many => serde_json::to_vec(&Rows {
             predictions: (0..rows).map(|r| NamedOutputs { outputs: many, row: Some(r) }).collect(),
         }),
@@ -276,8 +279,8 @@ impl serde::Serialize for NamedOutputs<'_> {
         let mut map = serializer.serialize_map(Some(self.outputs.len()))?;
         for (name, tensor) in self.outputs {
             match self.row {
-                Some(row) => map.serialize_entry(name, &JsonView::row(tensor, row))?,
-                None => map.serialize_entry(name, &JsonView::whole(tensor))?,
+                Some(row) => map.serialize_entry(name, &JsonView::row(tensor, row).output(name))?,
+                None => map.serialize_entry(name, &JsonView::whole(tensor).output(name))?,
             }
         }
         map.end()

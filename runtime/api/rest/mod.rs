@@ -125,9 +125,11 @@ fn parse_path(path: &str) -> Result<ModelPath<'_>> {
         })?),
         [_, "labels", label] if !label.is_empty() => VersionChoice::Label(label),
         // TF Serving answers a path it cannot parse 400 "Malformed request".
-        _ => return Err(Error::invalid_argument(format!(
+        _ => {
+            return Err(Error::invalid_argument(format!(
             "Malformed request: /v1/models/{path}; expected /v1/models/NAME[/versions/N|/labels/L][:predict|/metadata]"
-        ))),
+        )))
+        }
     };
     Ok(ModelPath { name: segments[0], choice, call })
 }
