@@ -268,7 +268,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
-            Command::Bench(args) => sluice::cli::bench::run(args).await.map_err(anyhow::Error::msg),
+            Command::Bench(args) => sluice::cli::bench::run(args).await,
             Command::Plugin(PluginCommand::Check(args)) => {
                 let report = tokio::task::spawn_blocking(move || sluice::cli::plugin_check::run(&args))
                     .await
@@ -277,11 +277,11 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Plugin(PluginCommand::Push(args)) => {
-                println!("{}", sluice::cli::plugin_push::push(&args).await.map_err(anyhow::Error::msg)?);
+                println!("{}", sluice::cli::plugin_push::push(&args).await?);
                 Ok(())
             }
             Command::Plugin(PluginCommand::List(args)) => {
-                println!("{}", sluice::cli::plugin_push::list(&args).await.map_err(anyhow::Error::msg)?);
+                println!("{}", sluice::cli::plugin_push::list(&args).await?);
                 Ok(())
             }
             Command::Config(ConfigCommand::Check { file }) => {

@@ -132,6 +132,6 @@ pub fn check_files(config: &Config) -> Result<Summary, Invalid> {
     Ok(Summary { lines })
 }
 
-fn readable(path: &PathBuf) -> Result<(), String> {
-    std::fs::File::open(path).map(drop).map_err(|e| format!("cannot be read: {e}"))
+fn readable(path: &PathBuf) -> anyhow::Result<()> {
+    std::fs::File::open(path).map(drop).map_err(|e| anyhow::anyhow!("cannot be read: {e}"))
 }

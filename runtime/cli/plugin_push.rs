@@ -43,7 +43,7 @@ pub struct PushArgs {
     pub server: ServerArgs,
 }
 
-async fn send(server: &ServerArgs, method: Method, path: &str, body: Bytes) -> Result<String, String> {
+async fn send(server: &ServerArgs, method: Method, path: &str, body: Bytes) -> anyhow::Result<String> {
     let mut client = RestClient::new(&server.server)?;
     let authorization = format!("Bearer {}", server.token);
     let response = client.call(method, path, &[("authorization", authorization.as_str())], body).await?;
@@ -53,7 +53,7 @@ async fn send(server: &ServerArgs, method: Method, path: &str, body: Bytes) -> R
             .ok()
             .and_then(|v| v["error"].as_str().map(str::to_string))
             .unwrap_or(text);
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "{} {}: {message}",
             response.status.as_u16(),
             response.status.canonical_reason().unwrap_or("")
@@ -65,17 +65,17 @@ async fn send(server: &ServerArgs, method: Method, path: &str, body: Bytes) -> R
 }
 
 /// Uploads (and by default activates) a plugin; returns the server's answer.
-pub async fn push(args: &PushArgs) -> Result<String, String> {
-    let wasm = std::fs::read(&args.file).map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
+pub async fn push(args: &PushArgs) -> anyhow::Result<String> {
+    let wasm = std::fs::read(&args.file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.file.display()))?;
     let path = match (&args.pipeline, &args.name) {
         (Some(pipeline), _) => format!("/admin/v1/pipelines/{pipeline}/plugin?activate={}", !args.no_activate),
         (None, Some(name)) => format!("/admin/v1/plugins/{name}?activate={}", args.activate),
-        (None, None) => return Err("name the target: --pipeline NAME or --name PLUGIN".into()),
+        (None, None) => anyhow::bail!("name the target: --pipeline NAME or --name PLUGIN"),
     };
     send(&args.server, Method::PUT, &path, Bytes::from(wasm)).await
 }
 
 /// The plugins the token may see, with their versions.
-pub async fn list(server: &ServerArgs) -> Result<String, String> {
+pub async fn list(server: &ServerArgs) -> anyhow::Result<String> {
     send(server, Method::GET, "/admin/v1/plugins", Bytes::new()).await
 }

@@ -40,7 +40,7 @@ pub use self::engine::PluginEngine;
 use self::instances::{Instance, Instances, Pre};
 use self::state::HostState;
 pub use crate::config::{PluginLimits, PluginsConfig};
-use crate::error::{Error, PluginFault, Result};
+use crate::error::{Error, Invalid, PluginFault, Result};
 use crate::metrics::{Metrics, PluginMetrics};
 use crate::tensor::spec::{check_outputs, TensorSpec};
 use crate::tensor::{DType, NamedTensor, Tensor, TensorData};
@@ -271,12 +271,12 @@ fn describe(instances: &Instances, limits: &PluginLimits) -> Result<Description>
     let info = info?;
     // Everything a plugin declares is a claim: bound it before anything is
     // sized or named from it.
-    let refused = |what: String| Error::invalid_argument(format!("describe: {what}"));
+    let refused = |what: Invalid| Error::invalid_argument(format!("describe: {what}"));
     check_declared_text("name", &info.name, NAME_CHARS).map_err(refused)?;
     check_declared_text("version", &info.version, VERSION_CHARS).map_err(refused)?;
     let specs = |role: &str, specs: Vec<bindings::TensorSpec>| -> Result<Vec<TensorSpec>> {
         if specs.len() > MAX_DECLARED_TENSORS {
-            return Err(refused(format!(
+            return Err(refused(crate::invalid!(
                 "it declares {} {role}; at most {MAX_DECLARED_TENSORS} are allowed",
                 specs.len()
             )));
@@ -323,7 +323,7 @@ const MAX_DECLARED_DIM: i64 = i32::MAX as i64;
 
 /// A declared name or version: short, and only the characters `allowed`
 /// lists (nothing that could break a log line, a metric or a message).
-fn check_declared_text(what: &str, text: &str, allowed: &str) -> std::result::Result<(), String> {
+fn check_declared_text(what: &str, text: &str, allowed: &str) -> std::result::Result<(), Invalid> {
     let extra = match allowed {
         VERSION_CHARS => "_-.+",
         TENSOR_NAME_CHARS => "_-./:",
@@ -336,7 +336,7 @@ fn check_declared_text(what: &str, text: &str, allowed: &str) -> std::result::Re
         return Ok(());
     }
     let shown = state::escape(&state::cap(text, MAX_DECLARED_TEXT)).into_owned();
-    Err(format!(
+    Err(crate::invalid!(
         "its {what} \"{shown}\" ({} bytes) is not 1 to {MAX_DECLARED_TEXT} characters of {allowed}",
         text.len()
     ))
@@ -344,12 +344,12 @@ fn check_declared_text(what: &str, text: &str, allowed: &str) -> std::result::Re
 
 /// A declared shape: rank at most 8, each dimension -1 (any size) or 0 to
 /// 2^31 - 1; no other negative number is a wildcard.
-fn check_declared_shape(name: &str, shape: &[i64]) -> std::result::Result<(), String> {
+fn check_declared_shape(name: &str, shape: &[i64]) -> std::result::Result<(), Invalid> {
     if shape.len() > MAX_DECLARED_RANK {
-        return Err(format!("'{name}' has rank {}; at most {MAX_DECLARED_RANK}", shape.len()));
+        return Err(crate::invalid!("'{name}' has rank {}; at most {MAX_DECLARED_RANK}", shape.len()));
     }
     if let Some((axis, dim)) = shape.iter().enumerate().find(|(_, &d)| !(-1..=MAX_DECLARED_DIM).contains(&d)) {
-        return Err(format!(
+        return Err(crate::invalid!(
             "'{name}' declares dimension {axis} = {dim}; a dimension is -1 (any size) or 0 to {MAX_DECLARED_DIM}"
         ));
     }

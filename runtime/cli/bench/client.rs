@@ -59,13 +59,13 @@ pub struct RawPredictClient {
 
 impl RawPredictClient {
     /// Connects to `target` (`http://host:port`).
-    pub async fn connect(target: &str) -> Result<RawPredictClient, String> {
+    pub async fn connect(target: &str) -> anyhow::Result<RawPredictClient> {
         let channel = Endpoint::from_shared(target.to_string())
-            .map_err(|e| format!("bad target {target}: {e}"))?
+            .map_err(|e| anyhow::anyhow!("bad target {target}: {e}"))?
             .tcp_nodelay(true)
             .connect()
             .await
-            .map_err(|e| format!("cannot connect to {target}: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("cannot connect to {target}: {e}"))?;
         let grpc = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
@@ -118,20 +118,22 @@ impl RestResponse {
 
 impl RestClient {
     /// A client of `target` (`http://host:port` or `host:port`).
-    pub fn new(target: &str) -> Result<RestClient, String> {
+    pub fn new(target: &str) -> anyhow::Result<RestClient> {
         let authority = target.strip_prefix("http://").unwrap_or(target).trim_end_matches('/');
-        let addr = authority.parse().map_err(|e| format!("bad REST target {target}: {e} (expected http://IP:PORT)"))?;
+        let addr = authority
+            .parse()
+            .map_err(|e| anyhow::anyhow!("bad REST target {target}: {e} (expected http://IP:PORT)"))?;
         Ok(RestClient { addr, connection: None })
     }
 
-    async fn connect(&self) -> Result<hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>, String> {
+    async fn connect(&self) -> anyhow::Result<hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>> {
         let stream = tokio::net::TcpStream::connect(self.addr)
             .await
-            .map_err(|e| format!("cannot connect to {}: {e}", self.addr))?;
-        stream.set_nodelay(true).map_err(|e| format!("TCP_NODELAY: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("cannot connect to {}: {e}", self.addr))?;
+        stream.set_nodelay(true).map_err(|e| anyhow::anyhow!("TCP_NODELAY: {e}"))?;
         let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
-            .map_err(|e| format!("HTTP handshake with {} failed: {e}", self.addr))?;
+            .map_err(|e| anyhow::anyhow!("HTTP handshake with {} failed: {e}", self.addr))?;
         tokio::spawn(connection);
         Ok(sender)
     }
@@ -143,7 +145,7 @@ impl RestClient {
         path: &str,
         headers: &[(&str, &str)],
         body: Bytes,
-    ) -> Result<RestResponse, String> {
+    ) -> anyhow::Result<RestResponse> {
         use http_body_util::BodyExt;
         let reusable = match self.connection.as_mut() {
             Some(sender) => sender.ready().await.is_ok(),
@@ -152,7 +154,7 @@ impl RestClient {
         if !reusable {
             self.connection = Some(self.connect().await?);
         }
-        let sender = self.connection.as_mut().ok_or("no connection")?;
+        let sender = self.connection.as_mut().ok_or_else(|| anyhow::anyhow!("no connection"))?;
         let mut request = http::Request::builder()
             .method(method)
             .uri(path)
@@ -161,13 +163,13 @@ impl RestClient {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let request = request.body(http_body_util::Full::new(body)).map_err(|e| format!("bad request: {e}"))?;
+        let request = request.body(http_body_util::Full::new(body)).map_err(|e| anyhow::anyhow!("bad request: {e}"))?;
         let response = sender.send_request(request).await.map_err(|e| {
             self.connection = None;
-            format!("{path}: {e}")
+            anyhow::anyhow!("{path}: {e}")
         })?;
         let (parts, body) = response.into_parts();
-        let body = body.collect().await.map_err(|e| format!("{path}: reading the body: {e}"))?.to_bytes();
+        let body = body.collect().await.map_err(|e| anyhow::anyhow!("{path}: reading the body: {e}"))?.to_bytes();
         Ok(RestResponse { status: parts.status, headers: parts.headers, body })
     }
 }
@@ -210,8 +212,10 @@ impl LoadClient {
         match self {
             LoadClient::Grpc(client) => client.predict(request, timeout).await,
             LoadClient::Rest { client, path } => {
-                let response =
-                    client.call(http::Method::POST, path, &[], request).await.map_err(Status::unavailable)?;
+                let response = client
+                    .call(http::Method::POST, path, &[], request)
+                    .await
+                    .map_err(|e| Status::unavailable(e.to_string()))?;
                 if response.status.is_success() {
                     Ok(response.body)
                 } else {

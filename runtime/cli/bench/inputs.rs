@@ -28,24 +28,26 @@ pub struct RequestPool {
 }
 
 /// The model's input signature, from GetModelMetadata.
-pub async fn input_specs(target: &str, spec: &ModelSpec) -> Result<Vec<TensorSpec>, String> {
+pub async fn input_specs(target: &str, spec: &ModelSpec) -> anyhow::Result<Vec<TensorSpec>> {
     let mut client = PredictionServiceClient::connect(target.to_string())
         .await
-        .map_err(|e| format!("cannot connect to {target}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot connect to {target}: {e}"))?;
     let response = client
         .get_model_metadata(GetModelMetadataRequest {
             model_spec: Some(spec.clone()),
             metadata_field: vec!["signature_def".into()],
         })
         .await
-        .map_err(|e| format!("GetModelMetadata failed: {}: {}", e.code(), e.message()))?
+        .map_err(|e| anyhow::anyhow!("GetModelMetadata failed: {}: {}", e.code(), e.message()))?
         .into_inner();
-    let any = response.metadata.get("signature_def").ok_or("the metadata has no signature_def")?;
-    let map = SignatureDefMap::decode(any.value.as_slice()).map_err(|e| format!("bad signature_def: {e}"))?;
-    let def = map.signature_def.get("serving_default").ok_or("no serving_default signature")?;
+    let any =
+        response.metadata.get("signature_def").ok_or_else(|| anyhow::anyhow!("the metadata has no signature_def"))?;
+    let map = SignatureDefMap::decode(any.value.as_slice()).map_err(|e| anyhow::anyhow!("bad signature_def: {e}"))?;
+    let def =
+        map.signature_def.get("serving_default").ok_or_else(|| anyhow::anyhow!("no serving_default signature"))?;
     let mut specs = Vec::new();
     for (name, info) in &def.inputs {
-        let dtype = DType::from_tf(info.dtype).map_err(|e| format!("input {name}: {e}"))?;
+        let dtype = DType::from_tf(info.dtype).map_err(|e| anyhow::anyhow!("input {name}: {e}"))?;
         let shape = info.tensor_shape.as_ref().map(|s| s.dim.iter().map(|d| d.size).collect()).unwrap_or_default();
         specs.push(TensorSpec { name: name.clone(), dtype, shape, unknown_rank: false });
     }
@@ -68,7 +70,7 @@ pub fn random_pool(
     shapes: &HashMap<String, Vec<i64>>,
     pool: usize,
     seed: u64,
-) -> Result<RequestPool, String> {
+) -> anyhow::Result<RequestPool> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut requests = Vec::with_capacity(pool);
     for _ in 0..pool.max(1) {
@@ -91,7 +93,7 @@ pub fn random_pool(
                     })
                     .collect(),
             };
-            let n = element_count(&shape).map_err(|e| format!("input {}: {e}", input.name))?;
+            let n = element_count(&shape).map_err(|e| anyhow::anyhow!("input {}: {e}", input.name))?;
             let tensor = random_tensor(input.dtype, shape, n, &mut rng);
             inputs.insert(input.name.clone(), encode(&tensor, OutputEncoding::TensorContent));
         }
@@ -141,15 +143,15 @@ fn random_tensor(dtype: DType, shape: Vec<i64>, n: usize, rng: &mut impl Rng) ->
 /// One request from a JSON file in TF Serving's REST form: columnar
 /// (`{"inputs": {"x": [[…]]}}`, or a bare array for a one-input model) or
 /// row (`{"instances": [{"x": […]}, …]}`, or bare rows).
-pub fn from_json_file(path: &Path, specs: &[TensorSpec], spec: &ModelSpec) -> Result<RequestPool, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let body: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+pub fn from_json_file(path: &Path, specs: &[TensorSpec], spec: &ModelSpec) -> anyhow::Result<RequestPool> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let body: Value = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", path.display()))?;
     let columns: Vec<(String, Value)> = if let Some(inputs) = body.get("inputs") {
         match inputs {
             Value::Object(map) => map.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             other => match specs {
                 [only] => vec![(only.name.clone(), other.clone())],
-                _ => return Err("\"inputs\" is not an object, and the model has several inputs".into()),
+                _ => anyhow::bail!("\"inputs\" is not an object, and the model has several inputs"),
             },
         }
     } else if let Some(Value::Array(instances)) = body.get("instances") {
@@ -159,24 +161,26 @@ pub fn from_json_file(path: &Path, specs: &[TensorSpec], spec: &ModelSpec) -> Re
                 let column = instances
                     .iter()
                     .map(|row| match row {
-                        Value::Object(map) => {
-                            map.get(&input.name).cloned().ok_or(format!("an instance lacks '{}'", input.name))
-                        }
+                        Value::Object(map) => map
+                            .get(&input.name)
+                            .cloned()
+                            .ok_or_else(|| anyhow::anyhow!("an instance lacks '{}'", input.name)),
                         bare if specs.len() == 1 => Ok(bare.clone()),
-                        _ => Err("instances must be objects when the model has several inputs".to_string()),
+                        _ => Err(anyhow::anyhow!("instances must be objects when the model has several inputs")),
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok((input.name.clone(), Value::Array(column)))
             })
-            .collect::<Result<_, String>>()?
+            .collect::<anyhow::Result<_>>()?
     } else {
-        return Err(format!("{}: expected {{\"inputs\": …}} or {{\"instances\": […]}}", path.display()));
+        return Err(anyhow::anyhow!("{}: expected {{\"inputs\": …}} or {{\"instances\": […]}}", path.display()));
     };
     let mut inputs = HashMap::new();
     let mut rows = 1;
     for (name, value) in columns {
-        let input = specs.iter().find(|s| s.name == name).ok_or(format!("the model has no input '{name}'"))?;
-        let tensor = tensor_from_json(&value, input.dtype, &format!("input '{name}'")).map_err(|e| e.to_string())?;
+        let input =
+            specs.iter().find(|s| s.name == name).ok_or_else(|| anyhow::anyhow!("the model has no input '{name}'"))?;
+        let tensor = tensor_from_json(&value, input.dtype, &format!("input '{name}'")).map_err(anyhow::Error::new)?;
         rows = tensor.rows() as u64;
         inputs.insert(name, encode(&tensor, OutputEncoding::TensorContent));
     }
@@ -185,20 +189,22 @@ pub fn from_json_file(path: &Path, specs: &[TensorSpec], spec: &ModelSpec) -> Re
 
 /// The same requests as TF Serving REST bodies in row form:
 /// `{"instances": [{"input": row, …}, …]}`.
-pub fn rest_bodies(requests: &[Bytes]) -> Result<Vec<Bytes>, String> {
+pub fn rest_bodies(requests: &[Bytes]) -> anyhow::Result<Vec<Bytes>> {
     use crate::tensor::json::JsonView;
     requests
         .iter()
         .map(|encoded| {
-            let request = PredictRequest::decode(encoded.clone()).map_err(|e| format!("bad request: {e}"))?;
+            let request = PredictRequest::decode(encoded.clone()).map_err(|e| anyhow::anyhow!("bad request: {e}"))?;
             let mut inputs = Vec::with_capacity(request.inputs.len());
             for (name, proto) in request.inputs {
-                let tensor = crate::tensor::proto::decode(&name, proto, usize::MAX).map_err(|e| e.to_string())?;
+                let tensor = crate::tensor::proto::decode(&name, proto, usize::MAX).map_err(anyhow::Error::new)?;
                 inputs.push((name, tensor));
             }
             let rows = inputs.first().map_or(0, |(_, t)| t.rows());
             if let Some((name, _)) = inputs.iter().find(|(_, t)| t.rows() != rows || t.shape().is_empty()) {
-                return Err(format!("input '{name}' does not have {rows} rows; the row form needs a batch dimension"));
+                return Err(anyhow::anyhow!(
+                    "input '{name}' does not have {rows} rows; the row form needs a batch dimension"
+                ));
             }
             let instances: Vec<serde_json::Map<String, Value>> = (0..rows)
                 .map(|r| {
@@ -208,10 +214,10 @@ pub fn rest_bodies(requests: &[Bytes]) -> Result<Vec<Bytes>, String> {
                         .collect::<Result<_, serde_json::Error>>()
                 })
                 .collect::<Result<_, _>>()
-                .map_err(|e| e.to_string())?;
+                .map_err(anyhow::Error::new)?;
             serde_json::to_vec(&serde_json::json!({ "instances": instances }))
                 .map(Bytes::from)
-                .map_err(|e| e.to_string())
+                .map_err(anyhow::Error::new)
         })
         .collect()
 }

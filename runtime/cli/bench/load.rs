@@ -69,9 +69,9 @@ impl Shared {
 
 /// Runs `plan` with the encoded `requests` (sent round-robin, each of
 /// `rows` rows) and returns what was measured.
-pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> Result<Summary, String> {
+pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> anyhow::Result<Summary> {
     if requests.is_empty() {
-        return Err("no requests to send".into());
+        anyhow::bail!("no requests to send");
     }
     let mut clients = Vec::with_capacity(plan.connections.max(1));
     match &plan.rest_path {
@@ -83,7 +83,7 @@ pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> Result<Sum
         // Each worker's clone opens its own HTTP/1.1 connection.
         Some(path) => {
             if plan.rps.is_some() {
-                return Err("REST load runs closed loop only (HTTP/1.1 needs a connection per worker)".into());
+                anyhow::bail!("REST load runs closed loop only (HTTP/1.1 needs a connection per worker)");
             }
             clients.push(LoadClient::Rest { client: RestClient::new(&plan.target)?, path: path.as_str().into() });
         }
@@ -107,7 +107,7 @@ pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> Result<Sum
         progress.abort();
         eprintln!();
     }
-    let total = shared.total.lock().map_err(|_| "a worker panicked")?.clone();
+    let total = shared.total.lock().map_err(|_| anyhow::anyhow!("a worker panicked"))?.clone();
     Ok(total.summary(plan.duration))
 }
 

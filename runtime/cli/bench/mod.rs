@@ -102,35 +102,35 @@ pub struct BenchArgs {
 }
 
 /// `NAME=1x224x224x3`.
-pub fn parse_shape(text: &str) -> Result<(String, Vec<i64>), String> {
-    let (name, dims) = text.split_once('=').ok_or_else(|| format!("'{text}' is not NAME=DIMxDIM…"))?;
+pub fn parse_shape(text: &str) -> anyhow::Result<(String, Vec<i64>)> {
+    let (name, dims) = text.split_once('=').ok_or_else(|| anyhow::anyhow!("'{text}' is not NAME=DIMxDIM…"))?;
     let dims = dims
         .split('x')
         .map(|d| d.trim().parse::<i64>().ok().filter(|d| *d >= 0))
         .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| format!("'{text}': dimensions are non-negative integers joined by 'x'"))?;
+        .ok_or_else(|| anyhow::anyhow!("'{text}': dimensions are non-negative integers joined by 'x'"))?;
     Ok((name.to_string(), dims))
 }
 
 /// `10s`, `500ms`, `2m`, `250us`, or plain seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
     let text = text.trim();
     let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("'{text}' is not a duration like 10s, 500ms or 2m"))?;
+    let value: f64 = number.parse().map_err(|_| anyhow::anyhow!("'{text}' is not a duration like 10s, 500ms or 2m"))?;
     let seconds = match unit {
         "" | "s" => value,
         "ms" => value / 1e3,
         "us" | "µs" => value / 1e6,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        other => return Err(format!("unknown unit '{other}' in '{text}'; use h, m, s, ms or us")),
+        other => return Err(anyhow::anyhow!("unknown unit '{other}' in '{text}'; use h, m, s, ms or us")),
     };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("'{text}': {e}"))
+    Duration::try_from_secs_f64(seconds).map_err(|e| anyhow::anyhow!("'{text}': {e}"))
 }
 
 /// Runs `sluice bench` and prints its result.
-pub async fn run(args: BenchArgs) -> Result<(), String> {
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let spec = ModelSpec {
         name: args.model.clone(),
         version_choice: args.version.map(model_spec::VersionChoice::Version),
@@ -169,7 +169,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     if !args.step {
         let summary = load::run(&plan, pool.requests, pool.rows).await?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+            println!("{}", serde_json::to_string_pretty(&summary).map_err(anyhow::Error::new)?);
         } else {
             print!("{}", summary.text());
         }
@@ -208,7 +208,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let knee = steps.iter().rev().find(|s| s.within_limits);
     if args.json {
         let out = serde_json::json!({ "steps": steps, "knee": knee });
-        println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+        println!("{}", serde_json::to_string_pretty(&out).map_err(anyhow::Error::new)?);
     } else {
         match knee {
             Some(k) => println!(
@@ -221,7 +221,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     if let Some(path) = &args.report {
         let title = format!("sluice bench: {} at {}", args.model, args.target);
         std::fs::write(path, report::html(&title, &steps, args.max_p99_ms))
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
         if !args.json {
             println!("report: {}", path.display());
         }
@@ -235,13 +235,13 @@ mod tests {
 
     #[test]
     fn durations_parse() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
         assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
-        assert_eq!(parse_shape("image=1x224x224x3"), Ok(("image".into(), vec![1, 224, 224, 3])));
+        assert!(parse_duration("3d").unwrap_err().to_string().contains("unknown unit"));
+        assert_eq!(parse_shape("image=1x224x224x3").unwrap(), ("image".into(), vec![1, 224, 224, 3]));
         assert!(parse_shape("image=1x-2").is_err());
     }
 }

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 /// `scripts/setup` installs the same one.
 pub const ORT_VERSION: &str = "1.31.1";
 
-static ENVIRONMENT: OnceLock<std::result::Result<Environment, String>> = OnceLock::new();
+static ENVIRONMENT: OnceLock<Result<Environment>> = OnceLock::new();
 
 fn library_file() -> String {
     format!("libonnxruntime.so.{ORT_VERSION}")
@@ -62,28 +62,28 @@ pub fn candidates(explicit: Option<&Path>) -> Vec<PathBuf> {
 /// use. Later calls return the same environment whatever path they pass.
 pub fn environment(explicit: Option<&Path>) -> Result<&'static Environment> {
     let loaded = ENVIRONMENT.get_or_init(|| load(explicit));
-    loaded.as_ref().map_err(|message| Error::unavailable(message.clone()))
+    loaded.as_ref().map_err(Error::clone)
 }
 
-fn load(explicit: Option<&Path>) -> std::result::Result<Environment, String> {
+fn load(explicit: Option<&Path>) -> Result<Environment> {
     let searched = candidates(explicit);
     let Some(path) = searched.iter().find(|p| p.is_file()) else {
         let list: Vec<String> = searched.iter().map(|p| format!("  {}", p.display())).collect();
-        return Err(format!(
+        return Err(Error::unavailable(format!(
             "the ONNX Runtime library ({}) was not found; looked in:\n{}\n\
              run scripts/setup to install it, or pass --onnxruntime_library PATH (or set ORT_DYLIB_PATH)",
             library_file(),
             list.join("\n")
-        ));
+        )));
     };
     let path = path.canonicalize().unwrap_or_else(|_| path.clone());
-    let builder =
-        ort::init_from(&path).map_err(|e| format!("loading ONNX Runtime from {} failed: {e}", path.display()))?;
+    let builder = ort::init_from(&path)
+        .map_err(|e| Error::unavailable(format!("loading ONNX Runtime from {} failed: {e}", path.display())))?;
     let environment = builder
         .with_name("sluice")
         .with_telemetry(false)
         .build()
-        .map_err(|e| format!("starting ONNX Runtime from {} failed: {e}", path.display()))?;
+        .map_err(|e| Error::unavailable(format!("starting ONNX Runtime from {} failed: {e}", path.display())))?;
     tracing::info!(library = %path.display(), "loaded ONNX Runtime");
     Ok(environment)
 }
