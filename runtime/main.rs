@@ -101,7 +101,8 @@ struct ServeArgs {
 
     /// Batch requests to every model that has no batching of its own in the
     /// config file, with --batching_parameters_file or the defaults.
-    #[arg(long = "enable_batching")]
+    /// (`--enable_batching` or `--enable_batching=true`, as TF Serving.)
+    #[arg(long = "enable_batching", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     enable_batching: bool,
 
     /// Batching parameters: TF Serving's text format file (max_batch_size
@@ -131,6 +132,121 @@ struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C.
     #[arg(long = "drain_timeout", env = "SLUICE_DRAIN_TIMEOUT")]
     drain_timeout: Option<u64>,
+
+    #[command(flatten)]
+    tf_serving: TfServingFlags,
+}
+
+/// The other flags TF Serving's own test harness passes to every server it
+/// starts, so the same command line starts sluice. `docs/CONFIG.md` says
+/// what each does here.
+#[derive(Args)]
+struct TfServingFlags {
+    /// Also serve gRPC on this Unix socket.
+    #[arg(long = "grpc_socket_path")]
+    grpc_socket_path: Option<PathBuf>,
+
+    /// gRPC channel arguments, `key=value,…`: grpc.max_receive_message_length
+    /// and grpc.max_send_message_length set the message limit; others are
+    /// named in a warning and ignored.
+    #[arg(long = "grpc_channel_arguments")]
+    grpc_channel_arguments: Option<String>,
+
+    /// The deadline of each REST request, in milliseconds.
+    #[arg(long = "rest_api_timeout_in_ms")]
+    rest_api_timeout_in_ms: Option<u64>,
+
+    /// Accepted; REST is served by the async runtime's threads.
+    #[arg(long = "rest_api_num_threads")]
+    rest_api_num_threads: Option<u64>,
+
+    /// ONNX Runtime intra-op threads for every model, unless
+    /// --tensorflow_intra_op_parallelism says otherwise.
+    #[arg(long = "tensorflow_session_parallelism")]
+    tensorflow_session_parallelism: Option<usize>,
+
+    /// ONNX Runtime intra-op threads (threads inside one run) for every model.
+    #[arg(long = "tensorflow_intra_op_parallelism")]
+    tensorflow_intra_op_parallelism: Option<usize>,
+
+    /// ONNX Runtime sessions (runs at once) per model version.
+    #[arg(long = "tensorflow_inter_op_parallelism")]
+    tensorflow_inter_op_parallelism: Option<usize>,
+
+    /// Accepted; every version is warmed up (zeros of batch 1) before it
+    /// serves.
+    #[arg(long = "enable_model_warmup", num_args = 0..=1, default_missing_value = "true")]
+    enable_model_warmup: Option<bool>,
+
+    /// Accepted; versions are read at start-up (live repository polling is
+    /// the model lifecycle's work). Any value but 0 is noted in the log.
+    #[arg(long = "file_system_poll_wait_seconds")]
+    file_system_poll_wait_seconds: Option<u64>,
+
+    /// Accepted; the config file is read at start-up. Any value but 0 is
+    /// noted in the log.
+    #[arg(long = "model_config_file_poll_wait_seconds")]
+    model_config_file_poll_wait_seconds: Option<u64>,
+
+    /// TF Serving's MonitoringConfig (text format):
+    /// `prometheus_config { enable: true path: "/monitoring/prometheus/metrics" }`;
+    /// the metrics then answer on that path too.
+    #[arg(long = "monitoring_config_file")]
+    monitoring_config_file: Option<PathBuf>,
+}
+
+impl TfServingFlags {
+    fn apply(self, config: &mut Config) -> anyhow::Result<()> {
+        if let Some(path) = self.grpc_socket_path {
+            config.server.grpc_socket_path = Some(path);
+        }
+        if let Some(arguments) = &self.grpc_channel_arguments {
+            for argument in arguments.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+                let (key, value) = argument.split_once('=').unwrap_or((argument, ""));
+                match key {
+                    "grpc.max_receive_message_length" | "grpc.max_send_message_length" => {
+                        let bytes: usize = value.parse().with_context(|| {
+                            format!("--grpc_channel_arguments: {key}={value}: expected a number of bytes")
+                        })?;
+                        config.server.max_message_bytes = config.server.max_message_bytes.max(bytes);
+                    }
+                    other => tracing::warn!("--grpc_channel_arguments: {other} has no equivalent in sluice; ignored"),
+                }
+            }
+        }
+        if let Some(ms) = self.rest_api_timeout_in_ms {
+            config.server.rest_api_timeout_ms = Some(ms);
+        }
+        let intra = self.tensorflow_intra_op_parallelism.or(self.tensorflow_session_parallelism).filter(|&n| n > 0);
+        let sessions = self.tensorflow_inter_op_parallelism.filter(|&n| n > 0);
+        for model in &mut config.models {
+            if let Some(threads) = intra {
+                model.onnx.intra_op_threads = threads;
+            }
+            if let Some(sessions) = sessions {
+                model.onnx.sessions = sessions;
+            }
+        }
+        for (flag, value) in [
+            ("--file_system_poll_wait_seconds", self.file_system_poll_wait_seconds),
+            ("--model_config_file_poll_wait_seconds", self.model_config_file_poll_wait_seconds),
+        ] {
+            if value.is_some_and(|v| v > 0) {
+                tracing::info!("{flag}: models are read at start-up; live reloading is not there yet");
+            }
+        }
+        if let Some(path) = &self.monitoring_config_file {
+            config.server.metrics_path = prometheus_path(path)?;
+        }
+        Ok(())
+    }
+}
+
+/// The metrics path a TF Serving MonitoringConfig file enables, if any.
+fn prometheus_path(path: &std::path::Path) -> anyhow::Result<Option<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--monitoring_config_file {}", path.display()))?;
+    sluice::config::tf_model_config::prometheus_path(&text)
+        .map_err(|e| anyhow::anyhow!("--monitoring_config_file {}: {e}", path.display()))
 }
 
 impl ServeArgs {
@@ -176,6 +292,7 @@ impl ServeArgs {
         if let Some(drain) = self.drain_timeout {
             config.server.drain_timeout_secs = drain;
         }
+        self.tf_serving.apply(&mut config)?;
         config.check().map_err(|message| anyhow::anyhow!("command line: {message}"))?;
         if config.models.is_empty() {
             anyhow::bail!("nothing to serve: pass --model_name and --model_base_path, or --model_config_file");

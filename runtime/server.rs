@@ -96,6 +96,8 @@ pub async fn serve(
         max_body_bytes: config.server.max_message_bytes,
         // On the REST port unless it has a port of its own.
         admin: if admin_listener.is_some() { None } else { admin.clone() },
+        request_timeout: config.server.rest_api_timeout_ms.map(Duration::from_millis),
+        metrics_path: config.server.metrics_path.clone(),
     };
     let (http_stop_tx, http_stop_rx) = watch::channel(false);
     let admin_server = admin_listener.map(|listener| {
@@ -154,6 +156,21 @@ pub async fn serve(
         .add_service(reflection)
         .prepare()
         .into_axum_router();
+    // TF Serving's --grpc_socket_path: the same services on a Unix socket.
+    let unix = match &config.server.grpc_socket_path {
+        None => None,
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            let listener = tokio::net::UnixListener::bind(path)
+                .map_err(|e| Error::unavailable(format!("cannot listen on the Unix socket {}: {e}", path.display())))?;
+            tracing::info!(socket = %path.display(), "gRPC on a Unix socket too");
+            Some(tokio::spawn(
+                axum::serve(listener, grpc_routes.clone())
+                    .with_graceful_shutdown(stopped(stopping_rx.clone()))
+                    .into_future(),
+            ))
+        }
+    };
     let grpc = axum::serve(grpc_listener.tap_io(no_delay), grpc_routes)
         .with_graceful_shutdown(stopped(stopping_rx.clone()))
         .into_future();
@@ -187,6 +204,12 @@ pub async fn serve(
     }
     if let Some(admin_server) = admin_server {
         admin_server.abort();
+    }
+    if let Some(unix) = unix {
+        unix.abort();
+    }
+    if let Some(path) = &config.server.grpc_socket_path {
+        let _ = std::fs::remove_file(path);
     }
     drop(endpoints);
     tracing::info!("stopped");

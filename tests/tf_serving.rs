@@ -172,3 +172,66 @@ async fn rest_json_writes_bytes_outputs_as_b64_and_non_finite_floats_as_tf_servi
     assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     assert!(response.text().contains("TmFOLCBJbmZpbml0eQ=="), "{}", response.text());
 }
+
+#[tokio::test]
+async fn tf_servings_command_line_and_config_files_start_sluice_unchanged() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let models = dir.path().join("models.config");
+    std::fs::write(
+        &models,
+        format!(
+            "model_config_list {{\n  config {{\n    name: 'mlp'\n    base_path: '{}'\n    model_platform: 'tensorflow'\n    \
+             model_version_policy {{ specific {{ versions: 1 versions: 2 }} }}\n    version_labels {{ key: 'stable' value: 1 }}\n  }}\n}}\n",
+            root().join("examples/models/mlp").display()
+        ),
+    )
+    .expect("write model config");
+    let monitoring = dir.path().join("monitoring.config");
+    std::fs::write(&monitoring, "prometheus_config { enable: true, path: \"/monitoring/tf\" }\n").expect("write");
+    let socket = dir.path().join("grpc.sock");
+    let flag = |name: &str, value: &std::path::Path| format!("--{name}={}", value.display());
+    let server = Server::start(&[
+        &flag("model_config_file", &models),
+        &flag("grpc_socket_path", &socket),
+        &flag("monitoring_config_file", &monitoring),
+        "--grpc_channel_arguments=grpc.max_send_message_length=1048576,grpc.keepalive_time_ms=1000",
+        "--rest_api_timeout_in_ms=30000",
+        "--rest_api_num_threads=4",
+        "--tensorflow_session_parallelism=1",
+        "--tensorflow_intra_op_parallelism=1",
+        "--tensorflow_inter_op_parallelism=1",
+        "--enable_model_warmup=true",
+        "--file_system_poll_wait_seconds=1",
+        "--model_config_file_poll_wait_seconds=0",
+        "--enable_batching=true",
+    ]);
+    let x = values(3, 64);
+    let request = || {
+        let mut request = predict_request("mlp", vec![("x", f32_content(&[1, 64], &x))]);
+        request.model_spec.as_mut().expect("spec").version_choice =
+            Some(sluice::proto::tensorflow::serving::model_spec::VersionChoice::VersionLabel("stable".into()));
+        request
+    };
+    let over_tcp = server.predict_client().await.predict(request()).await.expect("predict over TCP").into_inner();
+    assert_eq!(dims_of(&over_tcp.outputs["logits"]), vec![1, 10]);
+
+    // The same services on the Unix socket.
+    let path = socket.clone();
+    let channel = tonic::transport::Endpoint::try_from("http://[::]:1")
+        .expect("endpoint")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .expect("connect to the Unix socket");
+    let mut unix = sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient::new(channel);
+    let over_unix = unix.predict(request()).await.expect("predict over the Unix socket").into_inner();
+    assert_eq!(f32_values(&over_unix.outputs["logits"]), f32_values(&over_tcp.outputs["logits"]));
+
+    // Metrics on the path the monitoring config names.
+    let scraped = http_get(server.http, "/monitoring/tf").await;
+    assert!(scraped.contains("sluice_serving_request_count"), "{scraped}");
+}

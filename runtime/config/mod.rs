@@ -1,6 +1,8 @@
 //! The configuration file (TOML) and its checks.
 //!
-//! One file describes the server and everything it serves. Unknown keys are
+//! One file describes the server and everything it serves; TF Serving's own
+//! `--model_config_file` (a `ModelServerConfig` in protobuf text format) is
+//! read too ([`tf_model_config`]). Unknown keys are
 //! refused (`deny_unknown_fields`), and every error names the file, the key,
 //! the value and what is allowed. Relative paths in the file are relative
 //! to the file's own directory, so a config works from any working
@@ -10,6 +12,7 @@ pub mod batching;
 pub mod onnx;
 pub mod plugins;
 pub mod stage;
+pub mod tf_model_config;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -178,6 +181,14 @@ pub struct ServerConfig {
     pub output_encoding: OutputEncoding,
     /// Seconds in-flight requests get to finish after SIGTERM.
     pub drain_timeout_secs: u64,
+    /// A Unix socket to serve gRPC on too (TF Serving's `--grpc_socket_path`).
+    pub grpc_socket_path: Option<PathBuf>,
+    /// The deadline of a REST request, in milliseconds (TF Serving's
+    /// `--rest_api_timeout_in_ms`); none: no deadline.
+    pub rest_api_timeout_ms: Option<u64>,
+    /// Another path the Prometheus metrics answer on (TF Serving's
+    /// `--monitoring_config_file` `prometheus_config { path }`).
+    pub metrics_path: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -190,6 +201,9 @@ impl Default for ServerConfig {
             max_tensor_bytes: 256 << 20,
             output_encoding: OutputEncoding::TypedFields,
             drain_timeout_secs: 30,
+            grpc_socket_path: None,
+            rest_api_timeout_ms: None,
+            metrics_path: None,
         }
     }
 }
@@ -295,6 +309,13 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError { source: source.clone(), message: format!("cannot read the file: {e}") })?;
         let base = path.parent().unwrap_or(Path::new("."));
+        if tf_model_config::is_text_format(&text) {
+            // TF Serving's ModelServerConfig, brought unchanged.
+            let models = tf_model_config::parse(&text, base).map_err(|e| e.in_file(&source))?;
+            let config = Config { models, ..Config::default() };
+            config.check().map_err(|e| e.in_file(&source))?;
+            return Ok(config);
+        }
         Config::from_toml(&text, &source, base)
     }
 
@@ -429,6 +450,13 @@ impl Config {
         }
         if self.plugins.max_instances == 0 {
             return Err(Invalid("plugins.max_instances = 0: must be at least 1".to_string()));
+        }
+        if let Some(path) = &self.server.metrics_path {
+            if !path.starts_with('/') || path.starts_with("/v1/") || path.starts_with("/admin/") {
+                return Err(invalid!(
+                    "server.metrics_path = \"{path}\": must start with '/' and not be under /v1/ or /admin/"
+                ));
+            }
         }
         if self.server.max_tensor_bytes < 1024 {
             return Err(invalid!("server.max_tensor_bytes = {}: must be at least 1024", self.server.max_tensor_bytes));

@@ -48,11 +48,18 @@ pub struct RestState {
     pub max_body_bytes: usize,
     /// The plugin admin API, when it is on.
     pub admin: Option<Arc<admin::Admin>>,
+    /// The deadline of each REST request (`--rest_api_timeout_in_ms`).
+    pub request_timeout: Option<std::time::Duration>,
+    /// Another path the metrics answer on (`--monitoring_config_file`).
+    pub metrics_path: Option<String>,
 }
 
 /// The routes of the HTTP port.
 pub fn router(state: RestState) -> Router {
-    let admin = if state.admin.is_some() { admin::routes() } else { Router::new() };
+    let mut admin = if state.admin.is_some() { admin::routes() } else { Router::new() };
+    if let Some(path) = &state.metrics_path {
+        admin = admin.route(path, get(scrape));
+    }
     admin
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readiness))
@@ -178,7 +185,8 @@ async fn route(
         let error = Error::invalid_argument(format!("Malformed request: {method} /v1/models/{path}; use {wanted}"));
         return (request_id(given_id), error_response(&error));
     }
-    let mut cx = RequestContext::new(&state.metrics, api, "rest", given_id, parsed.name, Deadline::NONE);
+    let deadline = state.request_timeout.map_or(Deadline::NONE, Deadline::after);
+    let mut cx = RequestContext::new(&state.metrics, api, "rest", given_id, parsed.name, deadline);
     let span = cx.span.clone();
     let result = async {
         let serving = state.lifecycle.serving()?;

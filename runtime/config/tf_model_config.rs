@@ -1,0 +1,386 @@
+//! TF Serving's `--model_config_file`: a `ModelServerConfig` in protobuf
+//! text format, read into sluice's own [`ModelConfig`]s so a TF Serving
+//! user brings the file unchanged:
+//!
+//! ```text
+//! model_config_list {
+//!   config {
+//!     name: "mlp"
+//!     base_path: "/models/mlp"
+//!     model_platform: "tensorflow"
+//!     model_version_policy { specific { versions: 1 versions: 2 } }
+//!     version_labels { key: "stable" value: 1 }
+//!   }
+//! }
+//! ```
+//!
+//! Fields sluice does not serve are named in the error, never ignored.
+//! The same reader takes TF Serving's `--monitoring_config_file`
+//! ([`prometheus_path`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::{ModelConfig, VersionPolicy};
+use crate::error::Invalid;
+use crate::invalid;
+
+/// A parsed text-format message: its fields in order.
+#[derive(Debug, Clone, PartialEq)]
+enum Node {
+    /// A scalar, unquoted (strings have their quotes and escapes removed).
+    Scalar(String),
+    /// A nested message.
+    Message(Vec<(String, Node)>),
+}
+
+/// True when `text` looks like TF Serving's text format rather than TOML.
+pub fn is_text_format(text: &str) -> bool {
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .is_some_and(|l| l.starts_with("model_config_list"))
+}
+
+/// The metrics path a TF Serving `MonitoringConfig` enables
+/// (`prometheus_config { enable: true path: "…" }`), if any.
+pub fn prometheus_path(text: &str) -> Result<Option<String>, Invalid> {
+    let fields = Parser { text: text.as_bytes(), at: 0, line: 1 }.message(true)?;
+    let mut found = None;
+    for (key, node) in fields {
+        match (key.as_str(), node) {
+            ("prometheus_config", Node::Message(config)) => {
+                let (mut enable, mut path) = (false, None);
+                for (field, value) in config {
+                    match (field.as_str(), value) {
+                        ("enable", Node::Scalar(v)) => enable = v == "true",
+                        ("path", Node::Scalar(v)) => path = Some(v),
+                        (other, _) => {
+                            return Err(invalid!("prometheus_config.{other} is not served; expected enable, path"))
+                        }
+                    }
+                }
+                if enable {
+                    found = Some(path.unwrap_or_else(|| "/monitoring/prometheus/metrics".to_string()));
+                }
+            }
+            (other, _) => return Err(invalid!("{other} is not served; expected prometheus_config {{ enable path }}")),
+        }
+    }
+    Ok(found)
+}
+
+/// The models a `ModelServerConfig` lists; relative base paths are taken
+/// from `base`.
+pub fn parse(text: &str, base: &Path) -> Result<Vec<ModelConfig>, Invalid> {
+    let fields = Parser { text: text.as_bytes(), at: 0, line: 1 }.message(true)?;
+    let mut models = Vec::new();
+    for (key, node) in fields {
+        match (key.as_str(), node) {
+            ("model_config_list", Node::Message(list)) => {
+                for (key, node) in list {
+                    match (key.as_str(), node) {
+                        ("config", Node::Message(config)) => models.push(model(config, base, models.len())?),
+                        (other, _) => return Err(invalid!("model_config_list.{other} is not served; expected config")),
+                    }
+                }
+            }
+            (other, _) => {
+                return Err(invalid!(
+                    "{other} is not served by sluice; a --model_config_file in TF Serving's text format holds \
+                     model_config_list {{ config {{ … }} }}"
+                ))
+            }
+        }
+    }
+    Ok(models)
+}
+
+fn model(fields: Vec<(String, Node)>, base: &Path, index: usize) -> Result<ModelConfig, Invalid> {
+    let key = |field: &str| format!("model_config_list.config[{index}].{field}");
+    let scalar = |field: &str, node: Node| match node {
+        Node::Scalar(value) => Ok(value),
+        Node::Message(_) => Err(invalid!("{} is a message; expected a value", key(field))),
+    };
+    let (mut name, mut base_path) = (None, None);
+    let mut policy = VersionPolicy::default();
+    let mut labels = BTreeMap::new();
+    for (field, node) in fields {
+        match field.as_str() {
+            "name" => name = Some(scalar("name", node)?),
+            "base_path" => base_path = Some(PathBuf::from(scalar("base_path", node)?)),
+            "model_platform" => {
+                let platform = scalar("model_platform", node)?;
+                if !matches!(platform.as_str(), "tensorflow" | "onnx") {
+                    return Err(invalid!(
+                        "{} = \"{platform}\": sluice serves ONNX models (\"tensorflow\" and \"onnx\" are accepted; \
+                         the base path must hold VERSION/model.onnx)",
+                        key("model_platform")
+                    ));
+                }
+            }
+            "model_version_policy" => policy = version_policy(node, &key("model_version_policy"))?,
+            "version_labels" => {
+                let Node::Message(entry) = node else {
+                    return Err(invalid!("{} must be {{ key: \"LABEL\" value: N }}", key("version_labels")));
+                };
+                let (mut label, mut version) = (None, None);
+                for (k, v) in entry {
+                    match (k.as_str(), v) {
+                        ("key", Node::Scalar(s)) => label = Some(s),
+                        ("value", Node::Scalar(s)) => version = Some(number(&s, &key("version_labels.value"))?),
+                        (other, _) => return Err(invalid!("{}.{other} is not a field", key("version_labels"))),
+                    }
+                }
+                match (label, version) {
+                    (Some(label), Some(version)) => {
+                        labels.insert(label, version);
+                    }
+                    _ => return Err(invalid!("{} needs both key and value", key("version_labels"))),
+                }
+            }
+            other => {
+                return Err(invalid!(
+                    "{} is not served by sluice; served: name, base_path, model_platform, model_version_policy, \
+                     version_labels",
+                    key(other)
+                ))
+            }
+        }
+    }
+    let name = name.ok_or_else(|| invalid!("{} is missing", key("name")))?;
+    let mut base_path = base_path.ok_or_else(|| invalid!("{} is missing", key("base_path")))?;
+    if base_path.is_relative() {
+        base_path = base.join(base_path);
+    }
+    let mut model = ModelConfig::from_flags(name, base_path);
+    model.version_policy = policy;
+    model.version_labels = labels;
+    Ok(model)
+}
+
+fn version_policy(node: Node, key: &str) -> Result<VersionPolicy, Invalid> {
+    let Node::Message(fields) = node else { return Err(invalid!("{key} must be a message")) };
+    let [(kind, Node::Message(inner))] = fields.as_slice() else {
+        return Err(invalid!("{key} must hold exactly one of latest, all, specific"));
+    };
+    match kind.as_str() {
+        "all" => Ok(VersionPolicy::All),
+        "latest" => {
+            let n = match inner.as_slice() {
+                [] => 1,
+                [(field, Node::Scalar(n))] if field == "num_versions" => {
+                    number(n, &format!("{key}.latest.num_versions"))?
+                }
+                _ => return Err(invalid!("{key}.latest holds only num_versions")),
+            };
+            if n < 1 {
+                return Err(invalid!("{key}.latest.num_versions = {n}: must be at least 1"));
+            }
+            Ok(VersionPolicy::Latest(n as usize))
+        }
+        "specific" => {
+            let mut versions = Vec::new();
+            for (field, value) in inner {
+                match (field.as_str(), value) {
+                    ("versions", Node::Scalar(v)) => versions.push(number(v, &format!("{key}.specific.versions"))?),
+                    (other, _) => return Err(invalid!("{key}.specific.{other} is not a field; expected versions")),
+                }
+            }
+            if versions.is_empty() {
+                return Err(invalid!("{key}.specific lists no versions"));
+            }
+            Ok(VersionPolicy::Specific(versions))
+        }
+        other => Err(invalid!("{key}.{other} is not a version policy; expected latest, all or specific")),
+    }
+}
+
+fn number(text: &str, key: &str) -> Result<i64, Invalid> {
+    text.parse().map_err(|_| invalid!("{key} = {text}: expected a whole number"))
+}
+
+/// A recursive-descent reader of the text format's subset that model
+/// configs use: `name: value`, `name { … }`, `name: { … }`, comments.
+struct Parser<'a> {
+    text: &'a [u8],
+    at: usize,
+    line: usize,
+}
+
+impl Parser<'_> {
+    fn message(&mut self, top: bool) -> Result<Vec<(String, Node)>, Invalid> {
+        let mut fields = Vec::new();
+        loop {
+            self.skip_space();
+            match self.peek() {
+                None if top => return Ok(fields),
+                None => return Err(invalid!("line {}: a '{{' is not closed", self.line)),
+                Some(b'}') if !top => {
+                    self.at += 1;
+                    return Ok(fields);
+                }
+                Some(b'}') => return Err(invalid!("line {}: an unmatched '}}'", self.line)),
+                Some(_) => {}
+            }
+            let name = self.ident()?;
+            self.skip_space();
+            let colon = self.peek() == Some(b':');
+            if colon {
+                self.at += 1;
+                self.skip_space();
+            }
+            let node = if self.peek() == Some(b'{') {
+                self.at += 1;
+                Node::Message(self.message(false)?)
+            } else if colon {
+                Node::Scalar(self.scalar()?)
+            } else {
+                return Err(invalid!("line {}: expected ':' or '{{' after {name}", self.line));
+            };
+            fields.push((name, node));
+            self.skip_space();
+            if matches!(self.peek(), Some(b',' | b';')) {
+                self.at += 1;
+            }
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.text.get(self.at).copied()
+    }
+
+    fn skip_space(&mut self) {
+        while let Some(b) = self.peek() {
+            match b {
+                b'\n' => {
+                    self.line += 1;
+                    self.at += 1;
+                }
+                b'#' => {
+                    while self.peek().is_some_and(|b| b != b'\n') {
+                        self.at += 1;
+                    }
+                }
+                b if b.is_ascii_whitespace() => self.at += 1,
+                _ => return,
+            }
+        }
+    }
+
+    fn ident(&mut self) -> Result<String, Invalid> {
+        let start = self.at;
+        while self.peek().is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            self.at += 1;
+        }
+        if start == self.at {
+            let found = self.peek().map_or("the end".to_string(), |b| format!("'{}'", b as char));
+            return Err(invalid!("line {}: expected a field name, found {found}", self.line));
+        }
+        Ok(String::from_utf8_lossy(&self.text[start..self.at]).into_owned())
+    }
+
+    fn scalar(&mut self) -> Result<String, Invalid> {
+        match self.peek() {
+            Some(quote @ (b'"' | b'\'')) => {
+                self.at += 1;
+                let mut out = Vec::new();
+                loop {
+                    match self.peek() {
+                        None | Some(b'\n') => return Err(invalid!("line {}: a string is not closed", self.line)),
+                        Some(b) if b == quote => {
+                            self.at += 1;
+                            break;
+                        }
+                        Some(b'\\') => {
+                            let escaped = self.text.get(self.at + 1).copied();
+                            out.push(match escaped {
+                                Some(b'n') => b'\n',
+                                Some(b't') => b'\t',
+                                Some(other) => other,
+                                None => return Err(invalid!("line {}: a string is not closed", self.line)),
+                            });
+                            self.at += 2;
+                        }
+                        Some(b) => {
+                            out.push(b);
+                            self.at += 1;
+                        }
+                    }
+                }
+                String::from_utf8(out).map_err(|_| invalid!("line {}: a string is not UTF-8", self.line))
+            }
+            _ => {
+                let start = self.at;
+                while self.peek().is_some_and(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'+')) {
+                    self.at += 1;
+                }
+                if start == self.at {
+                    return Err(invalid!("line {}: expected a value", self.line));
+                }
+                Ok(String::from_utf8_lossy(&self.text[start..self.at]).into_owned())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_tf_servings_model_config_list() {
+        let text = r#"
+# two models, as TF Serving's docs write them
+model_config_list {
+  config {
+    name: 'mlp'
+    base_path: "models/mlp"
+    model_platform: "tensorflow"
+    model_version_policy { specific { versions: 1 versions: 2 } }
+    version_labels { key: 'stable' value: 1 }
+    version_labels { key: 'canary' value: 2 }
+  }
+  config: {
+    name: "cnn",
+    base_path: "/abs/cnn",
+    model_version_policy: { latest: { num_versions: 2 } }
+  }
+}
+"#;
+        assert!(is_text_format(text));
+        let models = parse(text, Path::new("/base")).unwrap();
+        assert_eq!(models.len(), 2);
+        assert_eq!(models[0].name, "mlp");
+        assert_eq!(models[0].base_path, Path::new("/base/models/mlp"));
+        assert_eq!(models[0].version_policy, VersionPolicy::Specific(vec![1, 2]));
+        assert_eq!(models[0].version_labels.get("canary"), Some(&2));
+        assert_eq!(models[1].base_path, Path::new("/abs/cnn"));
+        assert_eq!(models[1].version_policy, VersionPolicy::Latest(2));
+    }
+
+    #[test]
+    fn fields_sluice_does_not_serve_are_named() {
+        let err = parse("model_config_list { config { name: 'm' base_path: 'x' logging_config { } } }", Path::new("/"))
+            .unwrap_err();
+        assert!(err.0.contains("config[0].logging_config is not served"), "{err}");
+        let err = parse("custom_model_config { }", Path::new("/")).unwrap_err();
+        assert!(err.0.contains("custom_model_config is not served"), "{err}");
+        let err = parse(
+            "model_config_list { config { name: 'm' base_path: 'x' model_platform: 'pytorch' } }",
+            Path::new("/"),
+        )
+        .unwrap_err();
+        assert!(err.0.contains("\"pytorch\""), "{err}");
+        let err = parse("model_config_list { config { name: 'm' ", Path::new("/")).unwrap_err();
+        assert!(err.0.contains("not closed"), "{err}");
+    }
+
+    #[test]
+    fn reads_tf_servings_monitoring_config() {
+        let text = "prometheus_config { enable: true, path: \"/metrics/tf\" }";
+        assert_eq!(prometheus_path(text).unwrap(), Some("/metrics/tf".to_string()));
+        assert_eq!(prometheus_path("prometheus_config { enable: false }").unwrap(), None);
+        assert!(prometheus_path("statsd_config { }").is_err());
+    }
+}
