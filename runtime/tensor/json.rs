@@ -235,32 +235,19 @@ impl<'a> JsonView<'a> {
                 serializer.serialize_f64(x)
             }
         };
+        // Finite single-precision values print in their shortest f32 form.
+        let single = |x: f32, serializer: S| {
+            if x.is_finite() {
+                serializer.serialize_f32(x)
+            } else {
+                float(f64::from(x), serializer)
+            }
+        };
         match self.tensor.dtype() {
-            DType::F32 => {
-                let x = le::<f32>(raw);
-                if x.is_finite() {
-                    serializer.serialize_f32(x)
-                } else {
-                    float(f64::from(x), serializer)
-                }
-            }
+            DType::F32 => single(le::<f32>(raw), serializer),
             DType::F64 => float(le::<f64>(raw), serializer),
-            DType::F16 => {
-                let x = le::<half::f16>(raw).to_f32();
-                if x.is_finite() {
-                    serializer.serialize_f32(x)
-                } else {
-                    float(f64::from(x), serializer)
-                }
-            }
-            DType::BF16 => {
-                let x = le::<half::bf16>(raw).to_f32();
-                if x.is_finite() {
-                    serializer.serialize_f32(x)
-                } else {
-                    float(f64::from(x), serializer)
-                }
-            }
+            DType::F16 => single(le::<half::f16>(raw).to_f32(), serializer),
+            DType::BF16 => single(le::<half::bf16>(raw).to_f32(), serializer),
             DType::I8 => serializer.serialize_i8(le::<i8>(raw)),
             DType::I16 => serializer.serialize_i16(le::<i16>(raw)),
             DType::I32 => serializer.serialize_i32(le::<i32>(raw)),
