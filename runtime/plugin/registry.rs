@@ -161,36 +161,44 @@ impl PluginRegistry {
 
     /// What a stage of a pipeline owned by `team` may start `name` from,
     /// best first, each with where it came from: the active stored version
-    /// when it is intact and belongs to the same team (a pipeline never
-    /// runs another team's upload), then `NAME.wasm` in the plugin
-    /// directory. The stage takes the first that loads, so a stored version
+    /// and then the versions active before it, when they are intact and
+    /// belong to the same team (a pipeline never runs another team's
+    /// upload), then `NAME.wasm` in the plugin directory. The stage takes the first that loads, so a stored version
     /// that fails at start-up falls back instead of failing the server.
     pub fn initial_sources(&self, name: &str, team: Option<&str>) -> Result<Vec<(String, Vec<u8>)>> {
-        let active = {
+        // The active version, then the ones active before it (the last
+        // good one first), when they belong to the pipeline's team.
+        let stored: Vec<StoredVersion> = {
             let state = self.lock();
-            state.manifests.get(name).and_then(|m| {
-                let version = m.active?;
-                if m.team.as_deref() != team {
-                    tracing::error!(
-                        plugin = name,
-                        owner = m.team.as_deref().unwrap_or("-"),
-                        pipeline_team = team.unwrap_or("-"),
-                        "the stored plugin belongs to another team; the pipeline runs {name}.wasm"
-                    );
-                    return None;
-                }
-                m.versions.iter().find(|v| v.version == version).cloned()
-            })
+            state
+                .manifests
+                .get(name)
+                .filter(|m| {
+                    let same_team = m.team.as_deref() == team;
+                    if !same_team {
+                        tracing::error!(
+                            plugin = name,
+                            owner = m.team.as_deref().unwrap_or("-"),
+                            pipeline_team = team.unwrap_or("-"),
+                            "the stored plugin belongs to another team; the pipeline runs {name}.wasm"
+                        );
+                    }
+                    same_team
+                })
+                .map(|m| {
+                    m.active
+                        .into_iter()
+                        .chain(m.history.iter().rev().copied())
+                        .filter_map(|version| m.versions.iter().find(|v| v.version == version).cloned())
+                        .collect()
+                })
+                .unwrap_or_default()
         };
         let mut sources = Vec::new();
-        if let Some(stored) = active {
+        for stored in stored {
             match self.read_blob(&stored) {
                 Ok(bytes) => sources.push((format!("stored version {}", stored.version), bytes)),
-                Err(e) => tracing::error!(
-                    plugin = name,
-                    version = stored.version,
-                    "stored plugin refused, falling back to {name}.wasm: {e}"
-                ),
+                Err(e) => tracing::error!(plugin = name, version = stored.version, "stored plugin refused: {e}"),
             }
         }
         let path = self.config.path_of(name)?;
