@@ -198,7 +198,11 @@ impl PluginRegistry {
         for stored in stored {
             match self.read_blob(&stored) {
                 Ok(bytes) => sources.push((format!("stored version {}", stored.version), bytes)),
-                Err(e) => tracing::error!(plugin = name, version = stored.version, "stored plugin refused: {e}"),
+                Err(e) => tracing::error!(
+                    plugin = name,
+                    version = stored.version,
+                    "stored plugin refused, falling back to {name}.wasm or an earlier stored version: {e}"
+                ),
             }
         }
         let path = self.config.path_of(name)?;
