@@ -241,7 +241,7 @@ impl Metrics {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        with_tf_serving_names(out)
     }
 
     /// The handles of one queue.
@@ -373,6 +373,53 @@ pub struct ModelMetrics {
     pub batch_rows: Histogram,
     /// Padding rows added.
     pub padding_rows: Counter,
+}
+
+/// sluice's series that TF Serving users know under another name: the
+/// source family, TF Serving's name, its type, and for histograms the
+/// factor from sluice's unit to TF Serving's (seconds to microseconds).
+const TF_SERVING_NAMES: &[(&str, &str, &str, f64)] = &[
+    ("sluice_serving_request_count_total", ":tensorflow:serving:request_count", "unknown", 1.0),
+    ("sluice_serving_request_latency_seconds", ":tensorflow:serving:request_latency", "histogram", 1e6),
+    ("sluice_batch_rows", ":tensorflow:serving:batching_session:processed_batch_size", "histogram", 1.0),
+    ("sluice_queue_wait_seconds", ":tensorflow:serving:batching_session:queuing_latency", "histogram", 1e6),
+];
+
+/// The exposition with [`TF_SERVING_NAMES`] added, so that dashboards and
+/// alerts built on TF Serving keep working. The series are derived from
+/// sluice's own as a scrape is made, with all of sluice's labels (TF
+/// Serving's `model_name` and `status` among them).
+fn with_tf_serving_names(exposition: String) -> String {
+    let Some(body) = exposition.strip_suffix("# EOF\n") else { return exposition };
+    let mut added = String::new();
+    for &(source, name, kind, scale) in TF_SERVING_NAMES {
+        let scaled = |v: &str| v.parse::<f64>().map_or_else(|_| v.to_string(), |x| format!("{}", x * scale));
+        let mut samples = String::new();
+        for line in body.lines() {
+            let Some(rest) = line.strip_prefix(source) else { continue };
+            let (series, value) = rest.rsplit_once(' ').unwrap_or((rest, "0"));
+            let sample = match kind {
+                "histogram" if series.starts_with("_bucket") => {
+                    // The bucket bound in TF Serving's unit.
+                    let series = match series.split_once("le=\"").and_then(|(h, t)| Some((h, t.split_once('"')?))) {
+                        Some((head, (bound, after))) if bound != "+Inf" => {
+                            format!("{head}le=\"{}\"{after}", scaled(bound))
+                        }
+                        _ => series.to_string(),
+                    };
+                    format!("{name}{series} {value}")
+                }
+                "histogram" if series.starts_with("_sum") => format!("{name}{series} {}", scaled(value)),
+                "histogram" if series.starts_with("_count") => format!("{name}{series} {value}"),
+                "unknown" if series.starts_with('{') || series.is_empty() => format!("{name}{series} {value}"),
+                _ => continue,
+            };
+            samples.push_str(&sample);
+            samples.push('\n');
+        }
+        added.push_str(&format!("# HELP {name} TF Serving's name for {source}.\n# TYPE {name} {kind}\n{samples}"));
+    }
+    format!("{body}{added}# EOF\n")
 }
 
 #[cfg(test)]
