@@ -1,13 +1,19 @@
-//! The stages a pipeline runs around its model: the built-in transforms
-//! ([`builtin`]) and the plugin adapter ([`plugin`]).
+//! The stages a pipeline runs around its model: the built-in transforms,
+//! one file each ([`image_normalize`], [`softmax`], [`argmax`], [`top_k`],
+//! with what the postprocess ones share in [`classes`]), and the plugin
+//! adapter ([`plugin`]).
 //!
 //! [`build`] turns a stage's configured kind (`config::StageKind`) into a
 //! running [`Stage`]. Adding a built-in stage is a variant (with its config)
-//! in `config/stage.rs` and its implementation here, registered by one arm
-//! of [`build`]; `docs/ARCHITECTURE.md` walks through it.
+//! in `config/stage.rs` and its file here, registered by one arm of
+//! [`build`]; `docs/ARCHITECTURE.md` walks through it.
 
-pub mod builtin;
+pub mod argmax;
+mod classes;
+pub mod image_normalize;
 pub mod plugin;
+pub mod softmax;
+pub mod top_k;
 
 use std::sync::Arc;
 
@@ -27,14 +33,58 @@ pub fn build(
     registry: Option<&Arc<PluginRegistry>>,
 ) -> Result<Arc<dyn Stage>> {
     Ok(match kind {
-        StageKind::ImageNormalize(config) => Arc::new(builtin::ImageNormalize::new(config, model)?),
-        StageKind::Softmax(config) => Arc::new(builtin::Softmax::new(config, model)?),
-        StageKind::Argmax(config) => Arc::new(builtin::Argmax::new(config, model)?),
-        StageKind::TopK(config) => Arc::new(builtin::TopK::new(config, model)?),
+        StageKind::ImageNormalize(config) => Arc::new(image_normalize::ImageNormalize::new(config, model)?),
+        StageKind::Softmax(config) => Arc::new(softmax::Softmax::new(config, model)?),
+        StageKind::Argmax(config) => Arc::new(argmax::Argmax::new(config, model)?),
+        StageKind::TopK(config) => Arc::new(top_k::TopK::new(config, model)?),
         StageKind::Plugin(name) => {
             let registry = registry
                 .ok_or_else(|| Error::internal("a plugin stage was built without a plugin registry, this is a bug"))?;
             PluginStage::build(name, place, registry)?
         }
     })
+}
+
+/// What the built-in stages' tests share: a classifier signature, logits,
+/// and running a stage with no deadline.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::error::Result;
+    use crate::pipeline::deadline::Deadline;
+    use crate::pipeline::stage::{never_gone, Stage, StageCx};
+    use crate::tensor::spec::{Signature, TensorSpec};
+    use crate::tensor::{DType, NamedTensor, Tensor};
+
+    pub trait ProcessNow {
+        fn process_now(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>>;
+    }
+
+    impl<S: Stage> ProcessNow for S {
+        fn process_now(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+            self.process(inputs, &StageCx::new(Deadline::NONE, &never_gone, 1 << 30))
+        }
+    }
+
+    pub fn classifier(classes: i64) -> Signature {
+        Signature {
+            inputs: vec![TensorSpec {
+                name: "image".into(),
+                dtype: DType::F32,
+                shape: vec![-1, 3, 2, 2],
+                unknown_rank: false,
+            }],
+            outputs: vec![TensorSpec {
+                name: "logits".into(),
+                dtype: DType::F32,
+                shape: vec![-1, classes],
+                unknown_rank: false,
+            }],
+        }
+    }
+
+    pub fn logits(rows: &[&[f32]]) -> Vec<NamedTensor> {
+        let cols = rows[0].len() as i64;
+        let flat: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        vec![NamedTensor::new("logits", Tensor::from_values(vec![rows.len() as i64, cols], &flat))]
+    }
 }

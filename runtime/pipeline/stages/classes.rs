@@ -1,0 +1,75 @@
+//! What the postprocess built-ins share: finding the model output they
+//! read (f32 rows × classes), its values, softmax and the top indexes.
+
+use crate::error::{Error, Result};
+use crate::tensor::spec::Signature;
+use crate::tensor::{format_shape, DType, NamedTensor, Tensor};
+
+/// Finds the model output a postprocess stage reads: named, or the only
+/// one; it must be f32 rows × classes.
+pub(super) fn model_output(signature: &Signature, input: Option<&str>, stage: &str) -> Result<(String, i64)> {
+    let spec = match input {
+        Some(name) => signature.outputs.iter().find(|o| o.name == name).ok_or_else(|| {
+            let names: Vec<&str> = signature.outputs.iter().map(|o| o.name.as_str()).collect();
+            Error::invalid_argument(format!("{stage}: input = \"{name}\" is not a model output; outputs: {names:?}"))
+        })?,
+        None => match signature.outputs.as_slice() {
+            [only] => only,
+            many => {
+                let names: Vec<&str> = many.iter().map(|o| o.name.as_str()).collect();
+                return Err(Error::invalid_argument(format!(
+                    "{stage}: the model has outputs {names:?}; set input to the one to read"
+                )));
+            }
+        },
+    };
+    if spec.dtype != DType::F32 || spec.shape.len() != 2 {
+        return Err(Error::invalid_argument(format!(
+            "{stage}: model output '{}' is {} {}; {stage} reads DT_FLOAT rows × classes",
+            spec.name,
+            spec.dtype,
+            format_shape(&spec.shape)
+        )));
+    }
+    Ok((spec.name.clone(), spec.shape[1]))
+}
+
+pub(super) fn take<'a>(inputs: &'a [NamedTensor], name: &str, stage: &str) -> Result<&'a Tensor> {
+    inputs
+        .iter()
+        .find(|t| t.name == name)
+        .map(|t| &t.tensor)
+        .ok_or_else(|| Error::internal(format!("{stage}: input '{name}' is missing, this is a bug")))
+}
+
+/// Rows × classes of a rank-2 f32 tensor, as values.
+pub(super) fn rows_of(tensor: &Tensor, stage: &str) -> Result<(usize, usize, Vec<f32>)> {
+    let values = tensor.to_vec::<f32>().ok_or_else(|| Error::internal(format!("{stage}: input is not DT_FLOAT")))?;
+    let (rows, cols) = match tensor.shape() {
+        [rows, cols] => (*rows as usize, *cols as usize),
+        other => return Err(Error::internal(format!("{stage}: input has shape {other:?}, not rows × classes"))),
+    };
+    Ok((rows, cols, values))
+}
+
+pub(super) fn softmax_in_place(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in row.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// Indexes of the `k` largest values, largest first; ties keep the lower
+/// index first. NaN sorts below everything.
+pub fn top_indexes(row: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    let key = |i: usize| if row[i].is_nan() { f32::NEG_INFINITY } else { row[i] };
+    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    order.truncate(k);
+    order
+}
