@@ -391,35 +391,41 @@ const TF_SERVING_NAMES: &[(&str, &str, &str, f64)] = &[
 /// Serving's `model_name` and `status` among them).
 fn with_tf_serving_names(exposition: String) -> String {
     let Some(body) = exposition.strip_suffix("# EOF\n") else { return exposition };
-    let mut added = String::new();
-    for &(source, name, kind, scale) in TF_SERVING_NAMES {
+    // One pass over the exposition, each line to the alias of its family.
+    let mut samples = vec![String::new(); TF_SERVING_NAMES.len()];
+    for line in body.lines() {
+        let Some((at, rest)) =
+            TF_SERVING_NAMES.iter().enumerate().find_map(|(at, alias)| Some((at, line.strip_prefix(alias.0)?)))
+        else {
+            continue;
+        };
+        let (_, name, kind, scale) = TF_SERVING_NAMES[at];
         let scaled = |v: &str| v.parse::<f64>().map_or_else(|_| v.to_string(), |x| format!("{}", x * scale));
-        let mut samples = String::new();
-        for line in body.lines() {
-            let Some(rest) = line.strip_prefix(source) else { continue };
-            let (series, value) = rest.rsplit_once(' ').unwrap_or((rest, "0"));
-            let sample = match kind {
-                "histogram" if series.starts_with("_bucket") => {
-                    // The bucket bound in TF Serving's unit.
-                    let series = match series.split_once("le=\"").and_then(|(h, t)| Some((h, t.split_once('"')?))) {
-                        Some((head, (bound, after))) if bound != "+Inf" => {
-                            format!("{head}le=\"{}\"{after}", scaled(bound))
-                        }
-                        _ => series.to_string(),
-                    };
-                    format!("{name}{series} {value}")
-                }
-                "histogram" if series.starts_with("_sum") => format!("{name}{series} {}", scaled(value)),
-                "histogram" if series.starts_with("_count") => format!("{name}{series} {value}"),
-                "unknown" if series.starts_with('{') || series.is_empty() => format!("{name}{series} {value}"),
-                _ => continue,
-            };
-            samples.push_str(&sample);
-            samples.push('\n');
-        }
-        added.push_str(&format!("# HELP {name} TF Serving's name for {source}.\n# TYPE {name} {kind}\n{samples}"));
+        let (series, value) = rest.rsplit_once(' ').unwrap_or((rest, "0"));
+        let sample = match kind {
+            "histogram" if series.starts_with("_bucket") => {
+                // The bucket bound in TF Serving's unit.
+                let series = match series.split_once("le=\"").and_then(|(h, t)| Some((h, t.split_once('"')?))) {
+                    Some((head, (bound, after))) if bound != "+Inf" => format!("{head}le=\"{}\"{after}", scaled(bound)),
+                    _ => series.to_string(),
+                };
+                format!("{name}{series} {value}")
+            }
+            "histogram" if series.starts_with("_sum") => format!("{name}{series} {}", scaled(value)),
+            "histogram" if series.starts_with("_count") => format!("{name}{series} {value}"),
+            "unknown" if series.starts_with('{') || series.is_empty() => format!("{name}{series} {value}"),
+            _ => continue,
+        };
+        samples[at].push_str(&sample);
+        samples[at].push('\n');
     }
-    format!("{body}{added}# EOF\n")
+    let mut out = String::with_capacity(exposition.len() + samples.iter().map(String::len).sum::<usize>() + 512);
+    out.push_str(body);
+    for (&(source, name, kind, _), samples) in TF_SERVING_NAMES.iter().zip(&samples) {
+        out.push_str(&format!("# HELP {name} TF Serving's name for {source}.\n# TYPE {name} {kind}\n{samples}"));
+    }
+    out.push_str("# EOF\n");
+    out
 }
 
 #[cfg(test)]

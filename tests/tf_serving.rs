@@ -235,25 +235,20 @@ async fn tf_servings_command_line_and_config_files_start_sluice_unchanged() {
     let scraped = http_get(server.http, "/monitoring/tf").await;
     assert!(scraped.contains("sluice_serving_request_count"), "{scraped}");
     // TF Serving's own metric names, so its dashboards keep working.
-    let count = scraped
-        .lines()
-        .find(|l| {
-            l.starts_with(":tensorflow:serving:request_count{")
-                && l.contains(r#"model_name="mlp""#)
-                && l.contains(r#"api="predict""#)
-                && l.contains(r#"entrypoint="grpc""#)
-        })
-        .unwrap_or_else(|| panic!("no :tensorflow:serving:request_count for mlp in {scraped}"));
+    let series = |family: &str| {
+        scraped
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!("{family}{{"))
+                    && [r#"model_name="mlp""#, r#"api="predict""#, r#"entrypoint="grpc""#]
+                        .iter()
+                        .all(|label| l.contains(label))
+            })
+            .unwrap_or_else(|| panic!("no {family} for mlp predict over gRPC in {scraped}"))
+    };
+    let count = series(":tensorflow:serving:request_count");
     assert!(count.contains(r#"status="OK""#) && count.ends_with(" 2"), "{count}");
-    let latency_count = scraped
-        .lines()
-        .find(|l| {
-            l.starts_with(":tensorflow:serving:request_latency_count{")
-                && l.contains(r#"model_name="mlp""#)
-                && l.contains(r#"api="predict""#)
-                && l.contains(r#"entrypoint="grpc""#)
-        })
-        .unwrap_or_else(|| panic!("no :tensorflow:serving:request_latency for mlp in {scraped}"));
+    let latency_count = series(":tensorflow:serving:request_latency_count");
     assert!(latency_count.ends_with(" 2"), "{latency_count}");
     assert!(scraped.ends_with("# EOF\n"), "the exposition still ends with # EOF");
 }

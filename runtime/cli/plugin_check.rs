@@ -9,7 +9,7 @@ use std::sync::Arc;
 use clap::Args;
 
 use crate::error::{Error, Result};
-use crate::plugin::{zeros, Plugin, PluginEngine, PluginLimits, PluginsConfig};
+use crate::plugin::{memory_bytes, zeros, Plugin, PluginEngine, PluginLimits, PluginsConfig};
 use crate::tensor::json::{row_to_json, tensor_from_json};
 use crate::tensor::spec::TensorSpec;
 use crate::tensor::{format_shape, NamedTensor};
@@ -78,10 +78,9 @@ pub fn run(args: &CheckArgs) -> Result<String> {
     let (inputs, source) = match (&args.input, &d.sample) {
         (Some(path), _) => (from_json(path, &d.inputs)?, format!("{}", path.display())),
         (None, Some(sample)) => (sample.clone(), "its declared sample".to_string()),
-        (None, None) => (
-            zeros(&d.inputs, usize::try_from(args.memory_mib).unwrap_or(usize::MAX).saturating_mul(1 << 20))?,
-            "zeros shaped from its declared inputs".to_string(),
-        ),
+        (None, None) => {
+            (zeros(&d.inputs, memory_bytes(plugin.limits()))?, "zeros shaped from its declared inputs".to_string())
+        }
     };
     let (outputs, stats) = plugin.call_measured(inputs)?;
     let _ = writeln!(

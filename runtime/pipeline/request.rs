@@ -76,31 +76,6 @@ impl Target {
         let outputs = signature.resolve_output_filter(self, output_filter)?;
         Ok(RequestBuilder { target: self, signature, slots: vec![None; signature.inputs.len()], outputs, deadline })
     }
-
-    /// Runs a request through the pipeline; returns the outputs it asked
-    /// for, by name, in signature order unless its filter ordered them.
-    pub async fn predict(&self, request: ValidRequest) -> Result<Vec<(String, Tensor)>> {
-        let ValidRequest { target, inputs, outputs: selected, deadline } = request;
-        debug_assert!(Arc::ptr_eq(&target.pipeline, &self.pipeline), "a request runs on its own target, this is a bug");
-        let signature = self.signature()?;
-        // Bounding the whole wait by the deadline also drops the request
-        // from whatever queue it is in: the queues skip requests whose
-        // caller has gone.
-        let outputs =
-            deadline.run("while queued or running", self.pipeline.predict(&self.version, inputs, deadline)).await?;
-        if outputs.len() != signature.outputs.len() {
-            return Err(Error::internal(format!(
-                "{self} returned {} outputs, but its signature has {}",
-                outputs.len(),
-                signature.outputs.len()
-            )));
-        }
-        let mut taken: Vec<Option<Tensor>> = outputs.into_iter().map(Some).collect();
-        Ok(selected
-            .into_iter()
-            .filter_map(|i| taken[i].take().map(|t| (signature.outputs[i].name.clone(), t)))
-            .collect())
-    }
 }
 
 /// A request whose inputs are exactly the target's, each checked against
@@ -114,6 +89,30 @@ pub struct ValidRequest {
 }
 
 impl ValidRequest {
+    /// Runs the request through its pipeline; returns the outputs it asked
+    /// for, by name, in signature order unless its filter ordered them.
+    pub async fn run(self) -> Result<Vec<(String, Tensor)>> {
+        let ValidRequest { target, inputs, outputs: selected, deadline } = self;
+        let signature = target.signature()?;
+        // Bounding the whole wait by the deadline also drops the request
+        // from whatever queue it is in: the queues skip requests whose
+        // caller has gone.
+        let outputs =
+            deadline.run("while queued or running", target.pipeline.predict(&target.version, inputs, deadline)).await?;
+        if outputs.len() != signature.outputs.len() {
+            return Err(Error::internal(format!(
+                "{target} returned {} outputs, but its signature has {}",
+                outputs.len(),
+                signature.outputs.len()
+            )));
+        }
+        let mut taken: Vec<Option<Tensor>> = outputs.into_iter().map(Some).collect();
+        Ok(selected
+            .into_iter()
+            .filter_map(|i| taken[i].take().map(|t| (signature.outputs[i].name.clone(), t)))
+            .collect())
+    }
+
     /// Its inputs, in signature order.
     pub fn inputs(&self) -> &[Tensor] {
         &self.inputs

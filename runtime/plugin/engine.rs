@@ -328,6 +328,9 @@ pub fn check_structure(wasm: &[u8], limits: &CompileLimits) -> Result<()> {
     let (mut functions, mut code, mut modules) = (0u64, 0u64, 0u64);
     let invalid =
         |e: wasmparser::BinaryReaderError| Error::invalid_argument(format!("not a valid WebAssembly component: {e}"));
+    let over = |what: &str, n: u64, max: u64| {
+        Error::invalid_argument(format!("it has {n} {what}; a plugin may have at most {max}"))
+    };
     for payload in wasmparser::Parser::new(0).parse_all(wasm) {
         match payload.map_err(invalid)? {
             Payload::ModuleSection { .. } => modules += 1,
@@ -357,9 +360,6 @@ pub fn check_structure(wasm: &[u8], limits: &CompileLimits) -> Result<()> {
             }
             _ => {}
         }
-        let over = |what: &str, n: u64, max: u64| {
-            Error::invalid_argument(format!("it has {n} {what}; a plugin may have at most {max}"))
-        };
         if functions > limits.max_functions {
             return Err(over("functions", functions, limits.max_functions));
         }

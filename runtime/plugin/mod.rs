@@ -306,12 +306,19 @@ fn describe(instances: &Instances, limits: &PluginLimits) -> Result<Description>
     Ok(Description { name: info.name, version: info.version, inputs, outputs, sample })
 }
 
+/// The characters a kind of declared text may use: letters and digits,
+/// `extra`, as `described` says in messages.
+struct Charset {
+    extra: &'static str,
+    described: &'static str,
+}
+
 /// Characters of a plugin's declared name.
-const NAME_CHARS: &str = "A-Z, a-z, 0-9, '_', '-', '.'";
+const NAME_CHARS: Charset = Charset { extra: "_-.", described: "A-Z, a-z, 0-9, '_', '-', '.'" };
 /// Characters of a plugin's declared version.
-const VERSION_CHARS: &str = "A-Z, a-z, 0-9, '_', '-', '.', '+'";
+const VERSION_CHARS: Charset = Charset { extra: "_-.+", described: "A-Z, a-z, 0-9, '_', '-', '.', '+'" };
 /// Characters of a declared tensor name.
-const TENSOR_NAME_CHARS: &str = "A-Z, a-z, 0-9, '_', '-', '.', '/', ':'";
+const TENSOR_NAME_CHARS: Charset = Charset { extra: "_-./:", described: "A-Z, a-z, 0-9, '_', '-', '.', '/', ':'" };
 /// Longest declared name or version.
 const MAX_DECLARED_TEXT: usize = 64;
 /// Most inputs or outputs a plugin may declare.
@@ -323,22 +330,18 @@ const MAX_DECLARED_DIM: i64 = i32::MAX as i64;
 
 /// A declared name or version: short, and only the characters `allowed`
 /// lists (nothing that could break a log line, a metric or a message).
-fn check_declared_text(what: &str, text: &str, allowed: &str) -> std::result::Result<(), Invalid> {
-    let extra = match allowed {
-        VERSION_CHARS => "_-.+",
-        TENSOR_NAME_CHARS => "_-./:",
-        _ => "_-.",
-    };
+fn check_declared_text(what: &str, text: &str, allowed: Charset) -> std::result::Result<(), Invalid> {
     let valid = !text.is_empty()
         && text.len() <= MAX_DECLARED_TEXT
-        && text.chars().all(|c| c.is_ascii_alphanumeric() || extra.contains(c));
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || allowed.extra.contains(c));
     if valid {
         return Ok(());
     }
     let shown = state::escape(&state::cap(text, MAX_DECLARED_TEXT)).into_owned();
     Err(crate::invalid!(
-        "its {what} \"{shown}\" ({} bytes) is not 1 to {MAX_DECLARED_TEXT} characters of {allowed}",
-        text.len()
+        "its {what} \"{shown}\" ({} bytes) is not 1 to {MAX_DECLARED_TEXT} characters of {}",
+        text.len(),
+        allowed.described
     ))
 }
 
@@ -358,7 +361,7 @@ fn check_declared_shape(name: &str, shape: &[i64]) -> std::result::Result<(), In
 
 /// The plugin's memory limit in bytes: nothing it returns or declares can
 /// fairly need more.
-pub(crate) fn memory_bytes(limits: &PluginLimits) -> usize {
+pub fn memory_bytes(limits: &PluginLimits) -> usize {
     usize::try_from(limits.memory_mib).unwrap_or(usize::MAX).saturating_mul(1 << 20)
 }
 
@@ -368,7 +371,7 @@ const MAX_PLUGIN_MESSAGE: usize = 1024;
 /// A trap or host error as the client's error: what limit was hit, or
 /// what the guest said before it trapped.
 fn classify(label: &str, limits: &PluginLimits, error: wasmtime::Error, state: &HostState) -> Error {
-    let said = state.stderr.last_words().map(|l| format!(" (it said: {l})")).unwrap_or_default();
+    let said = state.stderr.last_words().map(|l| format!(" (it said: {})", plugin_text(&l))).unwrap_or_default();
     if error.downcast_ref::<state::BlockedPastDeadline>().is_some() {
         return Error::plugin(
             PluginFault::Timeout,

@@ -90,10 +90,13 @@ pub struct Manifest {
     pub versions: Vec<StoredVersion>,
 }
 
+/// The slots running one plugin.
+type Slots = Vec<Arc<dyn PluginSlot>>;
+
 struct State {
     manifests: BTreeMap<String, Manifest>,
     /// The slots running each plugin, by plugin name.
-    bindings: BTreeMap<String, Vec<Arc<dyn PluginSlot>>>,
+    bindings: BTreeMap<String, Slots>,
 }
 
 /// Stored plugin versions and the stages that run them.
@@ -217,8 +220,10 @@ impl PluginRegistry {
     }
 
     /// Loads `bytes` as plugin `name` with its configured limits.
+    /// Plugin code runs here (describe, the sample): a panic while loading
+    /// is this plugin's failure, never the caller's.
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<Plugin> {
-        Plugin::load(&self.engine, bytes, self.config.limits_of(name), Some((&self.metrics, name)))
+        guarded(|| Plugin::load(&self.engine, bytes, self.config.limits_of(name), Some((&self.metrics, name))))
     }
 
     /// Records that `slot` runs plugin `name`, so that activations reach it.
@@ -294,35 +299,35 @@ impl PluginRegistry {
     /// never called with the registry's lock held, and a panic in it is an
     /// error, not a crash.
     fn validate(&self, name: &str, bytes: &[u8], slots: &[Arc<dyn PluginSlot>]) -> Result<Plugin> {
-        let refused = |e: Error| e.into_unprocessable(format_args!("plugin '{name}' refused"));
-        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let plugin = self.load(name, bytes)?;
-            if plugin.description().sample.is_none() {
-                let max_bytes = super::memory_bytes(plugin.limits());
-                let zeros = super::zeros(&plugin.description().inputs, max_bytes)?;
-                plugin.call(zeros).map_err(|e| e.context("on zeros shaped like its declared inputs"))?;
-            }
-            for slot in slots {
-                slot.accepts(&plugin).map_err(|e| e.context(format_args!("for pipeline '{}'", slot.pipeline())))?;
-            }
+        let checked = self.load(name, bytes).and_then(|plugin| {
+            guarded(|| {
+                if plugin.description().sample.is_none() {
+                    let max_bytes = super::memory_bytes(plugin.limits());
+                    let zeros = super::zeros(&plugin.description().inputs, max_bytes)?;
+                    plugin.call(zeros).map_err(|e| e.context("on zeros shaped like its declared inputs"))?;
+                }
+                for slot in slots {
+                    slot.accepts(&plugin).map_err(|e| e.context(format_args!("for pipeline '{}'", slot.pipeline())))?;
+                }
+                Ok(())
+            })?;
             Ok(plugin)
-        }));
-        checked
-            .unwrap_or_else(|_| Err(Error::internal("checking it crashed the check (a bug in sluice)")))
-            .map_err(refused)
+        });
+        checked.map_err(|e| e.into_unprocessable(format_args!("plugin '{name}' refused")))
     }
 
-    /// The slots running `name`, once `caller` is allowed to change it.
-    fn authorized_slots(&self, caller: &Caller, name: &str) -> Result<Vec<Arc<dyn PluginSlot>>> {
+    /// What `caller` may change of `name`: its manifest, if it has one, and
+    /// the slots running it.
+    fn to_change(&self, caller: &Caller, name: &str) -> Result<(Option<Manifest>, Slots)> {
         let state = self.lock();
         self.authorize(&state, caller, name)?;
-        Ok(state.bindings.get(name).cloned().unwrap_or_default())
+        Ok((state.manifests.get(name).cloned(), state.bindings.get(name).cloned().unwrap_or_default()))
     }
 
     /// Validates and stores `bytes` as the next version of `name`.
     pub fn upload(&self, caller: &Caller, name: &str, bytes: &[u8]) -> Result<StoredVersion> {
         check_name("plugin name", name)?;
-        let slots = self.authorized_slots(caller, name)?;
+        let (_, slots) = self.to_change(caller, name)?;
         let plugin = self.validate(name, bytes, &slots)?;
         let mut state = self.lock();
         // Checked again: the registry may have changed while validating.
@@ -363,7 +368,8 @@ impl PluginRegistry {
     /// Makes `version` of `name` the one every stage running it serves new
     /// requests with.
     pub fn activate(&self, caller: &Caller, name: &str, version: u32) -> Result<Manifest> {
-        let (manifest, slots) = self.manifest_to_change(caller, name)?;
+        let (manifest, slots) = self.to_change(caller, name)?;
+        let manifest = manifest.ok_or_else(|| no_plugin(name))?;
         let previous = manifest.active;
         let manifest = self.switch(caller, manifest, &slots, version, true)?;
         audit(caller, "activate", name, Some(version), previous, "");
@@ -372,7 +378,8 @@ impl PluginRegistry {
 
     /// Returns `name` to the version active before the current one.
     pub fn rollback(&self, caller: &Caller, name: &str) -> Result<Manifest> {
-        let (mut manifest, slots) = self.manifest_to_change(caller, name)?;
+        let (manifest, slots) = self.to_change(caller, name)?;
+        let mut manifest = manifest.ok_or_else(|| no_plugin(name))?;
         let previous = manifest.active;
         let version = manifest.history.pop().ok_or_else(|| {
             Error::failed_precondition(format!("plugin '{name}' has no earlier active version to roll back to"))
@@ -380,14 +387,6 @@ impl PluginRegistry {
         let manifest = self.switch(caller, manifest, &slots, version, false)?;
         audit(caller, "rollback", name, Some(version), previous, "");
         Ok(manifest)
-    }
-
-    /// `name`'s manifest and slots, once `caller` is allowed to change it.
-    fn manifest_to_change(&self, caller: &Caller, name: &str) -> Result<(Manifest, Vec<Arc<dyn PluginSlot>>)> {
-        let state = self.lock();
-        self.authorize(&state, caller, name)?;
-        let manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
-        Ok((manifest, state.bindings.get(name).cloned().unwrap_or_default()))
     }
 
     /// Loads `version` for every slot, swaps them all, and records it.
@@ -407,10 +406,15 @@ impl PluginRegistry {
             Error::not_found(format!("plugin '{name}' has no version {version} (versions: {})", have.join(", ")))
         })?;
         let bytes = self.read_blob(&stored)?;
-        // Each slot gets its own plugin (its own warm instances);
-        // `validate` checks it against every slot.
-        let loaded =
-            slots.iter().map(|_| self.validate(&name, &bytes, slots).map(Arc::new)).collect::<Result<Vec<_>>>()?;
+        // Checked once against every slot; then each slot gets its own
+        // plugin (its own warm instances) of the same bytes.
+        let checked = self.validate(&name, &bytes, slots)?;
+        let mut loaded = vec![Arc::new(checked)];
+        for _ in slots.iter().skip(1) {
+            loaded.push(Arc::new(
+                self.load(&name, &bytes).map_err(|e| e.into_unprocessable(format_args!("plugin '{name}' refused")))?,
+            ));
+        }
         let previous = manifest.active;
         manifest.active = Some(version);
         if remember {
@@ -548,4 +552,13 @@ fn audit(caller: &Caller, action: &str, plugin: &str, version: Option<u32>, prev
         sha256,
         "plugin {action}"
     );
+}
+
+/// Runs `work`, which runs plugin code, turning a panic in it into an
+/// error: checking or loading one team's plugin never takes down the
+/// admin call or the start-up of another pipeline.
+fn guarded<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|_| {
+        Err(Error::internal("it made sluice panic while it was checked or loaded (a bug in sluice)"))
+    })
 }

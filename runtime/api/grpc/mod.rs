@@ -22,6 +22,7 @@ use super::context::{RequestContext, ServingState, REQUEST_ID};
 use crate::error::{Error, Result};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::Target;
 use crate::proto::tensorflow::serving::{model_spec, ModelSpec};
 
 /// The version choice a model spec makes.
@@ -36,6 +37,13 @@ pub fn version_choice(spec: &ModelSpec) -> VersionChoice<'_> {
 /// The request's model spec, which every call needs.
 pub fn required_spec(spec: Option<&ModelSpec>) -> Result<&ModelSpec> {
     spec.ok_or_else(|| Error::invalid_argument("model_spec is missing; set model_spec.name"))
+}
+
+/// Resolves what the request's model spec names (a pipeline, a version, a
+/// signature), recording it in `cx` for the call's metrics.
+fn resolve(cx: &mut RequestContext, state: &ServingState, spec: Option<&ModelSpec>) -> Result<Target> {
+    let spec = required_spec(spec)?;
+    cx.resolve(&state.endpoints, version_choice(spec), &spec.signature_name)
 }
 
 /// The context of a gRPC call asking for the model `spec` names: its id

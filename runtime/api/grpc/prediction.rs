@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use tonic::{Request, Response, Status};
 
-use super::{context, required_spec, serve, version_choice};
+use super::{context, resolve, serve};
 use crate::api::context::ServingState;
 use crate::config::OutputEncoding;
 use crate::error::Error;
@@ -59,8 +59,7 @@ impl PredictionService for PredictionApi {
         let request = request.into_inner();
         let state = &self.state;
         serve(state, cx, async |cx| {
-            let spec = required_spec(request.model_spec.as_ref())?;
-            let target = cx.resolve(&state.endpoints, version_choice(spec), &spec.signature_name)?;
+            let target = resolve(cx, state, request.model_spec.as_ref())?;
             predict(&target, request, cx.deadline, state.output_encoding).await
         })
         .await
@@ -74,9 +73,9 @@ impl PredictionService for PredictionApi {
         let request = request.into_inner();
         let state = &self.state;
         serve(state, cx, async |cx| {
-            let spec = required_spec(request.model_spec.as_ref())?;
-            let target = cx.resolve(&state.endpoints, version_choice(spec), &spec.signature_name)?;
-            model_metadata(&target, &request.metadata_field, &spec.signature_name)
+            let target = resolve(cx, state, request.model_spec.as_ref())?;
+            let signature_name = request.model_spec.as_ref().map_or("", |spec| spec.signature_name.as_str());
+            model_metadata(&target, &request.metadata_field, signature_name)
         })
         .await
     }
@@ -95,7 +94,7 @@ async fn predict(
         let tensor = decode(&name, proto, target.pipeline.max_tensor_bytes())?;
         builder.put(&name, tensor)?;
     }
-    let outputs = target.predict(builder.finish()?).await?;
+    let outputs = builder.finish()?.run().await?;
     Ok(PredictResponse {
         model_spec: Some(served_spec(target.pipeline.name(), target.version.version())),
         outputs: outputs.into_iter().map(|(name, tensor)| (name, encode(&tensor, encoding))).collect(),

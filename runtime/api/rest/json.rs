@@ -69,7 +69,7 @@ async fn predict_on(target: &Target, mut request: Map<String, Value>, deadline: 
         }
     };
     // Other top-level keys are ignored, as TF Serving ignores them.
-    let outputs = target.predict(valid).await?;
+    let outputs = valid.run().await?;
     let written = match form {
         Form::Columnar => write_columnar(&outputs),
         Form::Row => write_rows(&outputs)?,
@@ -101,8 +101,7 @@ fn columns_to_request(target: &Target, inputs: &Value, deadline: Deadline) -> Re
         let spec = input_spec(signature, name)?;
         let what = format!("input '{name}'");
         let (shape, leaves) = flatten(value, &what)?;
-        tensor_bytes(spec.dtype, &shape, target.pipeline.max_tensor_bytes(), &what)?;
-        builder.put(name, tensor_from_leaves(spec.dtype, shape, &leaves, &what)?)?;
+        builder.put(name, input_tensor(target, spec, shape, &leaves, &what)?)?;
     }
     builder.finish()
 }
@@ -173,10 +172,16 @@ fn rows_to_request(target: &Target, instances: &Value, deadline: Deadline) -> Re
         let mut shape = vec![rows.len() as i64];
         shape.extend(row_shape.unwrap_or_default());
         let what = format!("input '{name}'");
-        tensor_bytes(spec.dtype, &shape, target.pipeline.max_tensor_bytes(), &what)?;
-        builder.put(name, tensor_from_leaves(spec.dtype, shape, &leaves, &what)?)?;
+        builder.put(name, input_tensor(target, spec, shape, &leaves, &what)?)?;
     }
     builder.finish()
+}
+
+/// An input's JSON leaves as a tensor of its spec's dtype, sized against
+/// the pipeline's tensor limit first.
+fn input_tensor(target: &Target, spec: &TensorSpec, shape: Vec<i64>, leaves: &[&Value], what: &str) -> Result<Tensor> {
+    tensor_bytes(spec.dtype, &shape, target.pipeline.max_tensor_bytes(), what)?;
+    tensor_from_leaves(spec.dtype, shape, leaves, what)
 }
 
 /// One input of the row form, gathered across instances: the shape of one

@@ -138,11 +138,9 @@ impl PluginStage {
         };
         let mut failures = Vec::new();
         for (source, bytes) in registry.initial_sources(name, place.team)? {
-            // Plugin code runs here (describe, the sample): a panic is this
-            // source's failure, not the server's.
-            let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| registry.load(name, &bytes)))
-                .unwrap_or_else(|_| Err(Error::internal("loading it panicked")));
-            let plugin = match loaded {
+            // A panic while loading is this source's failure (the registry
+            // guards plugin code), not the server's.
+            let plugin = match registry.load(name, &bytes) {
                 Ok(plugin) => plugin,
                 Err(e) => {
                     tracing::error!(plugin = name, pipeline = place.pipeline, %source, "plugin refused: {e}");
