@@ -9,10 +9,12 @@
 //! - [`api`]: thin codecs — TF Serving's gRPC and REST APIs, the plugin
 //!   admin API, health — that turn a client's request into one validated
 //!   [`pipeline::ValidRequest`] and its answer back into bytes.
-//! - [`pipeline`]: admission, the stages (built-in transforms and the
-//!   plugin adapter), the dynamic batcher, the inference stage.
-//! - [`models`] and [`plugin`]: the loaded model versions; the WebAssembly
-//!   host and the plugin registry. Neither imports the other.
+//! - [`pipeline`]: admission, feature fetch, the stages (built-in
+//!   transforms and the plugin adapter), the dynamic batcher, the
+//!   inference stage.
+//! - [`models`], [`plugin`] and [`feature`]: the loaded model versions; the
+//!   WebAssembly host and the plugin registry; the feature stores. None
+//!   imports another.
 //! - [`infer`]: the backends that run a batch through a model.
 //! - [`tensor`]: tensors, signatures and their wire conversions.
 //! - [`config`], [`metrics`], [`error`], [`proto`]: types every layer
@@ -24,6 +26,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod feature;
 pub mod infer;
 pub mod metrics;
 pub mod models;

@@ -41,6 +41,16 @@ enum Command {
     /// Work with configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Work with feature tables.
+    #[command(subcommand)]
+    Features(FeaturesCommand),
+}
+
+#[derive(Subcommand)]
+enum FeaturesCommand {
+    /// Write a table file (CSV or JSON lines) into Redis in the format the
+    /// Redis feature store reads, with the schema the config declares.
+    Load(sluice::cli::features_load::LoadArgs),
 }
 
 #[derive(Subcommand)]
@@ -399,6 +409,10 @@ fn main() -> ExitCode {
             }
             Command::Plugin(PluginCommand::List(args)) => {
                 println!("{}", sluice::cli::plugin_push::list(&args).await?);
+                Ok(())
+            }
+            Command::Features(FeaturesCommand::Load(args)) => {
+                println!("{}", sluice::cli::features_load::load(&args).await?);
                 Ok(())
             }
             Command::Config(ConfigCommand::Check { file }) => {

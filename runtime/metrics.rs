@@ -108,6 +108,26 @@ pub struct PluginLabels {
     pub plugin: String,
 }
 
+/// Labels of a feature table.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabels {
+    /// The table's name.
+    pub table: String,
+    /// `embedded` or `redis`.
+    pub store: &'static str,
+}
+
+/// Labels of a feature table's outcome counters.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableOutcomeLabels {
+    /// The table's name.
+    pub table: String,
+    /// `embedded` or `redis`.
+    pub store: &'static str,
+    /// `hit`, `miss`; for the cache `hit`, `miss`; for reloads `ok`, `refused`.
+    pub outcome: &'static str,
+}
+
 /// Histogram buckets for durations: 10 µs to about 42 s.
 #[derive(Clone)]
 pub struct SecondsBuckets;
@@ -158,6 +178,22 @@ pub struct Metrics {
     pub plugin_calls: Family<PluginCallLabels, Counter>,
     /// Time per plugin call, instantiation included.
     pub plugin_seconds: Family<PluginLabels, Histogram, SecondsBuckets>,
+    /// Feature lookups (one per request and table).
+    pub feature_lookups: Family<TableLabels, Counter>,
+    /// Feature keys looked up, by outcome (`hit`, `miss`).
+    pub feature_keys: Family<TableOutcomeLabels, Counter>,
+    /// Feature lookups that failed (store down, too slow, malformed value).
+    pub feature_errors: Family<TableLabels, Counter>,
+    /// Local cache answers (`hit`, `miss`), per key.
+    pub feature_cache: Family<TableOutcomeLabels, Counter>,
+    /// Round trips to a feature store.
+    pub feature_round_trips: Family<TableLabels, Counter>,
+    /// Distinct keys per round trip.
+    pub feature_round_trip_keys: Family<TableLabels, Histogram, RowsBuckets>,
+    /// Time a lookup took, cache and round trip included.
+    pub feature_fetch_seconds: Family<TableLabels, Histogram, SecondsBuckets>,
+    /// Embedded table reloads, by outcome (`ok`, `refused`).
+    pub feature_reloads: Family<TableOutcomeLabels, Counter>,
 }
 
 impl Metrics {
@@ -178,6 +214,14 @@ impl Metrics {
             resident_memory: Gauge::default(),
             plugin_calls: Family::default(),
             plugin_seconds: Family::new_with_constructor(SecondsBuckets),
+            feature_lookups: Family::default(),
+            feature_keys: Family::default(),
+            feature_errors: Family::default(),
+            feature_cache: Family::default(),
+            feature_round_trips: Family::default(),
+            feature_round_trip_keys: Family::new_with_constructor(RowsBuckets),
+            feature_fetch_seconds: Family::new_with_constructor(SecondsBuckets),
+            feature_reloads: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -225,7 +269,64 @@ impl Metrics {
             "Time per plugin call, instantiation included",
             metrics.plugin_seconds.clone(),
         );
+        registry.register(
+            "sluice_feature_lookups",
+            "Feature lookups, one per request and table",
+            metrics.feature_lookups.clone(),
+        );
+        registry.register("sluice_feature_keys", "Feature keys looked up, by outcome", metrics.feature_keys.clone());
+        registry.register(
+            "sluice_feature_errors",
+            "Feature lookups that failed: store down or too slow, malformed value",
+            metrics.feature_errors.clone(),
+        );
+        registry.register(
+            "sluice_feature_cache",
+            "Feature cache answers per key, by outcome",
+            metrics.feature_cache.clone(),
+        );
+        registry.register(
+            "sluice_feature_round_trips",
+            "Round trips to a feature store",
+            metrics.feature_round_trips.clone(),
+        );
+        registry.register(
+            "sluice_feature_round_trip_keys",
+            "Distinct keys per round trip to a feature store",
+            metrics.feature_round_trip_keys.clone(),
+        );
+        registry.register(
+            "sluice_feature_fetch_seconds",
+            "Time a feature lookup took, cache and round trip included",
+            metrics.feature_fetch_seconds.clone(),
+        );
+        registry.register(
+            "sluice_feature_reloads",
+            "Embedded feature table reloads, by outcome",
+            metrics.feature_reloads.clone(),
+        );
         Arc::new(Metrics { registry, ..metrics })
+    }
+
+    /// The handles of feature table `table` in `store`.
+    pub fn feature_table(&self, table: &str, store: &'static str) -> FeatureMetrics {
+        let labels = TableLabels { table: table.to_string(), store };
+        let outcome = |family: &Family<TableOutcomeLabels, Counter>, outcome| {
+            family.get_or_create_owned(&TableOutcomeLabels { table: table.to_string(), store, outcome })
+        };
+        FeatureMetrics {
+            lookups: self.feature_lookups.get_or_create_owned(&labels),
+            hits: outcome(&self.feature_keys, "hit"),
+            misses: outcome(&self.feature_keys, "miss"),
+            errors: self.feature_errors.get_or_create_owned(&labels),
+            cache_hits: outcome(&self.feature_cache, "hit"),
+            cache_misses: outcome(&self.feature_cache, "miss"),
+            round_trips: self.feature_round_trips.get_or_create_owned(&labels),
+            round_trip_keys: self.feature_round_trip_keys.get_or_create_owned(&labels),
+            seconds: self.feature_fetch_seconds.get_or_create_owned(&labels),
+            reloads: outcome(&self.feature_reloads, "ok"),
+            refused_reloads: outcome(&self.feature_reloads, "refused"),
+        }
     }
 
     /// The registry, to add more families or to encode.
@@ -360,6 +461,33 @@ pub struct QueueMetrics {
     pub expired: Counter,
     /// Dropped because the client went away while waiting.
     pub cancelled: Counter,
+}
+
+/// The metrics of one feature table, resolved once.
+#[derive(Clone)]
+pub struct FeatureMetrics {
+    /// Lookups.
+    pub lookups: Counter,
+    /// Keys found.
+    pub hits: Counter,
+    /// Keys not found.
+    pub misses: Counter,
+    /// Failed lookups.
+    pub errors: Counter,
+    /// Keys answered by the local cache.
+    pub cache_hits: Counter,
+    /// Keys the local cache did not hold.
+    pub cache_misses: Counter,
+    /// Round trips to the store.
+    pub round_trips: Counter,
+    /// Distinct keys per round trip.
+    pub round_trip_keys: Histogram,
+    /// Time per lookup.
+    pub seconds: Histogram,
+    /// Reloads that replaced the table.
+    pub reloads: Counter,
+    /// Reloads refused (the old table kept serving).
+    pub refused_reloads: Counter,
 }
 
 /// The metrics of one model version, resolved once.

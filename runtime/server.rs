@@ -24,6 +24,7 @@ use crate::api::rest::admin::Admin;
 use crate::api::rest::{self, RestState};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::feature::FeatureTables;
 use crate::metrics::Metrics;
 use crate::models::ModelRegistry;
 use crate::pipeline::stages::plugin::TeamShares;
@@ -217,7 +218,8 @@ pub async fn serve(
 }
 
 /// Loads the models, opens the plugin registry when a pipeline uses a
-/// plugin or the admin API is on, and builds every endpoint.
+/// plugin or the admin API is on, opens the feature tables, and builds
+/// every endpoint.
 async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>, Option<Arc<PluginRegistry>>)> {
     let models = Arc::new(ModelRegistry::load(&config.models, config.onnxruntime.library.as_deref(), metrics).await?);
     let uses_plugins = config.pipelines.iter().any(|p| p.uses_plugins());
@@ -235,6 +237,7 @@ async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>
     } else {
         None
     };
+    let features = FeatureTables::open(&config.features, metrics).await?;
     let (config, metrics) = (config.clone(), metrics.clone());
     let registry = plugins.clone();
     // Compiling plugins and starting stage threads is blocking work.
@@ -245,6 +248,7 @@ async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>
             metrics: &metrics,
             max_tensor_bytes: config.server.max_tensor_bytes,
             team_shares: &team_shares,
+            features: &features,
         };
         Endpoints::build(&config, models, &cx)
     })

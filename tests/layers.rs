@@ -20,6 +20,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("infer", 3),
     ("models", 4),
     ("plugin", 4),
+    ("feature", 4),
     ("pipeline", 5),
     ("api", 6),
     ("server", 7),

@@ -1,7 +1,8 @@
 //! `sluice config check`: everything a config file refers to on disk,
 //! checked without loading a model or compiling a plugin — model
 //! repositories and the versions the policies pick, version labels,
-//! plugin files, label files, the ONNX Runtime library.
+//! plugin files, label files, embedded feature tables (read in full), the
+//! ONNX Runtime library.
 //!
 //! The server makes the same checks while loading; this runs them in a
 //! second, before a deploy, and reports what would be served.
@@ -10,6 +11,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::config::{Config, ConfigError, Invalid, Mode, StageKind};
+use crate::feature;
 use crate::invalid;
 use crate::models::repository;
 
@@ -78,8 +80,28 @@ pub fn check_files(config: &Config) -> Result<Summary, Invalid> {
             return Err(invalid!("plugins.dir = \"{}\": not a directory", dir.display()));
         }
     }
+    for (name, table) in &config.features.tables {
+        let line = match &table.file {
+            Some(path) => {
+                let schema = feature::Schema::of(name, table);
+                let data = feature::file::read(path, &schema, &table.key)
+                    .map_err(|e| invalid!("features.tables.{name}.file: {}", e.message()))?;
+                format!("feature table '{name}': embedded, {} rows from {}", data.len(), path.display())
+            }
+            None => format!(
+                "feature table '{name}': redis {}, hashes {}KEY",
+                config.features.redis.as_ref().map_or("", |r| r.url.as_str()),
+                table.redis_prefix(name)
+            ),
+        };
+        lines.push(line);
+    }
     for (i, pipeline) in config.pipelines.iter().enumerate() {
         let mut stages = Vec::new();
+        if let Some(fetch) = &pipeline.feature_fetch {
+            let tables: Vec<&str> = fetch.lookups.iter().map(|l| l.table.as_str()).collect();
+            stages.push(format!("feature fetch from {}", tables.join(", ")));
+        }
         for (role, stage) in pipeline.stages() {
             let role = role.key();
             let key = format!("pipelines[{i}].{role}");

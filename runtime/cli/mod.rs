@@ -1,9 +1,11 @@
 //! The commands besides `serve`: `sluice bench` ([`bench`]), `sluice
-//! plugin check` and `push` ([`plugin_check`], [`plugin_push`]) and `sluice
-//! config check` ([`config_check`]). They sit above the library: they use
+//! plugin check` and `push` ([`plugin_check`], [`plugin_push`]), `sluice
+//! config check` ([`config_check`]) and `sluice features load`
+//! ([`features_load`]). They sit above the library: they use
 //! it, nothing in it uses them.
 
 pub mod bench;
 pub mod config_check;
+pub mod features_load;
 pub mod plugin_check;
 pub mod plugin_push;

@@ -9,6 +9,7 @@
 //! directory.
 
 pub mod batching;
+pub mod features;
 pub mod onnx;
 pub mod plugins;
 pub mod stage;
@@ -23,6 +24,7 @@ pub use crate::error::{ConfigError, Invalid};
 use crate::invalid;
 
 pub use self::batching::BatchingParameters;
+pub use self::features::{FeatureFetchConfig, FeaturesConfig};
 pub use self::onnx::OnnxOptions;
 pub use self::plugins::{PluginLimits, PluginsConfig};
 pub use self::stage::{StageConfig, StageKind, StageRole};
@@ -49,6 +51,9 @@ pub struct Config {
     /// The plugin admin API and who may use it.
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Feature tables that pipelines fetch from.
+    #[serde(default)]
+    pub features: FeaturesConfig,
 }
 
 /// The plugin admin API (on the REST port, under `/admin/v1/`).
@@ -114,6 +119,8 @@ pub struct PipelineConfig {
     /// The team that owns it: that team's admin tokens may upload and
     /// activate the plugins it runs. Unset: only admin tokens may.
     pub team: Option<String>,
+    /// The first stage: features fetched by the keys a request gives.
+    pub feature_fetch: Option<FeatureFetchConfig>,
     /// The stage before the model.
     pub preprocess: Option<StageConfig>,
     /// The stage after the model.
@@ -337,6 +344,11 @@ impl Config {
                 }
             }
         }
+        for file in config.features.tables.values_mut().filter_map(|t| t.file.as_mut()) {
+            if file.is_relative() {
+                *file = base.join(&*file);
+            }
+        }
         for dir in [&mut config.plugins.dir, &mut config.plugins.cache_dir].into_iter().flatten() {
             if dir.is_relative() {
                 *dir = base.join(&*dir);
@@ -395,6 +407,9 @@ impl Config {
             if pipeline.max_in_flight == 0 {
                 return Err(invalid!("{key}.max_in_flight = 0: must be at least 1"));
             }
+            if let Some(fetch) = &pipeline.feature_fetch {
+                fetch.check(&format!("{key}.feature_fetch"), &self.features)?;
+            }
             for (role, stage) in pipeline.stages() {
                 let role_key = role.key();
                 if stage.workers == 0 {
@@ -440,6 +455,7 @@ impl Config {
             }
         }
         self.check_admin()?;
+        self.features.check()?;
         for (i, pipeline) in self.pipelines.iter().enumerate() {
             if let Some(team) = &pipeline.team {
                 check_name(&format!("pipelines[{i}].team"), team)?;

@@ -1,7 +1,9 @@
 //! The path of a request from admission to the answer.
 //!
 //! Every name a client can call is a [`Pipeline`]: admission (a bounded
-//! number of requests in flight), an optional preprocess stage, inference
+//! number of requests in flight), an optional feature fetch ([`fetch`]:
+//! features looked up by the keys a request gives), an optional preprocess
+//! stage, inference
 //! on the model version the request resolved to ([`inference`], through
 //! the version's [`batcher`] when batching is on), and an optional
 //! postprocess stage. A model served without a configured pipeline gets
@@ -18,6 +20,7 @@
 pub mod admission;
 pub mod batcher;
 pub mod deadline;
+pub mod fetch;
 pub mod inference;
 pub mod request;
 pub mod stage;
@@ -28,12 +31,14 @@ use std::sync::Arc;
 
 use self::admission::Admission;
 use self::deadline::Deadline;
+use self::fetch::FeatureFetch;
 use self::inference::ModelStages;
 pub use self::request::{RequestBuilder, Target, ValidRequest};
 use self::stage::StageRunner;
 use self::stages::plugin::PluginPlace;
 use crate::config::{Config, Mode, PipelineConfig, StageConfig, StageRole};
 use crate::error::{Error, Result};
+use crate::feature::FeatureTables;
 use crate::metrics::{Metrics, RequestHandles};
 use crate::models::{ModelRegistry, ModelVersion, ServedModel};
 use crate::plugin::registry::PluginRegistry;
@@ -46,6 +51,7 @@ pub struct Pipeline {
     name: Arc<str>,
     model: Arc<ModelStages>,
     admission: Admission,
+    feature_fetch: Option<FeatureFetch>,
     preprocess: Option<StageRunner>,
     postprocess: Option<StageRunner>,
     /// What clients see for each model version: the first stage's inputs
@@ -67,6 +73,8 @@ pub struct BuildContext<'a> {
     pub max_tensor_bytes: usize,
     /// Each team's share of plugin calls.
     pub team_shares: &'a stages::plugin::TeamShares,
+    /// The feature tables, opened.
+    pub features: &'a FeatureTables,
 }
 
 impl Pipeline {
@@ -83,6 +91,7 @@ impl Pipeline {
             name,
             model,
             admission,
+            feature_fetch: None,
             preprocess: None,
             postprocess: None,
             signatures,
@@ -129,9 +138,18 @@ impl Pipeline {
                 StageRole::Postprocess => postprocess = Some(runner),
             }
         }
+        let feature_fetch = config
+            .feature_fetch
+            .as_ref()
+            .map(|fetch| {
+                FeatureFetch::build(fetch, &name, cx.features, cx.metrics).map_err(|e| e.context("feature_fetch"))
+            })
+            .transpose()
+            .map_err(context)?;
         let mut signatures = BTreeMap::new();
         for version in served.versions() {
-            let signature = client_signature(version, preprocess.as_ref(), postprocess.as_ref()).map_err(context)?;
+            let stages = Stages { fetch: feature_fetch.as_ref(), pre: preprocess.as_ref(), post: postprocess.as_ref() };
+            let signature = client_signature(version, &stages).map_err(context)?;
             signatures.insert(version.version(), signature);
         }
         let queue = cx.metrics.queue(&format!("{name}/admission"));
@@ -147,6 +165,7 @@ impl Pipeline {
             name,
             model,
             admission,
+            feature_fetch,
             preprocess,
             postprocess,
             signatures,
@@ -177,7 +196,7 @@ impl Pipeline {
 
     /// True when it runs any stage around the model.
     pub fn has_stages(&self) -> bool {
-        self.preprocess.is_some() || self.postprocess.is_some()
+        self.feature_fetch.is_some() || self.preprocess.is_some() || self.postprocess.is_some()
     }
 
     /// The model behind it.
@@ -197,19 +216,29 @@ impl Pipeline {
     async fn predict(&self, version: &ModelVersion, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
         let _permit = self.admission.try_admit()?;
         let signature = self.signature(version)?;
+        let model = version.signature();
+        let inputs = match &self.feature_fetch {
+            None => inputs,
+            Some(fetch) => {
+                let named = name_tensors(&signature.inputs, inputs);
+                let all = fetch.run(named, deadline, self.max_tensor_bytes).await?;
+                let next = self.preprocess.as_ref().map_or(&model.inputs[..], |pre| pre.stage().inputs());
+                order_as(next, all, "the feature fetch stage", version)?
+            }
+        };
         let model_inputs = match &self.preprocess {
             None => inputs,
             Some(stage) => {
-                let named = name_tensors(&signature.inputs, inputs);
+                let named = name_tensors(stage.stage().inputs(), inputs);
                 let produced = stage.run(named, deadline, self.max_tensor_bytes).await?;
-                order_as(&version.signature().inputs, produced, version)?
+                order_as(&model.inputs, produced, "the preprocess stage", version)?
             }
         };
         let outputs = self.model.of(version)?.run(model_inputs, deadline).await?;
         match &self.postprocess {
             None => Ok(outputs),
             Some(stage) => {
-                let named = name_tensors(&version.signature().outputs, outputs);
+                let named = name_tensors(&model.outputs, outputs);
                 let produced = stage.run(named, deadline, self.max_tensor_bytes).await?;
                 Ok(produced.into_iter().map(|t| t.tensor).collect())
             }
@@ -217,18 +246,22 @@ impl Pipeline {
     }
 }
 
+/// A pipeline's stages, for [`client_signature`].
+struct Stages<'a> {
+    fetch: Option<&'a FeatureFetch>,
+    pre: Option<&'a StageRunner>,
+    post: Option<&'a StageRunner>,
+}
+
 /// Checks the stages against one model version and returns what clients
-/// see: what the preprocess stage takes (or the model), what the
-/// postprocess stage returns (or the model). This is the one check that a
-/// stage fits the model; requests rely on it.
-fn client_signature(
-    version: &ModelVersion,
-    preprocess: Option<&StageRunner>,
-    postprocess: Option<&StageRunner>,
-) -> Result<Signature> {
+/// see: what the feature fetch and the preprocess stage take (or the
+/// model), what the postprocess stage returns (or the model). This is the
+/// one check that the stages fit each other and the model; requests rely
+/// on it.
+fn client_signature(version: &ModelVersion, stages: &Stages<'_>) -> Result<Signature> {
     let model = version.signature();
     let mut signature = model.clone();
-    if let Some(pre) = preprocess {
+    if let Some(pre) = stages.pre {
         for wanted in &model.inputs {
             let given = pre.stage().outputs().iter().find(|o| o.name == wanted.name).ok_or_else(|| {
                 Error::invalid_argument(format!(
@@ -241,7 +274,10 @@ fn client_signature(
         }
         signature.inputs = pre.stage().inputs().to_vec();
     }
-    if let Some(post) = postprocess {
+    if let Some(fetch) = stages.fetch {
+        signature.inputs = fetch_inputs(fetch, &signature.inputs, stages.pre.map(|pre| pre.stage().name()), version)?;
+    }
+    if let Some(post) = stages.post {
         for wanted in post.stage().inputs() {
             let given = model.outputs.iter().find(|o| o.name == wanted.name).ok_or_else(|| {
                 Error::invalid_argument(format!(
@@ -257,20 +293,64 @@ fn client_signature(
     Ok(signature)
 }
 
+/// What clients give a pipeline whose feature fetch feeds `next` (the
+/// preprocess stage's inputs, or the model's): the lookups' keys, then
+/// what `next` takes that no lookup makes. Every fetched tensor must be
+/// taken by `next` and fit it.
+fn fetch_inputs(
+    fetch: &FeatureFetch,
+    next: &[TensorSpec],
+    pre: Option<&str>,
+    version: &ModelVersion,
+) -> Result<Vec<TensorSpec>> {
+    let next_name = || pre.map_or_else(|| version.to_string(), |name| format!("preprocess ({name})"));
+    let made = fetch.outputs();
+    for given in &made {
+        let wanted = next.iter().find(|w| w.name == given.name).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "feature_fetch makes '{}', which {} does not take; it takes {:?}",
+                given.name,
+                next_name(),
+                next.iter().map(|s| s.name.as_str()).collect::<Vec<_>>()
+            ))
+        })?;
+        fits(given, wanted).map_err(|e| e.context(format_args!("feature_fetch output feeding {}", next_name())))?;
+    }
+    let mut inputs = fetch.key_inputs();
+    for key in &inputs {
+        if let Some(wanted) = next.iter().find(|w| w.name == key.name) {
+            fits(key, wanted).map_err(|e| e.context(format_args!("key input passed on to {}", next_name())))?;
+        }
+    }
+    for wanted in next {
+        if !made.iter().any(|m| m.name == wanted.name) && !inputs.iter().any(|i| i.name == wanted.name) {
+            inputs.push(wanted.clone());
+        }
+    }
+    Ok(inputs)
+}
+
 fn name_tensors(specs: &[TensorSpec], tensors: Vec<Tensor>) -> Vec<NamedTensor> {
     specs.iter().zip(tensors).map(|(spec, tensor)| NamedTensor::new(spec.name.clone(), tensor)).collect()
 }
 
-/// Orders a preprocess stage's outputs as the model's inputs. The stage's
-/// declared outputs were checked to fit the model when the pipeline was
-/// built, and what it returned was checked against its declaration (by the
-/// plugin host for plugins), so only the order changes here.
-fn order_as(specs: &[TensorSpec], mut tensors: Vec<NamedTensor>, version: &ModelVersion) -> Result<Vec<Tensor>> {
+/// Orders a stage's outputs as the next one's inputs, leaving out what it
+/// does not take. The stage's declared outputs were checked to fit the
+/// next when the pipeline was built, and what it returned was checked
+/// against its declaration (by the plugin host for plugins), so only the
+/// order changes here.
+fn order_as(
+    specs: &[TensorSpec],
+    mut tensors: Vec<NamedTensor>,
+    stage: &str,
+    version: &ModelVersion,
+) -> Result<Vec<Tensor>> {
     let mut ordered = Vec::with_capacity(specs.len());
     for spec in specs {
-        let at = tensors.iter().position(|t| t.name == spec.name).ok_or_else(|| {
-            Error::internal(format!("the preprocess stage did not produce '{}' for {version}", spec.name))
-        })?;
+        let at = tensors
+            .iter()
+            .position(|t| t.name == spec.name)
+            .ok_or_else(|| Error::internal(format!("{stage} did not produce '{}' for {version}", spec.name)))?;
         ordered.push(tensors.swap_remove(at).tensor);
     }
     Ok(ordered)

@@ -1,0 +1,419 @@
+//! The Redis feature store: one hash per entity (`PREFIX` + key), one field
+//! per feature, values in the format of [`super::value`].
+//!
+//! Lookups are coalesced. Each table's [`RedisStore`] answers what its
+//! local cache holds (moka: bounded in entries, with a TTL; misses are
+//! cached too) and sends the rest to the one [`RedisClient`] of the server,
+//! through a bounded queue. A single task takes what is waiting — every
+//! request's keys, of every table — removes duplicates, and sends them as
+//! one pipelined round trip of `HMGET`s; while up to
+//! `max_round_trips_in_flight` trips are out, new lookups wait and go
+//! together in the next. A trip's timeout is the earliest remaining
+//! deadline among its requests (less a margin, so the answer is
+//! UNAVAILABLE, not a passed deadline), capped by `timeout_ms`.
+//!
+//! The connection is redis' `ConnectionManager`, which reconnects by
+//! itself; the first connection is made in the background, so a Redis
+//! that is down when sluice starts fails lookups, not the start.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::Instant;
+
+use super::{value, Column, FeatureStore, Found, Keys, Schema};
+use crate::config::features::{RedisConfig, StoreKind, TableConfig};
+use crate::error::{Error, Result};
+use crate::metrics::FeatureMetrics;
+
+/// One entity as Redis answered it: each of the table's features, in
+/// schema order, or `None` where the hash has no such field (or no hash).
+type Row = Arc<[Option<Bytes>]>;
+
+/// The server's one Redis connection and the task that coalesces lookups.
+#[derive(Clone)]
+pub struct RedisClient {
+    queue: mpsc::Sender<Pending>,
+    capacity: usize,
+    url: Arc<str>,
+}
+
+/// One table's lookup waiting for a round trip.
+struct Pending {
+    table: Arc<TableRef>,
+    /// Full Redis keys (prefix + key).
+    keys: Vec<Bytes>,
+    deadline: Option<Instant>,
+    reply: oneshot::Sender<Result<Vec<std::result::Result<Row, String>>>>,
+}
+
+/// What a round trip needs to know of a table.
+struct TableRef {
+    /// The fields to read: the table's features, in schema order.
+    fields: Vec<Bytes>,
+    metrics: FeatureMetrics,
+}
+
+/// The connection, once made, and the last error while it is not.
+struct Connection {
+    manager: ArcSwapOption<ConnectionManager>,
+    last_error: Mutex<String>,
+    url: Arc<str>,
+}
+
+impl RedisClient {
+    /// Starts connecting to `config.url` in the background and starts the
+    /// coalescing task.
+    pub fn start(config: &RedisConfig) -> Result<RedisClient> {
+        let client = redis::Client::open(config.url.as_str())
+            .map_err(|e| Error::invalid_argument(format!("features.redis.url = \"{}\": {e}", config.url)))?;
+        let url: Arc<str> = config.url.as_str().into();
+        let connection = Arc::new(Connection {
+            manager: ArcSwapOption::empty(),
+            last_error: Mutex::new("not connected yet".to_string()),
+            url: url.clone(),
+        });
+        tokio::spawn(connect(client, config.clone(), connection.clone()));
+        let (queue, waiting) = mpsc::channel(config.queue_capacity);
+        tokio::spawn(coalesce(waiting, connection, config.clone()));
+        Ok(RedisClient { queue, capacity: config.queue_capacity, url })
+    }
+}
+
+/// Makes the first connection, retrying until Redis answers; from then on
+/// the `ConnectionManager` reconnects by itself.
+async fn connect(client: redis::Client, config: RedisConfig, connection: Arc<Connection>) {
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Duration::from_millis(config.connect_timeout_ms))
+        .set_response_timeout(Duration::from_millis(config.timeout_ms.max(config.connect_timeout_ms)))
+        .set_number_of_retries(1)
+        .set_max_delay(500);
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match ConnectionManager::new_with_config(client.clone(), manager_config.clone()).await {
+            Ok(manager) => {
+                tracing::info!(url = %connection.url, "connected to the Redis feature store");
+                connection.manager.store(Some(Arc::new(manager)));
+                return;
+            }
+            Err(error) => {
+                let message = error.to_string();
+                let mut last = connection.last_error.lock().unwrap_or_else(PoisonError::into_inner);
+                if *last != message {
+                    tracing::warn!(url = %connection.url, "cannot connect to the Redis feature store, retrying: {message}");
+                    *last = message;
+                }
+            }
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Takes waiting lookups and sends them in round trips, at most
+/// `max_round_trips_in_flight` at once.
+async fn coalesce(mut waiting: mpsc::Receiver<Pending>, connection: Arc<Connection>, config: RedisConfig) {
+    let in_flight = Arc::new(Semaphore::new(config.max_round_trips_in_flight));
+    let window = Duration::from_micros(config.batch_window_us);
+    let cap = Duration::from_millis(config.timeout_ms);
+    loop {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
+        let Some(first) = waiting.recv().await else { return };
+        let mut keys = first.keys.len();
+        let mut batch = vec![first];
+        if !window.is_zero() {
+            let until = Instant::now() + window;
+            while keys < config.max_keys_per_round_trip {
+                tokio::select! {
+                    next = waiting.recv() => match next {
+                        Some(pending) => { keys += pending.keys.len(); batch.push(pending); }
+                        None => break,
+                    },
+                    () = tokio::time::sleep_until(until) => break,
+                }
+            }
+        }
+        while keys < config.max_keys_per_round_trip {
+            let Ok(pending) = waiting.try_recv() else { break };
+            keys += pending.keys.len();
+            batch.push(pending);
+        }
+        let connection = connection.clone();
+        tokio::spawn(async move {
+            round_trip(&connection, batch, cap).await;
+            drop(permit);
+        });
+    }
+}
+
+/// One pipelined round trip for `batch`: each distinct key once.
+async fn round_trip(connection: &Connection, mut batch: Vec<Pending>, cap: Duration) {
+    batch.retain(|pending| !pending.reply.is_closed());
+    let Some(earliest) = batch.iter().map(|p| p.deadline).min_by_key(|d| d.unwrap_or_else(far_future)) else {
+        return;
+    };
+    let budget = match earliest {
+        None => cap,
+        Some(at) => {
+            let left = at.saturating_duration_since(Instant::now());
+            // Answer before the earliest deadline, so its request hears
+            // why instead of a bare DEADLINE_EXCEEDED.
+            left.saturating_sub((left / 10).min(Duration::from_millis(5))).min(cap)
+        }
+    };
+    let Some(manager) = connection.manager.load_full() else {
+        let last = connection.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        return fail(
+            batch,
+            &Error::unavailable(format!("Redis feature store {}: not connected ({last})", connection.url)),
+        );
+    };
+    // Distinct (table, key) pairs, in first-seen order.
+    let mut distinct: HashMap<(usize, Bytes), usize> = HashMap::new();
+    let mut order: Vec<(Arc<TableRef>, Bytes)> = Vec::new();
+    let mut slots: Vec<Vec<usize>> = Vec::with_capacity(batch.len());
+    for pending in &batch {
+        let table = Arc::as_ptr(&pending.table) as usize;
+        slots.push(
+            pending
+                .keys
+                .iter()
+                .map(|key| {
+                    *distinct.entry((table, key.clone())).or_insert_with(|| {
+                        order.push((pending.table.clone(), key.clone()));
+                        order.len() - 1
+                    })
+                })
+                .collect(),
+        );
+    }
+    let mut pipe = redis::pipe();
+    for (table, key) in &order {
+        let command = pipe.cmd("HMGET").arg(key.as_ref());
+        for field in &table.fields {
+            command.arg(field.as_ref());
+        }
+    }
+    for pending in &batch {
+        pending.table.metrics.round_trips.inc();
+        pending.table.metrics.round_trip_keys.observe(order.len() as f64);
+    }
+    let mut manager = (*manager).clone();
+    let answer = tokio::time::timeout(budget, manager.req_packed_commands(&pipe, 0, order.len())).await;
+    let values = match answer {
+        Err(_) => {
+            return fail(
+                batch,
+                &Error::unavailable(format!(
+                    "Redis feature store {} did not answer {} keys within {budget:?}",
+                    connection.url,
+                    order.len()
+                )),
+            )
+        }
+        Ok(Err(error)) => {
+            return fail(batch, &Error::unavailable(format!("Redis feature store {}: {error}", connection.url)))
+        }
+        Ok(Ok(values)) if values.len() != order.len() => {
+            return fail(
+                batch,
+                &Error::unavailable(format!(
+                    "Redis feature store {} answered {} replies to {} commands",
+                    connection.url,
+                    values.len(),
+                    order.len()
+                )),
+            )
+        }
+        Ok(Ok(values)) => values,
+    };
+    let rows: Vec<std::result::Result<Row, String>> =
+        values.into_iter().zip(&order).map(|(value, (table, _))| row_of(value, table.fields.len())).collect();
+    for (pending, slots) in batch.into_iter().zip(slots) {
+        let answer = slots.iter().map(|&at| rows[at].clone()).collect();
+        let _ = pending.reply.send(Ok(answer));
+    }
+}
+
+/// One `HMGET` reply as a row, or what was wrong with it.
+fn row_of(value: redis::Value, fields: usize) -> std::result::Result<Row, String> {
+    match value {
+        redis::Value::Array(items) if items.len() == fields => items
+            .into_iter()
+            .map(|item| match item {
+                redis::Value::Nil => Ok(None),
+                redis::Value::BulkString(bytes) => Ok(Some(Bytes::from(bytes))),
+                other => Err(format!("a field holds {other:?}, not a string")),
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map(Row::from),
+        redis::Value::ServerError(error) => {
+            Err(format!("Redis answered {} {}; each entity is a hash", error.code(), error.details().unwrap_or("")))
+        }
+        other => Err(format!("Redis answered {other:?} to HMGET")),
+    }
+}
+
+fn fail(batch: Vec<Pending>, error: &Error) {
+    for pending in batch {
+        let _ = pending.reply.send(Err(error.clone()));
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86400 * 365)
+}
+
+/// One table in Redis.
+pub struct RedisStore {
+    schema: Schema,
+    prefix: Bytes,
+    client: RedisClient,
+    table: Arc<TableRef>,
+    cache: Option<moka::sync::Cache<Bytes, Row>>,
+}
+
+impl RedisStore {
+    /// Table `name`, read through `client`.
+    pub fn new(
+        name: &str,
+        config: &TableConfig,
+        client: RedisClient,
+        redis: Option<&RedisConfig>,
+        metrics: FeatureMetrics,
+    ) -> RedisStore {
+        let schema = Schema::of(name, config);
+        let fields = schema.features.iter().map(|(name, _)| Bytes::copy_from_slice(name.as_bytes())).collect();
+        let cache = redis.filter(|r| r.cache_entries > 0).map(|r| {
+            moka::sync::Cache::builder()
+                .max_capacity(r.cache_entries)
+                .time_to_live(Duration::from_millis(r.cache_ttl_ms.max(1)))
+                .build()
+        });
+        RedisStore {
+            schema,
+            prefix: Bytes::from(config.redis_prefix(name)),
+            client,
+            table: Arc::new(TableRef { fields, metrics }),
+            cache,
+        }
+    }
+
+    /// Writes `row` as key `i` of the wanted columns.
+    fn fill(&self, row: &Row, i: usize, keys: Keys<'_>, wanted: &[usize], found: &mut Found) -> Result<bool> {
+        let mut any = false;
+        for (column, &f) in found.iter_mut().zip(wanted) {
+            if let Some(stored) = &row[f] {
+                let (feature, spec) = &self.schema.features[f];
+                value::decode_into(spec, stored, column, i).map_err(|problem| {
+                    Error::failed_precondition(format!(
+                        "feature table '{}' (redis): key \"{}\" (hash {}{}), field '{feature}': the stored value {problem}",
+                        self.schema.table,
+                        keys.display(i),
+                        String::from_utf8_lossy(&self.prefix),
+                        keys.display(i),
+                    ))
+                })?;
+                any = true;
+            }
+        }
+        Ok(any)
+    }
+
+    async fn lookup_now(&self, keys: Keys<'_>, wanted: &[usize], deadline: Option<Instant>) -> Result<Found> {
+        let metrics = &self.table.metrics;
+        let mut found: Found = wanted.iter().map(|&f| Column::empty(&self.schema.features[f].1, keys.len())).collect();
+        let mut hits = 0u64;
+        let mut asked: Vec<usize> = Vec::new();
+        let mut full_keys: Vec<Bytes> = Vec::new();
+        for i in 0..keys.len() {
+            let full = keys.with(i, |key| {
+                let mut full = Vec::with_capacity(self.prefix.len() + key.len());
+                full.extend_from_slice(&self.prefix);
+                full.extend_from_slice(key);
+                Bytes::from(full)
+            });
+            match self.cache.as_ref().and_then(|cache| cache.get(&full)) {
+                Some(row) => {
+                    metrics.cache_hits.inc();
+                    hits += self.fill(&row, i, keys, wanted, &mut found)? as u64;
+                }
+                None => {
+                    asked.push(i);
+                    full_keys.push(full);
+                }
+            }
+        }
+        if self.cache.is_some() {
+            metrics.cache_misses.inc_by(asked.len() as u64);
+        }
+        if !asked.is_empty() {
+            let (reply, answer) = oneshot::channel();
+            let pending = Pending { table: self.table.clone(), keys: full_keys.clone(), deadline, reply };
+            self.client.queue.try_send(pending).map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => Error::queue_full(
+                    &format!("the lookup queue of the Redis feature store {}", self.client.url),
+                    self.client.capacity,
+                ),
+                mpsc::error::TrySendError::Closed(_) => {
+                    Error::unavailable(format!("the Redis feature store {} has stopped", self.client.url))
+                }
+            })?;
+            let rows = answer.await.map_err(|_| {
+                Error::unavailable(format!("the Redis feature store {} dropped a lookup", self.client.url))
+            })??;
+            for ((i, full), row) in asked.into_iter().zip(full_keys).zip(rows) {
+                let row = row.map_err(|problem| {
+                    Error::failed_precondition(format!(
+                        "feature table '{}' (redis): key \"{}\" (hash {}): {problem}",
+                        self.schema.table,
+                        keys.display(i),
+                        String::from_utf8_lossy(&full)
+                    ))
+                })?;
+                hits += self.fill(&row, i, keys, wanted, &mut found)? as u64;
+                if let Some(cache) = &self.cache {
+                    cache.insert(full, row);
+                }
+            }
+        }
+        metrics.hits.inc_by(hits);
+        metrics.misses.inc_by(keys.len() as u64 - hits);
+        Ok(found)
+    }
+}
+
+impl FeatureStore for RedisStore {
+    fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    fn kind(&self) -> StoreKind {
+        StoreKind::Redis
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        keys: Keys<'a>,
+        wanted: &'a [usize],
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'a, Result<Found>> {
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let metrics = &self.table.metrics;
+            metrics.lookups.inc();
+            let result = self.lookup_now(keys, wanted, deadline).await;
+            if result.is_err() {
+                metrics.errors.inc();
+            }
+            metrics.seconds.observe(started.elapsed().as_secs_f64());
+            result
+        })
+    }
+}
