@@ -75,15 +75,6 @@ preprocess = {{ plugin = "identity" }}
     )
 }
 
-fn string_tensor(dims: &[i64], strings: &[&str]) -> TensorProto {
-    TensorProto {
-        dtype: DataType::DtString as i32,
-        tensor_shape: shape(dims),
-        string_val: strings.iter().map(|s| Bytes::copy_from_slice(s.as_bytes())).collect(),
-        ..Default::default()
-    }
-}
-
 fn u8_tensor(dims: &[i64], bytes: Vec<u8>) -> TensorProto {
     TensorProto {
         dtype: DataType::DtUint8 as i32,
@@ -142,15 +133,6 @@ async fn images_through_image_normalize_the_cnn_and_topk_labels_match_the_native
     }
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h
-}
-
 #[tokio::test]
 async fn features_through_feature_transform_and_the_recommender_match_the_native_computation() {
     let server = Server::with_config(&config());
@@ -170,23 +152,7 @@ async fn features_through_feature_transform_and_the_recommender_match_the_native
         .await
         .expect("recommend")
         .into_inner();
-    let dense: Vec<f32> = raw
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| {
-            if i % 13 < 8 {
-                ((x.max(0.0) + 1.0).ln() - 1.0) / 2.0
-            } else {
-                [0.0, 1.0, 10.0, 100.0].iter().filter(|&&b| x >= b).count() as f32 / 4.0
-            }
-        })
-        .collect();
-    let ids: Vec<i64> = users.iter().map(|u| (fnv1a(u.as_bytes()) % 1000) as i64).collect();
-    let (_, score) = reference(
-        &example_model("recommender", 1),
-        vec![("dense", RefInput::F32(vec![rows as i64, 13], dense)), ("ids", RefInput::I64(vec![rows as i64, 4], ids))],
-        "score",
-    );
+    let score = recommend_by_hand(&raw, &users);
     assert_close(&f32_values(&response.outputs["score"]), &score, 1e-5, "recommendation scores");
 }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod process;
+pub mod redis;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -365,6 +366,51 @@ pub fn reference(model: &Path, inputs: Vec<(&str, RefInput)>, output: &str) -> (
     let outputs = session.run(values).expect("reference run");
     let (shape, data) = outputs[output].try_extract_tensor::<f32>().expect("f32 output");
     (shape.to_vec(), data.to_vec())
+}
+
+/// A `DT_STRING` tensor.
+pub fn string_tensor(dims: &[i64], strings: &[&str]) -> TensorProto {
+    TensorProto {
+        dtype: DataType::DtString as i32,
+        tensor_shape: shape(dims),
+        string_val: strings.iter().map(|s| Bytes::copy_from_slice(s.as_bytes())).collect(),
+        ..Default::default()
+    }
+}
+
+/// FNV-1a, 64-bit: how the `feature_transform` plugin hashes ids.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// The example recommender's scores for raw features (rows × 13) and user
+/// ids (rows × 4), computed here: the `feature_transform` plugin's
+/// transform written out, then the model run directly in ONNX Runtime.
+pub fn recommend_by_hand(raw: &[f32], users: &[String]) -> Vec<f32> {
+    let rows = raw.len() / 13;
+    let dense: Vec<f32> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            if i % 13 < 8 {
+                ((x.max(0.0) + 1.0).ln() - 1.0) / 2.0
+            } else {
+                [0.0, 1.0, 10.0, 100.0].iter().filter(|&&b| x >= b).count() as f32 / 4.0
+            }
+        })
+        .collect();
+    let ids: Vec<i64> = users.iter().map(|u| (fnv1a(u.as_bytes()) % 1000) as i64).collect();
+    let (_, score) = reference(
+        &example_model("recommender", 1),
+        vec![("dense", RefInput::F32(vec![rows as i64, 13], dense)), ("ids", RefInput::I64(vec![rows as i64, 4], ids))],
+        "score",
+    );
+    score
 }
 
 /// Asserts two f32 slices agree within `tolerance`.

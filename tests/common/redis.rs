@@ -1,0 +1,77 @@
+//! A real `redis-server` for tests: on a free port, no persistence, killed
+//! when dropped, and killable and restartable on the same port mid-test.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `redis-server`.
+pub struct RedisServer {
+    child: Option<Child>,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl RedisServer {
+    /// Starts one on a free port and waits until it answers PING.
+    pub fn start() -> RedisServer {
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+        let mut server = RedisServer { child: None, port };
+        server.restart();
+        server
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it at once (SIGKILL): clients see their connections drop.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty, and waits until it answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is not installed: run scripts/setup");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.command(&[b"PING"]).as_deref() != Some("+PONG\r\n") {
+            assert!(Instant::now() < deadline, "redis-server on port {} did not answer PING in 20 s", self.port);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends one command and returns the raw reply (None when it does not
+    /// answer).
+    pub fn command(&self, args: &[&[u8]]) -> Option<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        let mut request = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg);
+            request.extend_from_slice(b"\r\n");
+        }
+        stream.write_all(&request).ok()?;
+        let mut reply = vec![0u8; 4096];
+        let n = stream.read(&mut reply).ok()?;
+        Some(String::from_utf8_lossy(&reply[..n]).into_owned())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
