@@ -1,0 +1,426 @@
+//! Feature fetch, measured side by side in one run.
+//!
+//! 1. Redis lookups, coalesced vs one command per key: 64 requests in
+//!    flight × 16 keys each against a real `redis-server`, through sluice's
+//!    Redis store (cache off: every key goes to Redis) and through the
+//!    plain way — one `HGETALL` per key on the same kind of multiplexed
+//!    connection, the 16 of a request one after another, and all 16 at
+//!    once. Throughput and round trips per request.
+//! 2. What a pipeline pays for fetching its input: the MLP behind the
+//!    release server, one request in flight, fed directly (`mlp`, 64
+//!    floats sent) and through feature fetch (`mlp-embedded`: one key
+//!    sent, 64 floats fetched from an embedded table; `mlp-cached`: the
+//!    same from a Redis table whose local cache holds every key), in
+//!    alternating rounds. Added = p50(with fetch) − p50(direct).
+//!
+//! ```text
+//! cargo bench --bench features [-- --seconds 5 --requests 3000 --rounds 6]
+//! ```
+
+#[allow(dead_code)]
+#[path = "../tests/common/process.rs"]
+mod process;
+#[allow(dead_code)]
+#[path = "../tests/common/redis.rs"]
+mod redis_server;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use process::ServerProcess;
+use redis::AsyncCommands;
+use redis_server::RedisServer;
+use sluice::config::FeaturesConfig;
+use sluice::feature::{FeatureTables, Keys};
+use sluice::metrics::Metrics;
+use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
+use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
+use sluice::proto::tensorflow::{DataType, TensorProto};
+use sluice::tensor::proto::encode_shape;
+
+// The allocator the server runs with: the store's costs are measured as
+// they are in `sluice serve`.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+const IN_FLIGHT: usize = 64;
+const KEYS_PER_REQUEST: usize = 16;
+const ENTITIES: usize = 1000;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// CPU seconds (user + system) process `pid` (this one when `None`) has used.
+fn cpu_seconds(pid: Option<u32>) -> f64 {
+    let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Lookups per second, and CPU microseconds per lookup of this process
+/// and of redis-server.
+struct Measured {
+    rate: f64,
+    client_us: f64,
+    redis_us: f64,
+}
+
+async fn measured<F, Fut>(seconds: u64, redis_pid: Option<u32>, lookup: F) -> Measured
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let (client, redis) = (cpu_seconds(None), cpu_seconds(redis_pid));
+    let started = Instant::now();
+    let rate = drive(seconds, lookup).await;
+    let lookups = rate * started.elapsed().as_secs_f64();
+    Measured {
+        rate,
+        client_us: (cpu_seconds(None) - client) * 1e6 / lookups,
+        redis_us: (cpu_seconds(redis_pid) - redis) * 1e6 / lookups,
+    }
+}
+
+/// `x` of entity k: 64 floats.
+fn row(k: usize) -> Vec<f32> {
+    (0..64).map(|i| ((k * 64 + i) as f32 * 0.37).sin()).collect()
+}
+
+/// A table file of `ENTITIES` rows and the config naming it as `rows`
+/// (embedded) and `cached` (Redis at `url`, cache on).
+fn write_tables(dir: &Path, url: &str) -> PathBuf {
+    let mut csv = String::from("key,x\n");
+    for k in 0..ENTITIES {
+        let values: Vec<String> = row(k).iter().map(f32::to_string).collect();
+        csv.push_str(&format!("e{k},{}\n", values.join(" ")));
+    }
+    std::fs::write(dir.join("rows.csv"), csv).expect("write rows.csv");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let config = format!(
+        r#"
+[[models]]
+name = "mlp"
+base_path = "{mlp}"
+version_policy = {{ specific = [2] }}
+
+[features.redis]
+url = "{url}"
+cache_entries = 100000
+cache_ttl_ms = 600000
+
+[features.tables.rows]
+file = "rows.csv"
+features.x = {{ dtype = "float32", shape = [64] }}
+
+[features.tables.cached]
+store = "redis"
+features.x = {{ dtype = "float32", shape = [64] }}
+
+[[pipelines]]
+name = "mlp-embedded"
+model = "mlp"
+[pipelines.feature_fetch]
+[[pipelines.feature_fetch.lookups]]
+keys = "key"
+table = "rows"
+features = [{{ feature = "x" }}]
+
+[[pipelines]]
+name = "mlp-cached"
+model = "mlp"
+[pipelines.feature_fetch]
+[[pipelines.feature_fetch.lookups]]
+keys = "key"
+table = "cached"
+features = [{{ feature = "x" }}]
+"#,
+        mlp = root.join("examples/models/mlp").display()
+    );
+    let path = dir.join("bench.toml");
+    std::fs::write(&path, config).expect("write config");
+    path
+}
+
+/// Every entity's key, made once: formatting keys is the load
+/// generator's cost, not the store's.
+fn all_keys() -> &'static [Bytes] {
+    static KEYS: std::sync::OnceLock<Vec<Bytes>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| (0..ENTITIES).map(|k| Bytes::from(format!("e{k}"))).collect())
+}
+
+fn keys_of(request: usize) -> Vec<Bytes> {
+    (0..KEYS_PER_REQUEST).map(|j| all_keys()[(request * 7 + j * 61) % ENTITIES].clone()).collect()
+}
+
+/// Runs `IN_FLIGHT` tasks calling `lookup` for `seconds`; answers lookups
+/// per second.
+async fn drive<F, Fut>(seconds: u64, lookup: F) -> f64
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let done = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(IN_FLIGHT);
+    for t in 0..IN_FLIGHT {
+        let (lookup, done) = (lookup.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = t;
+            while Instant::now() < until {
+                lookup(n).await;
+                n += IN_FLIGHT;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("join");
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn redis_comparison(config_path: &Path, url: &str, redis_pid: Option<u32>, seconds: u64) {
+    let args = sluice::cli::features_load::LoadArgs {
+        file: config_path.with_file_name("rows.csv"),
+        config: config_path.to_path_buf(),
+        table: "cached".into(),
+        redis: Some(url.to_string()),
+        key: None,
+        chunk: 1000,
+    };
+    println!("{}", sluice::cli::features_load::load(&args).await.expect("load the table into Redis"));
+    // The store with its cache off (every key crosses to Redis), with its
+    // defaults and with a 200 µs window.
+    let default = coalesced(url, redis_pid, seconds, 4, 0).await;
+    let windowed = coalesced(url, redis_pid, seconds, 8, 200).await;
+    let client = redis::Client::open(url).expect("client");
+    let connection = client.get_multiplexed_async_connection().await.expect("connect");
+    let sequential = {
+        let connection = connection.clone();
+        measured(seconds, redis_pid, move |n| {
+            let mut connection = connection.clone();
+            async move {
+                for key in keys_of(n) {
+                    let hash = [b"cached:", key.as_ref()].concat();
+                    let row: std::collections::HashMap<String, Vec<u8>> =
+                        connection.hgetall(hash).await.expect("HGETALL");
+                    assert_eq!(row["x"].len(), 256);
+                }
+            }
+        })
+        .await
+    };
+    let concurrent = {
+        let connection = connection.clone();
+        measured(seconds, redis_pid, move |n| {
+            let connection = connection.clone();
+            async move {
+                let calls = keys_of(n).into_iter().map(|key| {
+                    let mut connection = connection.clone();
+                    async move {
+                        let hash = [b"cached:", key.as_ref()].concat();
+                        let row: std::collections::HashMap<String, Vec<u8>> =
+                            connection.hgetall(hash).await.expect("HGETALL");
+                        assert_eq!(row["x"].len(), 256);
+                    }
+                });
+                futures::future::join_all(calls).await;
+            }
+        })
+        .await
+    };
+    println!("\nRedis lookups, {IN_FLIGHT} requests in flight × {KEYS_PER_REQUEST} keys, {seconds} s each\n");
+    println!(
+        "| path | lookups/s | round trips per request | vs coalesced | CPU µs per lookup: client | redis-server |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let coalesced = &default.0;
+    for (name, trips, m) in [
+        ("sluice, coalesced, defaults (4 trips in flight, no window)", format!("{:.3}", default.1), &default.0),
+        ("sluice, coalesced, 8 trips in flight, 200 µs window", format!("{:.3}", windowed.1), &windowed.0),
+        ("one HGETALL per key, one after another", format!("{KEYS_PER_REQUEST}"), &sequential),
+        ("one HGETALL per key, all 16 at once", format!("{KEYS_PER_REQUEST}"), &concurrent),
+    ] {
+        println!(
+            "| {name} | {:.0} | {trips} | {:.2}× | {:.1} | {:.1} |",
+            m.rate,
+            m.rate / coalesced.rate,
+            m.client_us,
+            m.redis_us
+        );
+    }
+    println!(
+        "\ncoalesced (defaults) / one-after-another = {:.2}×, / all-at-once = {:.2}×; \
+         with the window: {:.2}× and {:.2}× (target ≥ 3×)",
+        coalesced.rate / sequential.rate,
+        coalesced.rate / concurrent.rate,
+        windowed.0.rate / sequential.rate,
+        windowed.0.rate / concurrent.rate
+    );
+    let cpu = |m: &Measured| m.client_us + m.redis_us;
+    println!(
+        "CPU per lookup (client + redis-server): one-after-another / coalesced = {:.2}× (defaults), {:.2}× (window)",
+        cpu(&sequential) / cpu(coalesced),
+        cpu(&sequential) / cpu(&windowed.0)
+    );
+}
+
+/// sluice's Redis store (cache off) under the load: its rate and CPU, and
+/// round trips per request.
+async fn coalesced(url: &str, redis_pid: Option<u32>, seconds: u64, trips: usize, window: usize) -> (Measured, f64) {
+    let features: FeaturesConfig = toml::from_str(&format!(
+        "[redis]\nurl = \"{url}\"\ncache_entries = 0\ntimeout_ms = 1000\n\
+         max_round_trips_in_flight = {trips}\nbatch_window_us = {window}\n\
+         [tables.cached]\nstore = \"redis\"\nfeatures.x = {{ dtype = \"float32\", shape = [64] }}\n"
+    ))
+    .expect("features config");
+    let metrics = Metrics::new();
+    let tables = Arc::new(FeatureTables::open(&features, &metrics).await.expect("open"));
+    // Wait for the background connection.
+    let probe = keys_of(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tables.get("cached").expect("table").lookup(Keys::Strings(&probe), &[0], None).await.is_err() {
+        assert!(Instant::now() < deadline, "sluice's Redis store did not connect");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let measured = measured(seconds, redis_pid, move |n| {
+        let tables = tables.clone();
+        async move {
+            let keys = keys_of(n);
+            let found = tables.get("cached").expect("table").lookup(Keys::Strings(&keys), &[0], None).await;
+            assert!(found.expect("lookup")[0].present.iter().all(|&p| p));
+        }
+    })
+    .await;
+    let family = |name: &str| {
+        metrics
+            .encode()
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("table=\"cached\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let trips_per_request =
+        family("sluice_feature_round_trips_total") / family("sluice_feature_lookups_total").max(1.0);
+    (measured, trips_per_request)
+}
+
+fn request(pipeline: &str, name: &str, tensor: TensorProto) -> PredictRequest {
+    PredictRequest {
+        model_spec: Some(ModelSpec { name: pipeline.into(), ..Default::default() }),
+        inputs: [(name.to_string(), tensor)].into_iter().collect(),
+        output_filter: vec![],
+    }
+}
+
+async fn pipeline_cost(config_path: &Path, requests: usize, rounds: usize) {
+    let mut sluice = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    sluice
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
+        .arg("--model_config_file")
+        .arg(config_path);
+    let sluice = ServerProcess::spawn(sluice, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true)
+        .expect("sluice");
+    let k = 17;
+    let direct = request(
+        "mlp",
+        "x",
+        TensorProto {
+            dtype: DataType::DtFloat as i32,
+            tensor_shape: Some(encode_shape(&[1, 64])),
+            tensor_content: Bytes::copy_from_slice(bytemuck::cast_slice(&row(k))),
+            ..Default::default()
+        },
+    );
+    let key = |pipeline: &str| {
+        request(
+            pipeline,
+            "key",
+            TensorProto {
+                dtype: DataType::DtString as i32,
+                tensor_shape: Some(encode_shape(&[1])),
+                string_val: vec![Bytes::from(format!("e{k}"))],
+                ..Default::default()
+            },
+        )
+    };
+    let paths = [
+        ("direct (64 floats sent)", direct),
+        ("embedded table", key("mlp-embedded")),
+        ("Redis, cache hit", key("mlp-cached")),
+    ];
+    let mut client = PredictionServiceClient::connect(sluice.url()).await.expect("connect");
+    let mut answers = Vec::new();
+    for (name, request) in &paths {
+        let response = client.predict(request.clone()).await.unwrap_or_else(|e| panic!("{name}: {e}")).into_inner();
+        answers.push(response.outputs);
+    }
+    assert!(answers.windows(2).all(|w| w[0] == w[1]), "the three paths must answer the same");
+    for _ in 0..1000 {
+        for (_, request) in &paths {
+            client.predict(request.clone()).await.expect("warm up");
+        }
+    }
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); paths.len()];
+    let mut gaps: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    for _ in 0..rounds {
+        let mut round: Vec<Vec<Duration>> = vec![Vec::with_capacity(requests); paths.len()];
+        for _ in 0..requests {
+            for (i, (_, request)) in paths.iter().enumerate() {
+                let started = Instant::now();
+                client.predict(request.clone()).await.expect("predict");
+                round[i].push(started.elapsed());
+            }
+        }
+        for r in &mut round {
+            r.sort();
+        }
+        for i in 0..paths.len() {
+            gaps[i].push(micros(percentile(&round[i], 0.5)) - micros(percentile(&round[0], 0.5)));
+            times[i].extend(round[i].iter().copied());
+        }
+    }
+    println!("\nMLP batch 1 through the release server, one request in flight, {} requests each ({rounds} alternating rounds)\n", requests * rounds);
+    println!("| path | p50 µs | p99 µs | added at p50 vs direct (median of rounds) |");
+    println!("|---|---|---|---|");
+    for (i, (name, _)) in paths.iter().enumerate() {
+        times[i].sort();
+        gaps[i].sort_by(f64::total_cmp);
+        println!(
+            "| {name} | {:.1} | {:.1} | {:+.1} µs |",
+            micros(percentile(&times[i], 0.5)),
+            micros(percentile(&times[i], 0.99)),
+            gaps[i][gaps[i].len() / 2]
+        );
+    }
+}
+
+fn main() {
+    let seconds = arg("--seconds", 5) as u64;
+    let requests = arg("--requests", 3000);
+    let rounds = arg("--rounds", 6);
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write_tables(dir.path(), &redis.url());
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(redis_comparison(&config, &redis.url(), redis.pid(), seconds));
+    runtime.block_on(pipeline_cost(&config, requests, rounds));
+}
