@@ -4,8 +4,11 @@
 
 use std::path::PathBuf;
 
-const PROTOS: &[&str] =
-    &["tensorflow_serving/apis/prediction_service.proto", "tensorflow_serving/apis/model_service.proto"];
+const PROTOS: &[&str] = &[
+    "tensorflow_serving/apis/prediction_service.proto",
+    "tensorflow_serving/apis/model_service.proto",
+    "kserve/grpc_predict_v2.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");

@@ -68,7 +68,11 @@ pub struct LatencyLabels {
 }
 
 /// The APIs requests are counted under.
-pub const APIS: [&str; 3] = ["predict", "get_model_metadata", "get_model_status"];
+/// TF Serving's (`predict`, `get_model_metadata`, `get_model_status`) and
+/// the Open Inference Protocol's (`model_infer`, `model_metadata`,
+/// `model_ready`).
+pub const APIS: [&str; 6] =
+    ["predict", "get_model_metadata", "get_model_status", "model_infer", "model_metadata", "model_ready"];
 
 /// The entry points requests come through.
 pub const ENTRYPOINTS: [&str; 2] = ["grpc", "rest"];

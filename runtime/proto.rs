@@ -1,6 +1,7 @@
 //! Generated code for the protos in `proto/`: TensorFlow's tensor types and
-//! TF Serving's PredictionService and ModelService (messages, clients and
-//! servers), at TF Serving's package names and field numbers.
+//! TF Serving's PredictionService and ModelService, and the Open Inference
+//! Protocol's (KServe v2) GRPCInferenceService (messages, clients and
+//! servers), at their package names and field numbers.
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
@@ -17,6 +18,11 @@ pub mod tensorflow {
     pub mod error {
         include!(concat!(env!("OUT_DIR"), "/tensorflow.error.rs"));
     }
+}
+
+/// `inference.*`: the Open Inference Protocol (KServe v2).
+pub mod inference {
+    include!(concat!(env!("OUT_DIR"), "/inference.rs"));
 }
 
 /// The encoded file descriptor set of every proto, for gRPC reflection.

@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::context::ServingState;
-use crate::api::grpc::{ModelStatusApi, PredictionApi};
+use crate::api::grpc::{InferenceApi, ModelStatusApi, PredictionApi};
 use crate::api::health::Lifecycle;
 use crate::api::rest::admin::Admin;
 use crate::api::rest::{self, RestState};
@@ -31,6 +31,7 @@ use crate::pipeline::stages::plugin::TeamShares;
 use crate::pipeline::{BuildContext, Endpoints};
 use crate::plugin::registry::PluginRegistry;
 use crate::plugin::PluginEngine;
+use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::proto::tensorflow::serving::model_service_server::ModelServiceServer;
 use crate::proto::tensorflow::serving::prediction_service_server::PredictionServiceServer;
 
@@ -143,6 +144,9 @@ pub async fn serve(
     let model_service = ModelServiceServer::new(ModelStatusApi::new(state.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
+    let inference = GrpcInferenceServiceServer::new(InferenceApi::new(state.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -153,6 +157,7 @@ pub async fn serve(
     // to sluice, which answers DEADLINE_EXCEEDED as gRPC clients expect.
     let grpc_routes = tonic::service::Routes::new(prediction)
         .add_service(model_service)
+        .add_service(inference)
         .add_service(health_service)
         .add_service(reflection)
         .prepare()

@@ -1,7 +1,8 @@
 //! The client-facing APIs, thin codecs over the pipeline: [`grpc`] (TF
-//! Serving's gRPC services), [`rest`] (TF Serving's REST API, the plugin
-//! admin API, metrics), [`health`] (the server's phase: readiness, gRPC
-//! health, drain), and what every call shares ([`context`]).
+//! Serving's gRPC services and KServe v2's), [`rest`] (TF Serving's REST
+//! API, KServe v2's, the plugin admin API, metrics), [`health`] (the
+//! server's phase: readiness, gRPC health, drain), what every call shares
+//! ([`context`]) and what both KServe v2 codecs share ([`v2`]).
 //!
 //! A codec decodes a request, builds one `pipeline::ValidRequest` from it
 //! through the target's `RequestBuilder`, and encodes the answer; every
@@ -12,3 +13,4 @@ pub mod context;
 pub mod grpc;
 pub mod health;
 pub mod rest;
+pub mod v2;

@@ -19,9 +19,10 @@ use std::path::Path;
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::value::{self, encode};
+use super::value;
 use super::{Column, ColumnValues, Schema};
 use crate::error::{Error, Result};
+use crate::tensor::v2::encode_strings;
 use crate::tensor::{Tensor, TensorData};
 
 /// A table in memory.
@@ -78,14 +79,7 @@ impl TableData {
     pub fn stored(&self, r: usize, f: usize) -> Vec<u8> {
         match &self.columns[f] {
             StoredColumn::Fixed { width, data } => data[r * width..(r + 1) * width].to_vec(),
-            StoredColumn::Strings { per_row, data } => {
-                let strings = data[r * per_row..(r + 1) * per_row].to_vec();
-                encode(&Tensor::from_parts_unchecked(
-                    crate::tensor::DType::String,
-                    vec![*per_row as i64],
-                    TensorData::Strings(strings),
-                ))
-            }
+            StoredColumn::Strings { per_row, data } => encode_strings(&data[r * per_row..(r + 1) * per_row]),
         }
     }
 }

@@ -5,16 +5,17 @@
 //! is its values' little-endian bytes, exactly `values × dtype size` of
 //! them (a float32 feature of shape `[13]` is 52 bytes); a string feature
 //! is, per value, its length as a 4-byte little-endian integer and then
-//! its bytes. Binary rather than decimal text: exact, compact, and read
+//! its bytes — the Open Inference Protocol's raw form (`tensor::v2`). Binary rather than decimal text: exact, compact, and read
 //! with one length check instead of a parse per value.
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use serde_json::Value;
 
 use super::{Column, ColumnValues};
 use crate::config::features::FeatureSpec;
 use crate::error::{Error, Result};
 use crate::tensor::json::{flatten, tensor_from_leaves};
+use crate::tensor::v2::{decode_strings, encode_raw};
 use crate::tensor::{format_shape, Tensor, TensorData};
 
 /// A feature value from JSON: nested arrays as deep as the feature's shape
@@ -95,19 +96,10 @@ pub fn put(column: &mut Column, i: usize, value: &Tensor) {
     column.present[i] = true;
 }
 
-/// The Redis form of a feature value.
+/// The Redis form of a feature value: the v2 raw form (strings
+/// length-prefixed), one encoding for both.
 pub fn encode(value: &Tensor) -> Vec<u8> {
-    match value.data() {
-        TensorData::Fixed(bytes) => bytes.to_vec(),
-        TensorData::Strings(strings) => {
-            let mut out = Vec::with_capacity(strings.iter().map(|s| s.len() + 4).sum());
-            for s in strings {
-                out.extend_from_slice(&(s.len() as u32).to_le_bytes());
-                out.extend_from_slice(s);
-            }
-            out
-        }
-    }
+    encode_raw(value).to_vec()
 }
 
 /// Reads a value stored in Redis into key `i` of `column`; the error says
@@ -139,22 +131,8 @@ pub fn decode_into(
             out[i * expected..(i + 1) * expected].copy_from_slice(stored);
         }
         ColumnValues::Strings(out) => {
-            let mut rest = stored.clone();
-            for n in 0..count {
-                if rest.remaining() < 4 {
-                    return Err(format!(
-                        "ends before string {n} of {count}; each string is a 4-byte little-endian length and its bytes"
-                    ));
-                }
-                let len = rest.get_u32_le() as usize;
-                if rest.remaining() < len {
-                    return Err(format!("string {n} says {len} bytes, but only {} remain", rest.remaining()));
-                }
-                out[i * count + n] = rest.split_to(len);
-            }
-            if rest.has_remaining() {
-                return Err(format!("has {} bytes after its {count} strings", rest.remaining()));
-            }
+            let strings = decode_strings(stored, count)?;
+            out[i * count..(i + 1) * count].clone_from_slice(&strings);
         }
     }
     column.present[i] = true;

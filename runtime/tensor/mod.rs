@@ -9,7 +9,8 @@
 //! Submodules convert to and from the wire and the engine:
 //! [`proto`] (TensorFlow's `TensorProto`), [`onnx`] (ONNX Runtime values),
 //! [`batch`] (joining requests into a batch and splitting it again),
-//! [`json`] (TF Serving's REST form); [`spec`] holds signatures and the
+//! [`json`] (TF Serving's REST form), [`v2`] (the Open Inference
+//! Protocol's raw, typed and JSON forms); [`spec`] holds signatures and the
 //! checks of tensors against them.
 
 pub mod batch;
@@ -18,6 +19,7 @@ pub mod json;
 pub mod onnx;
 pub mod proto;
 pub mod spec;
+pub mod v2;
 
 use bytes::Bytes;
 

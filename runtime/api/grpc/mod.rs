@@ -1,11 +1,14 @@
 //! The gRPC API: TF Serving's `PredictionService` and `ModelService` at TF
-//! Serving's paths, so existing TF Serving clients work unchanged.
+//! Serving's paths, so existing TF Serving clients work unchanged, and the
+//! Open Inference Protocol's `GRPCInferenceService` ([`inference`]) on the
+//! same port for KServe v2 / Triton clients.
 //!
 //! Each call gets a [`RequestContext`] (the client's `x-request-id` or a new
 //! one, its `grpc-timeout` as the deadline, a tracing span), runs through
 //! [`serve`], and returns the id in the response metadata — on errors too.
 //! Errors become `tonic::Status` through the runtime's one error mapping.
 
+mod inference;
 mod model_service;
 mod prediction;
 
@@ -16,6 +19,7 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+pub use self::inference::InferenceApi;
 pub use self::model_service::ModelStatusApi;
 pub use self::prediction::{served_spec, signature_def, PredictionApi};
 use super::context::{RequestContext, ServingState, REQUEST_ID};
@@ -54,10 +58,15 @@ fn context<T>(
     request: &Request<T>,
     spec: Option<&ModelSpec>,
 ) -> RequestContext {
+    context_named(state, api, request, spec.map_or("", |s| s.name.as_str()))
+}
+
+/// The context of a gRPC call asking for the model called `name`.
+fn context_named<T>(state: &ServingState, api: &'static str, request: &Request<T>, name: &str) -> RequestContext {
     let metadata = request.metadata();
     let deadline = Deadline::from_grpc_timeout(metadata.get("grpc-timeout").and_then(|v| v.to_str().ok()));
     let id = metadata.get(REQUEST_ID).and_then(|v| v.to_str().ok());
-    RequestContext::new(&state.metrics, api, "grpc", id, spec.map_or("", |s| s.name.as_str()), deadline)
+    RequestContext::new(&state.metrics, api, "grpc", id, name, deadline)
 }
 
 /// Runs one call: `work` in the request's span (refused while the server

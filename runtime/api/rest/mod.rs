@@ -1,5 +1,6 @@
 //! The HTTP port (TF Serving's `--rest_api_port`): TF Serving's REST API,
-//! health and readiness, and Prometheus metrics.
+//! the Open Inference Protocol's (KServe v2, [`v2`]), health and
+//! readiness, and Prometheus metrics.
 //!
 //! REST requests go through the same resolution, checks and pipelines as
 //! gRPC ones (`api::context`, `pipeline::request`); only the tensor
@@ -14,6 +15,7 @@
 
 pub mod admin;
 mod json;
+mod v2;
 
 use std::sync::Arc;
 
@@ -66,6 +68,8 @@ pub fn router(state: RestState) -> Router {
         .route("/metrics", get(scrape))
         .route("/monitoring/prometheus/metrics", get(scrape))
         .route("/v1/models/{*path}", any(models))
+        .route("/v2", any(v2_root))
+        .route("/v2/{*path}", any(v2_call))
         .fallback(|method: Method, uri: axum::http::Uri| async move {
             error_response(&Error::not_found(format!(
                 "no such endpoint: {method} {}; the API is /v1/models/NAME[/versions/N|/labels/L][:predict|/metadata]",
@@ -156,6 +160,30 @@ async fn models(
     response
 }
 
+async fn v2_root(State(state): State<RestState>, method: Method, headers: HeaderMap, body: Body) -> Response {
+    v2_answer(&state, "", method, headers, body).await
+}
+
+async fn v2_call(
+    State(state): State<RestState>,
+    Path(path): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    v2_answer(&state, &format!("/{path}"), method, headers, body).await
+}
+
+/// A `/v2/…` call, answered with the request id.
+async fn v2_answer(state: &RestState, path: &str, method: Method, headers: HeaderMap, body: Body) -> Response {
+    let given_id = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok());
+    let (id, mut response) = v2::route(state, path, &method, &headers, given_id, body).await;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    response
+}
+
 /// Answers one `/v1/models/…` call; returns the request's id with it.
 async fn route(
     state: &RestState,
@@ -186,34 +214,38 @@ async fn route(
         return (request_id(given_id), error_response(&error));
     }
     let deadline = state.request_timeout.map_or(Deadline::NONE, Deadline::after);
-    let mut cx = RequestContext::new(&state.metrics, api, "rest", given_id, parsed.name, deadline);
-    let span = cx.span.clone();
-    let result = async {
+    let cx = RequestContext::new(&state.metrics, api, "rest", given_id, parsed.name, deadline);
+    run_call(cx, async |cx| {
         let serving = state.lifecycle.serving()?;
         let endpoints = &serving.endpoints;
-        match parsed.call {
+        let body = match parsed.call {
             Call::Predict => {
                 let bytes = read_body(body, headers, state.max_body_bytes, "server.max_message_bytes").await?;
-                json::predict(&mut cx, endpoints, &parsed, &bytes).await
+                json::predict(cx, endpoints, &parsed, &bytes).await
             }
             Call::Metadata => json::metadata_json(&cx.resolve(endpoints, parsed.choice, "")?),
             _ => json::status_json(endpoints, parsed.name, parsed.choice),
-        }
-    }
-    .instrument(span);
-    // A bug that panics answers this request INTERNAL instead of dropping
-    // the connection.
-    let result = AssertUnwindSafe(result)
+        }?;
+        Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+    })
+    .await
+}
+
+/// Runs one call's `work` in its span, answers a bug that panics with
+/// INTERNAL instead of a dropped connection, counts the outcome, and
+/// returns the request's id with the answer (an error as `{"error": …}`).
+pub(crate) async fn run_call(
+    mut cx: RequestContext,
+    work: impl AsyncFnOnce(&mut RequestContext) -> Result<Response>,
+) -> (String, Response) {
+    let span = cx.span.clone();
+    let result = AssertUnwindSafe(work(&mut cx).instrument(span))
         .catch_unwind()
         .await
         .unwrap_or_else(|_| Err(Error::internal("the server hit a bug answering this request (it panicked)")));
     let id = cx.id.clone();
     cx.finish(&result);
-    let response = match result {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => error_response(&e),
-    };
-    (id, response)
+    (id, result.unwrap_or_else(|e| error_response(&e)))
 }
 
 /// How much of an oversized body is read and thrown away before the 413,
