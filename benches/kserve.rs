@@ -1,0 +1,233 @@
+//! KServe v2 against TF Serving's API on the same server, same load, same
+//! run, in alternating rounds so drift on a noisy machine hits both alike.
+//!
+//! 1. gRPC, MLP batch 1: ModelInfer with `raw_input_contents` vs Predict
+//!    with `tensor_content` (and Predict answered in `tensor_content`
+//!    too, so both sides move the same bytes), 32 requests in flight over
+//!    4 connections.
+//! 2. REST, MLP batch 32: v2 with the binary tensor extension vs v2 JSON
+//!    (and TF Serving's JSON for reference), 8 requests in flight.
+//!
+//! ```text
+//! cargo bench --bench kserve [-- --seconds 4 --rounds 4]
+//! ```
+
+#[allow(dead_code)]
+#[path = "../tests/common/process.rs"]
+mod process;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use process::ServerProcess;
+use sluice::cli::bench::client::RestClient;
+use sluice::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use sluice::proto::inference::model_infer_request::InferInputTensor;
+use sluice::proto::inference::ModelInferRequest;
+use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
+use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
+use sluice::proto::tensorflow::{DataType, TensorProto};
+use sluice::tensor::proto::encode_shape;
+use tonic::transport::Channel;
+
+const GRPC_IN_FLIGHT: usize = 32;
+const CONNECTIONS: usize = 4;
+const REST_IN_FLIGHT: usize = 8;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn floats(rows: usize) -> Vec<f32> {
+    (0..rows * 64).map(|i| (i as f32 * 0.37).sin()).collect()
+}
+
+/// Runs `in_flight` tasks calling `call(task)` for `seconds`; answers
+/// requests per second.
+async fn rate<F, Fut>(seconds: u64, in_flight: usize, call: F) -> f64
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let done = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..in_flight)
+        .map(|t| {
+            let (call, done) = (call.clone(), done.clone());
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    call(t).await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("join");
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+async fn grpc(url: String, seconds: u64, rounds: u64) {
+    let x = floats(1);
+    let predict = PredictRequest {
+        model_spec: Some(ModelSpec { name: "mlp".into(), ..Default::default() }),
+        inputs: [(
+            "x".to_string(),
+            TensorProto {
+                dtype: DataType::DtFloat as i32,
+                tensor_shape: Some(encode_shape(&[1, 64])),
+                tensor_content: Bytes::copy_from_slice(bytemuck::cast_slice(&x)),
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect(),
+        output_filter: vec![],
+    };
+    let infer = ModelInferRequest {
+        model_name: "mlp".into(),
+        inputs: vec![InferInputTensor {
+            name: "x".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 64],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![Bytes::copy_from_slice(bytemuck::cast_slice(&x))],
+        ..Default::default()
+    };
+    let mut channels: Vec<Channel> = Vec::new();
+    for _ in 0..CONNECTIONS {
+        channels.push(Channel::from_shared(url.clone()).expect("url").connect().await.expect("connect"));
+    }
+    let channels = Arc::new(channels);
+    let (mut predict_rates, mut infer_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        let p = {
+            let (channels, request) = (channels.clone(), predict.clone());
+            rate(seconds, GRPC_IN_FLIGHT, move |t| {
+                let mut client = PredictionServiceClient::new(channels[t % CONNECTIONS].clone());
+                let request = request.clone();
+                async move {
+                    client.predict(request).await.expect("Predict");
+                }
+            })
+            .await
+        };
+        let i = {
+            let (channels, request) = (channels.clone(), infer.clone());
+            rate(seconds, GRPC_IN_FLIGHT, move |t| {
+                let mut client = GrpcInferenceServiceClient::new(channels[t % CONNECTIONS].clone());
+                let request = request.clone();
+                async move {
+                    client.model_infer(request).await.expect("ModelInfer");
+                }
+            })
+            .await
+        };
+        // Round 0 warms both up.
+        if round > 0 {
+            predict_rates.push(p);
+            infer_rates.push(i);
+            ratios.push(i / p);
+        }
+    }
+    println!(
+        "\ngRPC, MLP batch 1, {GRPC_IN_FLIGHT} in flight over {CONNECTIONS} connections, {rounds} alternating rounds of {seconds} s\n"
+    );
+    println!("| path | req/s (median of rounds) |");
+    println!("|---|---|");
+    println!("| Predict, tensor_content in and out | {:.0} |", median(predict_rates));
+    println!("| ModelInfer, raw contents in and out | {:.0} |", median(infer_rates));
+    let spread = (ratios.iter().copied().fold(f64::MAX, f64::min), ratios.iter().copied().fold(0.0, f64::max));
+    println!(
+        "\nModelInfer / Predict: median {:.3}× (rounds {:.3}–{:.3}; target ≥ 0.95×)",
+        median(ratios),
+        spread.0,
+        spread.1
+    );
+}
+
+async fn rest(addr: String, seconds: u64, rounds: u64) {
+    let x = floats(32);
+    let raw: &[u8] = bytemuck::cast_slice(&x);
+    let v2_json = serde_json::json!({
+        "inputs": [{"name": "x", "shape": [32, 64], "datatype": "FP32", "data": x}],
+        "outputs": [{"name": "logits", "parameters": {"binary_data": false}}],
+    })
+    .to_string();
+    let head = serde_json::json!({
+        "inputs": [{"name": "x", "shape": [32, 64], "datatype": "FP32", "parameters": {"binary_data_size": raw.len()}}],
+        "outputs": [{"name": "logits", "parameters": {"binary_data": true}}],
+    })
+    .to_string();
+    let mut binary = head.clone().into_bytes();
+    binary.extend_from_slice(raw);
+    let rows: Vec<Vec<f32>> = x.chunks(64).map(<[f32]>::to_vec).collect();
+    let tf_json = serde_json::json!({ "instances": rows }).to_string();
+    let head_length = head.len().to_string();
+    let paths: Vec<(&str, &str, Bytes, Option<String>)> = vec![
+        ("v2, binary tensor extension", "/v2/models/mlp/infer", Bytes::from(binary), Some(head_length)),
+        ("v2, JSON", "/v2/models/mlp/infer", Bytes::from(v2_json), None),
+        ("TF Serving REST, JSON (reference)", "/v1/models/mlp:predict", Bytes::from(tf_json), None),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    for round in 0..=rounds {
+        for (i, (name, path, body, length)) in paths.iter().enumerate() {
+            let (addr, path, body, length, name) = (addr.clone(), *path, body.clone(), length.clone(), *name);
+            let clients: Arc<Vec<tokio::sync::Mutex<RestClient>>> = Arc::new(
+                (0..REST_IN_FLIGHT).map(|_| tokio::sync::Mutex::new(RestClient::new(&addr).expect("client"))).collect(),
+            );
+            let r = rate(seconds, REST_IN_FLIGHT, move |t| {
+                let (clients, body, length) = (clients.clone(), body.clone(), length.clone());
+                async move {
+                    let mut client = clients[t].lock().await;
+                    let headers: Vec<(&str, &str)> =
+                        length.as_deref().map(|l| vec![("inference-header-content-length", l)]).unwrap_or_default();
+                    let answer = client.call(http::Method::POST, path, &headers, body).await.expect("REST call");
+                    assert_eq!(answer.status, http::StatusCode::OK, "{name}: {}", answer.text());
+                }
+            })
+            .await;
+            if round > 0 {
+                rates[i].push(r);
+            }
+        }
+    }
+    println!("\nREST, MLP batch 32, {REST_IN_FLIGHT} in flight, {rounds} alternating rounds of {seconds} s\n");
+    println!("| path | req/s (median of rounds) | vs v2 JSON |");
+    println!("|---|---|---|");
+    let json_rate = median(rates[1].clone());
+    for (i, (name, ..)) in paths.iter().enumerate() {
+        let r = median(rates[i].clone());
+        println!("| {name} | {r:.0} | {:.2}× |", r / json_rate);
+    }
+}
+
+fn main() {
+    let seconds = arg("--seconds", 4);
+    let rounds = arg("--rounds", 4);
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut sluice = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    sluice
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
+        .args(["--model_name", "mlp", "--output_encoding", "tensor-content", "--model_base_path"])
+        .arg(root.join("examples/models/mlp"));
+    let sluice = ServerProcess::spawn(sluice, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true)
+        .expect("sluice");
+    let http = sluice.stdout_after("sluice: serving HTTP on ").expect("the HTTP address");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(grpc(sluice.url(), seconds, rounds));
+    runtime.block_on(rest(http, seconds, rounds));
+}
