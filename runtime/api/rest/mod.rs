@@ -153,7 +153,11 @@ async fn models(
     body: Body,
 ) -> Response {
     let given_id = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok());
-    let (id, mut response) = route(&state, &path, &method, &headers, given_id, body).await;
+    with_request_id(route(&state, &path, &method, &headers, given_id, body).await)
+}
+
+/// The answer with its request's id in the `x-request-id` header.
+fn with_request_id((id, mut response): (String, Response)) -> Response {
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID, value);
     }
@@ -177,11 +181,7 @@ async fn v2_call(
 /// A `/v2/…` call, answered with the request id.
 async fn v2_answer(state: &RestState, path: &str, method: Method, headers: HeaderMap, body: Body) -> Response {
     let given_id = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok());
-    let (id, mut response) = v2::route(state, path, &method, &headers, given_id, body).await;
-    if let Ok(value) = HeaderValue::from_str(&id) {
-        response.headers_mut().insert(REQUEST_ID, value);
-    }
-    response
+    with_request_id(v2::route(state, path, &method, &headers, given_id, body).await)
 }
 
 /// Answers one `/v1/models/…` call; returns the request's id with it.
