@@ -279,12 +279,17 @@ pub enum Error {
     #[error("{0}")]
     Unprocessable(String),
     /// A plugin call failed.
-    #[error("{message}")]
+    #[error("{message}{}", .detail.as_deref().map_or(String::new(), |d| format!(" (it said: {d})")))]
     Plugin {
         /// How.
         fault: PluginFault,
-        /// What happened, naming the plugin and its version.
+        /// What happened, naming the plugin and its version: the host's
+        /// words, stable, for the client.
         message: String,
+        /// The plugin's own words (a panic message with its source path,
+        /// an internal error text): in the log, not in the client's
+        /// answer, unless `[plugins] expose_plugin_errors`.
+        detail: Option<String>,
     },
     /// The configuration is wrong.
     #[error(transparent)]
@@ -385,7 +390,12 @@ impl Error {
 
     /// A plugin call failed in the way `fault` says.
     pub fn plugin(fault: PluginFault, message: impl Into<String>) -> Self {
-        Error::Plugin { fault, message: message.into() }
+        Error::Plugin { fault, message: message.into(), detail: None }
+    }
+
+    /// A plugin call failed, and the plugin said `detail` about it.
+    pub fn plugin_said(fault: PluginFault, message: impl Into<String>, detail: Option<String>) -> Self {
+        Error::Plugin { fault, message: message.into(), detail }
     }
 
     /// The status code: the one mapping from kinds to codes.
@@ -410,9 +420,16 @@ impl Error {
         }
     }
 
-    /// The message for the client.
+    /// The message for the client: everything [`Display`](fmt::Display)
+    /// says (what the log gets), except a plugin's own words, which stay
+    /// in the log under the request's id.
     pub fn message(&self) -> String {
-        self.to_string()
+        match self {
+            Error::Plugin { message, detail: Some(_), .. } => {
+                format!("{message} (what the plugin said is in the server log under this request's id)")
+            }
+            other => other.to_string(),
+        }
     }
 
     /// The same error with `context` put in front of its message; the
@@ -435,7 +452,7 @@ impl Error {
             Error::PermissionDenied(m) => Error::PermissionDenied(with(m)),
             Error::TooLarge(m) => Error::TooLarge(with(m)),
             Error::Unprocessable(m) => Error::Unprocessable(with(m)),
-            Error::Plugin { fault, message } => Error::Plugin { fault, message: with(message) },
+            Error::Plugin { fault, message, detail } => Error::Plugin { fault, message: with(message), detail },
             Error::Config(ConfigError { source, message }) => {
                 Error::Config(ConfigError { source, message: with(message) })
             }
@@ -452,7 +469,7 @@ impl Error {
 
 impl From<Error> for tonic::Status {
     fn from(error: Error) -> Self {
-        tonic::Status::new(error.code().grpc(), error.to_string())
+        tonic::Status::new(error.code().grpc(), error.message())
     }
 }
 

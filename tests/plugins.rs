@@ -169,21 +169,35 @@ fn attack(name: &str, rows: i64) -> PredictRequest {
 struct Attack {
     name: String,
     codes: Vec<Code>,
+    /// In the client's answer.
     says: Vec<&'static str>,
+    /// The plugin's own words: in the server log, never in the answer.
+    logs: Vec<&'static str>,
 }
 
 fn attacks(socket: &str) -> Vec<Attack> {
-    let a = |name: &str, codes: Vec<Code>, says: Vec<&'static str>| Attack { name: name.to_string(), codes, says };
+    let a = |name: &str, codes: Vec<Code>, says: Vec<&'static str>| Attack {
+        name: name.to_string(),
+        codes,
+        says,
+        logs: vec![],
+    };
+    let said = |name: &str, says: Vec<&'static str>, logs: Vec<&'static str>| Attack {
+        name: name.to_string(),
+        codes: vec![Code::Internal],
+        says,
+        logs,
+    };
     vec![
         a("loop", vec![Code::ResourceExhausted], vec!["exceeded its time limit of 50 ms"]),
         a("memory", vec![Code::ResourceExhausted], vec!["memory past its limit of 64 MiB"]),
         a("recursion", vec![Code::Internal], vec!["recursion"]),
         a("unreachable", vec![Code::Internal], vec!["unreachable"]),
-        a("panic", vec![Code::Internal], vec!["panics on purpose"]),
-        a("file", vec![Code::Internal], vec!["opening /etc/passwd failed"]),
-        a("env", vec![Code::Internal], vec!["environment: 0 variables []; arguments: []"]),
-        Attack { name: format!("socket:{socket}"), codes: vec![Code::Internal], says: vec!["failed"] },
-        a("clock", vec![Code::Internal], vec!["Ok(0) since the epoch"]),
+        said("panic", vec!["unreachable code", "server log"], vec!["panics on purpose"]),
+        said("file", vec!["failed", "server log"], vec!["opening /etc/passwd failed"]),
+        said("env", vec!["failed", "server log"], vec!["environment: 0 variables []; arguments: []"]),
+        said(&format!("socket:{socket}"), vec!["failed", "server log"], vec![]),
+        said("clock", vec!["failed", "server log"], vec!["Ok(0) since the epoch"]),
         a("wrong-shape", vec![Code::Internal], vec!["dimension 1 = 63"]),
         a("bad-length", vec![Code::Internal], vec!["malformed tensor", "10 bytes"]),
         a("wrong-name", vec![Code::Internal], vec!["returned outputs [\"y\"]"]),
@@ -225,6 +239,12 @@ async fn every_hostile_attack_fails_its_request_alone_and_everything_keeps_servi
                 fragment,
                 status.message()
             );
+        }
+        for words in &attack_case.logs {
+            assert!(!status.message().contains(words), "{}: the plugin's words reached the client", attack_case.name);
+            let line = server.wait_for_log(words).await;
+            let id = status.metadata().get("x-request-id").and_then(|v| v.to_str().ok()).expect("a request id");
+            assert!(line.contains(id), "{}: the log line does not carry the request id {id}: {line}", attack_case.name);
         }
         // Stopped, not left running: far inside any client's patience.
         assert!(elapsed < Duration::from_secs(2), "{} took {elapsed:?}", attack_case.name);

@@ -33,6 +33,11 @@ pub struct PluginsConfig {
     pub keep_resident_kib: u64,
     /// Limits per plugin, by name; plugins not named get the defaults.
     pub limits: BTreeMap<String, PluginLimits>,
+    /// Return a plugin's own words (its panic message, with source paths,
+    /// its internal error text) to API clients too. Off: clients get the
+    /// host's stable message and the request id, the log gets the words.
+    /// For development.
+    pub expose_plugin_errors: bool,
 }
 
 impl Default for PluginsConfig {
@@ -46,6 +51,7 @@ impl Default for PluginsConfig {
             max_memory_mib: 256,
             keep_resident_kib: 2048,
             limits: BTreeMap::new(),
+            expose_plugin_errors: false,
         }
     }
 }

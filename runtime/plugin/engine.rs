@@ -39,6 +39,9 @@ pub struct PluginEngine {
     linker: Linker<HostState>,
     cache_dir: Option<PathBuf>,
     fuel: bool,
+    /// `[plugins] expose_plugin_errors`: a plugin's own words go to the
+    /// client too.
+    expose_errors: bool,
     limits: CompileLimits,
     /// True while a compilation runs (one at a time).
     compiling: Arc<AtomicBool>,
@@ -132,11 +135,23 @@ impl PluginEngine {
             linker,
             cache_dir: config.cache_dir.clone(),
             fuel: config.fuel,
+            expose_errors: config.expose_plugin_errors,
             limits: CompileLimits::from(config),
             compiling: Arc::new(AtomicBool::new(false)),
             stop_ticker,
             ticker: Some(ticker),
         })
+    }
+
+    /// `error` as clients will see it: with the plugin's own words moved
+    /// into its message when `expose_plugin_errors` is on.
+    pub fn shown(&self, error: Error) -> Error {
+        match error {
+            Error::Plugin { fault, message, detail: Some(said) } if self.expose_errors => {
+                Error::plugin(fault, format!("{message} (it said: {said})"))
+            }
+            other => other,
+        }
     }
 
     /// The engine.

@@ -219,11 +219,14 @@ impl Plugin {
                 PluginFault::InvalidInput,
                 format!("{} rejected the input: {}", self.label, plugin_text(&message)),
             )),
-            Ok(Err(PluginError::Internal(message))) => {
-                Err(Error::plugin(PluginFault::Failed, format!("{} failed: {}", self.label, plugin_text(&message))))
-            }
+            Ok(Err(PluginError::Internal(message))) => Err(Error::plugin_said(
+                PluginFault::Failed,
+                format!("{} failed", self.label),
+                Some(plugin_text(&message)),
+            )),
             Ok(Ok(outputs)) => self.check_outputs(outputs),
-        };
+        }
+        .map_err(|e| self.engine.shown(e));
         live.store.data().flush_output();
         let fault = match &outcome {
             Ok(_) => None,
@@ -371,7 +374,7 @@ const MAX_PLUGIN_MESSAGE: usize = 1024;
 /// A trap or host error as the client's error: what limit was hit, or
 /// what the guest said before it trapped.
 fn classify(label: &str, limits: &PluginLimits, error: wasmtime::Error, state: &HostState) -> Error {
-    let said = state.stderr.last_words().map(|l| format!(" (it said: {})", plugin_text(&l))).unwrap_or_default();
+    let said = state.stderr.last_words().map(|l| plugin_text(&l));
     if error.downcast_ref::<state::BlockedPastDeadline>().is_some() {
         return Error::plugin(
             PluginFault::Timeout,
@@ -386,16 +389,12 @@ fn classify(label: &str, limits: &PluginLimits, error: wasmtime::Error, state: &
             PluginFault::Timeout,
             format!("{label} exceeded its time limit of {} ms and was stopped", limits.timeout_ms),
         ),
-        Some(Trap::OutOfFuel) => (
-            PluginFault::OutOfFuel,
-            format!("{label} ran out of fuel ({} units)", limits.fuel.unwrap_or(u64::MAX)),
-        ),
+        Some(Trap::OutOfFuel) => {
+            (PluginFault::OutOfFuel, format!("{label} ran out of fuel ({} units)", limits.fuel.unwrap_or(u64::MAX)))
+        }
         _ if state.limiter.memory_denied => (
             PluginFault::OutOfMemory,
-            format!(
-                "{label} tried to grow its memory past its limit of {} MiB and was stopped{said}",
-                limits.memory_mib
-            ),
+            format!("{label} tried to grow its memory past its limit of {} MiB and was stopped", limits.memory_mib),
         ),
         Some(Trap::StackOverflow) => {
             (PluginFault::StackOverflow, format!("{label} overflowed its stack (runaway recursion?)"))
@@ -405,17 +404,22 @@ fn classify(label: &str, limits: &PluginLimits, error: wasmtime::Error, state: &
         Some(Trap::MemoryOutOfBounds) => (
             PluginFault::StackOverflow,
             format!(
-                "{label} accessed memory out of bounds (a runaway recursion that overflows the stack ends this way){said}"
+                "{label} accessed memory out of bounds (a runaway recursion that overflows the stack ends this way)"
             ),
         ),
-        Some(Trap::UnreachableCodeReached) => (
-            PluginFault::Trap,
-            format!("{label} trapped: it reached unreachable code (a panic or an abort){said}"),
-        ),
-        Some(trap) => (PluginFault::Trap, format!("{label} trapped: {trap}{said}")),
-        None => (PluginFault::Trap, format!("{label} failed: {error:#}{said}")),
+        Some(Trap::UnreachableCodeReached) => {
+            (PluginFault::Trap, format!("{label} trapped: it reached unreachable code (a panic or an abort)"))
+        }
+        Some(trap) => (PluginFault::Trap, format!("{label} trapped: {trap}")),
+        // wasmtime's own text can carry the guest's backtrace: the
+        // plugin's words, not the host's.
+        None => {
+            let words = plugin_text(&format!("{error:#}"));
+            let said = Some(said.map_or(words.clone(), |s| format!("{words}; {s}")));
+            return Error::plugin_said(PluginFault::Trap, format!("{label} failed"), said);
+        }
     };
-    Error::plugin(fault, message)
+    Error::plugin_said(fault, message, said)
 }
 
 /// Zeros shaped like `specs` (dynamic dimensions as 1): what a plugin
@@ -560,9 +564,13 @@ mod tests {
         plugin.call(vec![NamedTensor::new("attack", attack), NamedTensor::new("x", x)])
     }
 
+    /// The fault and the whole text (what the log gets).
     fn fault_of(result: Result<Vec<NamedTensor>>) -> (PluginFault, String) {
         match result {
-            Err(Error::Plugin { fault, message }) => (fault, message),
+            Err(error @ Error::Plugin { .. }) => {
+                let Error::Plugin { fault, .. } = &error else { unreachable!() };
+                (*fault, error.to_string())
+            }
             other => panic!("expected a plugin fault, got {:?}", other.map(|o| o.len())),
         }
     }
@@ -593,6 +601,20 @@ mod tests {
             let ok = attack(&plugin, "none").unwrap_or_else(|e| panic!("after {verb}: {e}"));
             assert_eq!(ok[0].tensor.to_vec::<f32>().expect("f32"), vec![1.0; 64]);
         }
+    }
+
+    #[test]
+    fn a_plugins_own_words_reach_the_log_not_the_client() {
+        let plugin = load("hostile");
+        let error = attack(&plugin, "panic").err().expect("a panic");
+        assert!(error.to_string().contains("panics on purpose"), "the log line: {error}");
+        let client = error.message();
+        assert!(!client.contains("panics on purpose") && !client.contains(".rs"), "the client's: {client}");
+        assert!(client.contains("plugin 'hostile' 6.6.6") && client.contains("server log"), "{client}");
+        let exposing = PluginEngine::new(&PluginsConfig { expose_plugin_errors: true, ..PluginsConfig::default() })
+            .expect("engine");
+        let error = exposing.shown(Error::plugin_said(PluginFault::Trap, "p trapped", Some("words".into())));
+        assert_eq!(error.message(), "p trapped (it said: words)");
     }
 
     #[test]
