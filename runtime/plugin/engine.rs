@@ -346,6 +346,23 @@ pub fn check_structure(wasm: &[u8], limits: &CompileLimits) -> Result<()> {
     let over = |what: &str, n: u64, max: u64| {
         Error::invalid_argument(format!("it has {n} {what}; a plugin may have at most {max}"))
     };
+    // What people hand in by mistake, named before a parser error would.
+    match wasm.get(..8) {
+        Some([0, b'a', b's', b'm', _, _, 1, 0]) => {}
+        Some([0, b'a', b's', b'm', ..]) => {
+            return Err(Error::invalid_argument(
+                "a core WebAssembly module, not a component: build the plugin for wasm32-wasip2 \
+                 (wasm32-unknown-unknown and wasm32-wasip1 build modules)",
+            ))
+        }
+        _ => {
+            let start: String = wasm.iter().take(8).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ");
+            return Err(Error::invalid_argument(format!(
+                "not a WebAssembly file: it starts with [{start}], not \\0asm; a plugin is the .wasm component \
+                 cargo builds for wasm32-wasip2"
+            )));
+        }
+    }
     for payload in wasmparser::Parser::new(0).parse_all(wasm) {
         match payload.map_err(invalid)? {
             Payload::ModuleSection { .. } => modules += 1,

@@ -151,8 +151,15 @@ impl Plugin {
         limits: PluginLimits,
         metrics: Option<(&Metrics, &str)>,
     ) -> Result<Plugin> {
-        let wasm = std::fs::read(path)
-            .map_err(|e| Error::invalid_argument(format!("cannot read plugin {}: {e}", path.display())))?;
+        let wasm = std::fs::read(path).map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                "; a plugin crate builds a .wasm only with crate-type = [\"cdylib\"] under [lib] in its Cargo.toml, \
+                 into target/wasm32-wasip2/<profile>/NAME.wasm"
+            } else {
+                ""
+            };
+            Error::invalid_argument(format!("cannot read plugin {}: {e}{hint}", path.display()))
+        })?;
         Plugin::load(engine, &wasm, limits, metrics).map_err(|e| e.context(path.display()))
     }
 
@@ -638,5 +645,13 @@ mod tests {
         assert!(err.message().contains("imports what the host does not provide"), "{err}");
         let err = Plugin::load(engine(), b"not wasm at all", PluginLimits::default(), None).err().expect("refused");
         assert_eq!(err.code(), crate::error::Code::InvalidArgument, "{err}");
+        assert!(err.message().contains("not a WebAssembly file"), "{err}");
+        let core_module = b"\0asm\x01\0\0\0";
+        let err = Plugin::load(engine(), core_module, PluginLimits::default(), None).err().expect("refused");
+        assert!(err.message().contains("core WebAssembly module, not a component"), "{err}");
+        let err = Plugin::load_file(engine(), Path::new("/nonexistent.wasm"), PluginLimits::default(), None)
+            .err()
+            .expect("refused");
+        assert!(err.message().contains("cdylib"), "{err}");
     }
 }
