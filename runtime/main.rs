@@ -74,6 +74,16 @@ enum PluginCommand {
     Push(sluice::cli::plugin_push::PushArgs),
     /// List the plugins the token may see, with versions and the active one.
     List(sluice::cli::plugin_push::ServerArgs),
+    /// Show one plugin: its team, stored versions, the active one and the
+    /// history rollback returns through.
+    Show(sluice::cli::plugin_push::NameArgs),
+    /// Activate a stored version: every stage running the plugin switches
+    /// to it without a failed request.
+    Activate(sluice::cli::plugin_push::VersionArgs),
+    /// Go back to the version active before the current one.
+    Rollback(sluice::cli::plugin_push::NameArgs),
+    /// Delete a stored version that is not active.
+    Delete(sluice::cli::plugin_push::VersionArgs),
 }
 
 /// Flags named as TF Serving names them, so its users feel at home. Flags
@@ -409,6 +419,22 @@ fn main() -> ExitCode {
             }
             Command::Plugin(PluginCommand::List(args)) => {
                 println!("{}", sluice::cli::plugin_push::list(&args).await?);
+                Ok(())
+            }
+            Command::Plugin(PluginCommand::Show(args)) => {
+                println!("{}", sluice::cli::plugin_push::show(&args).await?);
+                Ok(())
+            }
+            Command::Plugin(PluginCommand::Activate(args)) => {
+                println!("{}", sluice::cli::plugin_push::activate(&args).await?);
+                Ok(())
+            }
+            Command::Plugin(PluginCommand::Rollback(args)) => {
+                println!("{}", sluice::cli::plugin_push::rollback(&args).await?);
+                Ok(())
+            }
+            Command::Plugin(PluginCommand::Delete(args)) => {
+                println!("{}", sluice::cli::plugin_push::delete(&args).await?);
                 Ok(())
             }
             Command::Features(FeaturesCommand::Load(args)) => {

@@ -231,6 +231,36 @@ async fn upload_activate_rollback_and_restart_keep_the_chosen_version() {
     let output = sluice_plugin(&push, WEB);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("403"), "{}", String::from_utf8_lossy(&output.stderr));
+
+    // The rest of the admin API from the command line: show, activate,
+    // rollback, delete — each answered as the API answers it.
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &server_url]);
+        let output = sluice_plugin(&all, ML);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        );
+        (output.status.code(), stdout, stderr)
+    };
+    let (code, shown, stderr) = run(&["show", "features"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(shown.contains("\"active\": 3") && shown.contains("\"team\": \"ml\""), "{shown}");
+    let (code, activated, stderr) = run(&["activate", "features", "1"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(activated.contains("\"active\": 1"), "{activated}");
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), doubled, "version 1 (scale) serves");
+    let (code, rolled, stderr) = run(&["rollback", "features"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(rolled.contains("\"active\": 3"), "{rolled}");
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "back to version 3");
+    let (code, _, stderr) = run(&["delete", "features", "3"]);
+    assert_eq!(code, Some(1), "the active version cannot be deleted");
+    assert!(stderr.contains("active"), "{stderr}");
+    let (code, deleted, stderr) = run(&["delete", "features", "1"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!deleted.contains("\"version\": 1,"), "{deleted}");
 }
 
 #[tokio::test]
@@ -481,7 +511,7 @@ async fn the_admin_api_can_have_a_port_of_its_own() {
     assert_eq!(response.status, StatusCode::NOT_FOUND, "the admin port serves only the admin API");
 }
 
-/// A WebAssembly module of `n` empty functions: the shape of a compile bomb.
+/// A component carrying a module of `n` empty functions: the shape of a compile bomb.
 fn many_functions(n: u32) -> Vec<u8> {
     fn leb(mut v: u32, out: &mut Vec<u8>) {
         loop {
@@ -511,5 +541,9 @@ fn many_functions(n: u32) -> Vec<u8> {
         code.extend([2, 0, 0x0b]);
     }
     section(10, code, &mut module);
-    module
+    // Inside a component, as a plugin would carry it: a bare core module
+    // is refused before its structure is read.
+    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+    section(1, module, &mut component);
+    component
 }

@@ -1,6 +1,7 @@
-//! `sluice plugin push` and `sluice plugin list`: the admin API's command
-//! line client. The token comes from `SLUICE_TOKEN`, never a flag, so it
-//! stays out of shell history and process listings.
+//! `sluice plugin push|list|show|activate|rollback|delete`: the admin API's
+//! command line client. Each request carries `Authorization: Bearer TOKEN`;
+//! the token comes from `SLUICE_TOKEN` (or `--token`, which shells keep in
+//! their history: prefer the variable).
 
 use std::path::PathBuf;
 
@@ -16,9 +17,30 @@ pub struct ServerArgs {
     /// The server's REST address (the admin API is under /admin/v1/).
     #[arg(long, default_value = "http://127.0.0.1:8501")]
     pub server: String,
-    /// The bearer token.
+    /// The bearer token, sent as `Authorization: Bearer TOKEN`; its
+    /// SHA-256 is what `[[admin.tokens]] sha256` holds.
     #[arg(long = "token", env = "SLUICE_TOKEN", hide_env_values = true)]
     pub token: String,
+}
+
+/// A plugin, by name.
+#[derive(Debug, Clone, Args)]
+pub struct NameArgs {
+    /// The plugin's name (what pipelines name in `plugin = "…"`).
+    pub name: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// One version of a plugin.
+#[derive(Debug, Clone, Args)]
+pub struct VersionArgs {
+    /// The plugin's name.
+    pub name: String,
+    /// The version (as `plugin show` lists them).
+    pub version: u32,
+    #[command(flatten)]
+    pub server: ServerArgs,
 }
 
 /// The flags of `sluice plugin push`.
@@ -78,4 +100,26 @@ pub async fn push(args: &PushArgs) -> anyhow::Result<String> {
 /// The plugins the token may see, with their versions.
 pub async fn list(server: &ServerArgs) -> anyhow::Result<String> {
     send(server, Method::GET, "/admin/v1/plugins", Bytes::new()).await
+}
+
+/// A plugin's manifest: its owner, versions and the active one.
+pub async fn show(args: &NameArgs) -> anyhow::Result<String> {
+    send(&args.server, Method::GET, &format!("/admin/v1/plugins/{}", args.name), Bytes::new()).await
+}
+
+/// Makes a stored version the one every stage running the plugin serves.
+pub async fn activate(args: &VersionArgs) -> anyhow::Result<String> {
+    let path = format!("/admin/v1/plugins/{}/versions/{}/activate", args.name, args.version);
+    send(&args.server, Method::POST, &path, Bytes::new()).await
+}
+
+/// Goes back to the version active before the current one.
+pub async fn rollback(args: &NameArgs) -> anyhow::Result<String> {
+    send(&args.server, Method::POST, &format!("/admin/v1/plugins/{}/rollback", args.name), Bytes::new()).await
+}
+
+/// Deletes a stored version that is not active.
+pub async fn delete(args: &VersionArgs) -> anyhow::Result<String> {
+    let path = format!("/admin/v1/plugins/{}/versions/{}", args.name, args.version);
+    send(&args.server, Method::DELETE, &path, Bytes::new()).await
 }
