@@ -442,7 +442,7 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Config(ConfigCommand::Check { file }) => {
-                let summary = sluice::cli::config_check::check(&file)?;
+                let summary = sluice::cli::config_check::check(&file).await?;
                 println!("{}: ok", file.display());
                 print!("{summary}");
                 Ok(())

@@ -462,3 +462,114 @@ async fn a_team_whose_plugin_burns_its_budget_leaves_another_teams_answers_right
     // seconds of them.
     assert!(slowest < Duration::from_secs(1), "the well-behaved team waited {slowest:?}");
 }
+
+/// `sluice ARGS…` from the repository root: exit code, stdout, stderr.
+fn sluice(args: &[&str]) -> (Option<i32>, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run sluice");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Each mistake an author makes against the example MLP, and what the
+/// message must say: what the plugin produces beside what the model takes.
+const MISTAKES: &[(&str, &[&str])] = &[
+    ("wrong_name", &["produces no 'x'", "features DT_FLOAT [-1, 64]", "takes [x DT_FLOAT [-1, 64]]"]),
+    ("wrong_dtype", &["'x' is DT_DOUBLE [-1, 64], but DT_FLOAT [-1, 64] is expected"]),
+    ("wrong_shape", &["'x' is DT_FLOAT [-1, 63], but DT_FLOAT [-1, 64] is expected"]),
+];
+
+#[test]
+fn plugin_check_against_the_model_names_each_mistake_side_by_side() {
+    let (code, stdout, stderr) =
+        sluice(&["plugin", "check", "target/plugins/identity.wasm", "--model", "examples/models/mlp"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("fits model 'mlp' (versions 1, 2) as its preprocessor"), "{stdout}");
+    for (mistake, parts) in MISTAKES {
+        let file = format!("target/plugins/mistake_{mistake}.wasm");
+        let (code, _, stderr) = sluice(&["plugin", "check", &file, "--model", "examples/models/mlp"]);
+        assert_eq!(code, Some(1), "{mistake} passed plugin check --model");
+        for part in *parts {
+            assert!(stderr.contains(part), "{mistake}: {part:?} not in {stderr}");
+        }
+        assert!(stderr.contains("plugin 'mistakes' 0.0.1 does not fit"), "{mistake}: {stderr}");
+    }
+    // --config --pipeline: the pipeline's model and the stage of the
+    // plugin's world, with that plugin's limits.
+    let (code, stdout, stderr) = sluice(&[
+        "plugin",
+        "check",
+        "target/plugins/topk_labels.wasm",
+        "--config",
+        "examples/sluice.toml",
+        "--pipeline",
+        "classify-wasm",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("fits model 'cnn' (versions 1) as its postprocessor"), "{stdout}");
+}
+
+#[test]
+fn config_check_loads_every_plugin_and_refuses_one_that_does_not_fit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (mistake, parts) in MISTAKES {
+        let config = dir.path().join(format!("{mistake}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[plugins]\ndir = \"{plugins}\"\n[[models]]\nname = \"mlp\"\nbase_path = \"{mlp}\"\n\
+                 [[pipelines]]\nname = \"scored\"\nmodel = \"mlp\"\npreprocess = {{ plugin = \"mistake_{mistake}\" }}\n",
+                plugins = root().join("target/plugins").display(),
+                mlp = root().join("examples/models/mlp").display()
+            ),
+        )
+        .expect("write config");
+        let (code, stdout, stderr) = sluice(&["config", "check", config.to_str().expect("utf-8")]);
+        assert_eq!(code, Some(1), "{mistake}: config check printed {stdout}");
+        assert!(stderr.contains("pipeline 'scored' preprocess plugin 'mistake_"), "{mistake}: {stderr}");
+        for part in *parts {
+            assert!(stderr.contains(part), "{mistake}: {part:?} not in {stderr}");
+        }
+    }
+    let (code, stdout, stderr) = sluice(&["config", "check", "examples/sluice.toml"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("pipeline 'recommend' preprocess plugin 'feature_transform': plugin 'feature-transform' 1.0.0"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("fits model 'recommender' versions 1"), "{stdout}");
+}
+
+#[test]
+fn plugin_check_input_gets_the_checks_a_request_gets() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let row = vec![0.0f32; 13];
+    let cases = [
+        (serde_json::json!({"raw_dense": [[1, 2, 3]], "user_ids": [["a", "b", "c", "d"]]}), "dimension 1 = 3"),
+        (serde_json::json!({"raw_dense": [], "user_ids": []}), "rank 2"),
+        (serde_json::json!({"raw_dense": [row]}), "missing input 'user_ids'"),
+        (
+            serde_json::json!({"raw_dense": [row, row], "user_ids": [["a", "b", "c", "d"]]}),
+            "1 rows but input 'raw_dense' has 2",
+        ),
+    ];
+    for (i, (inputs, says)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("{i}.json"));
+        std::fs::write(&path, serde_json::json!({ "inputs": inputs }).to_string()).expect("write");
+        let (code, _, stderr) = sluice(&[
+            "plugin",
+            "check",
+            "target/plugins/feature_transform.wasm",
+            "--input",
+            path.to_str().expect("utf-8"),
+        ]);
+        assert_eq!(code, Some(1), "case {i} reached the plugin");
+        assert!(stderr.contains(says), "case {i}: {says:?} not in {stderr}");
+    }
+}

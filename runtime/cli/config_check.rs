@@ -1,8 +1,9 @@
-//! `sluice config check`: everything a config file refers to on disk,
-//! checked without loading a model or compiling a plugin — model
-//! repositories and the versions the policies pick, version labels,
+//! `sluice config check`: everything a config file refers to on disk —
+//! model repositories and the versions the policies pick, version labels,
 //! plugin files, label files, embedded feature tables (read in full), the
-//! ONNX Runtime library.
+//! ONNX Runtime library — and then every configured plugin loaded as the
+//! server loads it and checked against the versions of its model the
+//! server would load (the check an upload gets).
 //!
 //! The server makes the same checks while loading; this runs them in a
 //! second, before a deploy, and reports what would be served.
@@ -10,10 +11,16 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Config, ConfigError, Invalid, Mode, StageKind};
+use std::sync::Arc;
+
+use crate::config::{Config, ConfigError, Invalid, Mode, ModelConfig, StageKind, StageRole};
 use crate::feature;
 use crate::invalid;
+use crate::metrics::Metrics;
 use crate::models::repository;
+use crate::models::ModelRegistry;
+use crate::pipeline::stages::plugin::plugin_fits;
+use crate::plugin::{Plugin, PluginEngine, World};
 
 /// What a valid config serves, one line per model and pipeline.
 #[derive(Debug)]
@@ -30,11 +37,67 @@ impl std::fmt::Display for Summary {
     }
 }
 
-/// Reads, parses and checks `path`, then checks everything it refers to.
-pub fn check(path: &Path) -> Result<Summary, ConfigError> {
-    let config = Config::from_file(path)?;
-    let source = path.display().to_string();
-    check_files(&config).map_err(|e| e.in_file(source))
+/// Reads, parses and checks `path`, then checks everything it refers to,
+/// plugins against their models last. Runs on a blocking thread: it
+/// compiles plugins and loads models.
+pub async fn check(path: &Path) -> Result<Summary, ConfigError> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let config = Config::from_file(&path)?;
+        let source = path.display().to_string();
+        let mut summary = check_files(&config).map_err(|e| e.in_file(source.clone()))?;
+        summary.lines.extend(check_plugins(&config).map_err(|e| e.in_file(source))?);
+        Ok(summary)
+    })
+    .await
+    .map_err(|e| ConfigError { source: "config check".into(), message: format!("the check failed: {e}") })?
+}
+
+/// Every pipeline's plugins, loaded from `[plugins] dir` with their
+/// configured limits and checked against the pipeline's model: one line
+/// each with what the plugin declares it is and its sha256.
+fn check_plugins(config: &Config) -> Result<Vec<String>, Invalid> {
+    let mut needed = Vec::new();
+    for pipeline in &config.pipelines {
+        for (role, stage) in pipeline.stages() {
+            if let Some(StageKind::Plugin(name)) = stage.kind() {
+                needed.push((pipeline, role, name));
+            }
+        }
+    }
+    if needed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let engine = Arc::new(PluginEngine::new(&config.plugins).map_err(|e| invalid!("plugins: {}", e.message()))?);
+    let models: Vec<ModelConfig> =
+        config.models.iter().filter(|m| needed.iter().any(|(p, ..)| p.model == m.name)).cloned().collect();
+    let metrics = Metrics::new();
+    let registry = tokio::runtime::Handle::try_current()
+        .map_err(|e| invalid!("no async runtime to load models on: {e}"))?
+        .block_on(ModelRegistry::load(&models, config.onnxruntime.library.as_deref(), &metrics))
+        .map_err(|e| invalid!("loading the models the plugins feed: {}", e.message()))?;
+    let mut lines = Vec::new();
+    for (pipeline, role, name) in needed {
+        let key = format!("pipeline '{}' {} plugin '{name}'", pipeline.name, role.key());
+        let path = config.plugins.path_of(name).map_err(|e| invalid!("{key}: {}", e.message()))?;
+        let plugin = Plugin::load_file(&engine, &path, config.plugins.limits_of(name), None)
+            .map_err(|e| invalid!("{key}: {e}"))?;
+        let model = registry.get(&pipeline.model).map_err(|e| invalid!("{key}: {}", e.message()))?;
+        let world = match role {
+            StageRole::Preprocess => World::Preprocessor,
+            StageRole::Postprocess => World::Postprocessor,
+        };
+        plugin_fits(&plugin, world, model).map_err(|e| invalid!("{key} ({}): {}", plugin.label(), e.message()))?;
+        let versions: Vec<String> = model.versions().map(|v| v.version().to_string()).collect();
+        lines.push(format!(
+            "{key}: {} (sha256 {}) fits model '{}' versions {}",
+            plugin.label(),
+            &plugin.sha256()[..12],
+            pipeline.model,
+            versions.join(", ")
+        ));
+    }
+    Ok(lines)
 }
 
 /// The on-disk checks of a parsed config; errors name the key and the value.

@@ -1,6 +1,9 @@
 //! `sluice plugin check`: load a plugin as the server would, say what it
 //! declares, and run a sample under the real limits, reporting time and
-//! peak memory — before it goes anywhere near a server.
+//! peak memory — before it goes anywhere near a server. With `--model` or
+//! `--config … --pipeline …` it also makes the check an upload gets: the
+//! plugin fits every version of the real model. Inputs given with
+//! `--input` pass the checks the server makes on requests first.
 
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -8,11 +11,15 @@ use std::sync::Arc;
 
 use clap::Args;
 
+use crate::config::{Config, ModelConfig, StageKind, StageRole, VersionPolicy};
 use crate::error::{Error, Result};
-use crate::plugin::{memory_bytes, zeros, Plugin, PluginEngine, PluginLimits, PluginsConfig};
+use crate::metrics::Metrics;
+use crate::models::ModelRegistry;
+use crate::pipeline::stages::plugin::plugin_fits;
+use crate::plugin::{memory_bytes, zeros, Plugin, PluginEngine, PluginLimits, PluginsConfig, World};
 use crate::tensor::json::{row_to_json, tensor_from_json};
-use crate::tensor::spec::TensorSpec;
-use crate::tensor::{format_shape, NamedTensor};
+use crate::tensor::spec::{check_tensor, Signature, TensorSpec};
+use crate::tensor::{format_shape, NamedTensor, Tensor};
 
 /// The flags of `sluice plugin check`.
 #[derive(Debug, Clone, Args)]
@@ -33,12 +40,98 @@ pub struct CheckArgs {
     /// Fuel limit per call (turns fuel metering on).
     #[arg(long)]
     pub fuel: Option<u64>,
+    /// Check it against this model (a directory of versions,
+    /// `VERSION/model.onnx`; every version in it): a preprocessor's
+    /// outputs must feed its inputs, a postprocessor's inputs must be its
+    /// outputs.
+    #[arg(long, conflicts_with = "config")]
+    pub model: Option<PathBuf>,
+    /// Check it as the plugin of `--pipeline` in this config: that
+    /// pipeline's model (the versions its policy loads) and that plugin's
+    /// configured limits.
+    #[arg(long, requires = "pipeline")]
+    pub config: Option<PathBuf>,
+    /// The pipeline of `--config` the plugin is for.
+    #[arg(long, requires = "config")]
+    pub pipeline: Option<String>,
+}
+
+/// Where the plugin will run: the model it must fit, and, for a
+/// pipeline, its plugin stages (world and configured limits).
+struct Target {
+    model: ModelConfig,
+    library: Option<PathBuf>,
+    stages: Vec<(World, PluginLimits)>,
+}
+
+fn target(args: &CheckArgs) -> Result<Option<Target>> {
+    if let Some(dir) = &args.model {
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
+        // Every version in the directory: any of them may come to serve.
+        let model = ModelConfig { version_policy: VersionPolicy::All, ..ModelConfig::from_flags(name, dir.clone()) };
+        return Ok(Some(Target { model, library: None, stages: Vec::new() }));
+    }
+    let (Some(path), Some(pipeline)) = (&args.config, &args.pipeline) else { return Ok(None) };
+    let config = Config::from_file(path)?;
+    let pipeline = config.pipelines.iter().find(|p| &p.name == pipeline).ok_or_else(|| {
+        let names: Vec<&str> = config.pipelines.iter().map(|p| p.name.as_str()).collect();
+        Error::not_found(format!("{}: no pipeline '{pipeline}'; pipelines: {names:?}", path.display()))
+    })?;
+    let stages: Vec<(World, PluginLimits)> = pipeline
+        .stages()
+        .filter_map(|(role, stage)| match stage.kind() {
+            Some(StageKind::Plugin(name)) => Some((
+                match role {
+                    StageRole::Preprocess => World::Preprocessor,
+                    StageRole::Postprocess => World::Postprocessor,
+                },
+                config.plugins.limits_of(name),
+            )),
+            _ => None,
+        })
+        .collect();
+    if stages.is_empty() {
+        return Err(Error::invalid_argument(format!("pipeline '{}' runs no plugin", pipeline.name)));
+    }
+    let model = config.models.iter().find(|m| m.name == pipeline.model).cloned().ok_or_else(|| {
+        Error::internal(format!(
+            "pipeline '{}' names model '{}', which the config check allows only when it exists",
+            pipeline.name, pipeline.model
+        ))
+    })?;
+    Ok(Some(Target { model, library: config.onnxruntime.library.clone(), stages }))
+}
+
+/// Loads the target's model and checks the plugin against it; answers
+/// the line to print.
+fn check_fit(plugin: &Plugin, target: &Target) -> Result<String> {
+    // A pipeline's stage of the plugin's own world; a model alone takes
+    // the plugin on the side its world says.
+    let world = match target.stages.as_slice() {
+        [] => plugin.world(),
+        stages => stages.iter().find(|(w, _)| *w == plugin.world()).map_or(stages[0].0, |(w, _)| *w),
+    };
+    let configs = [target.model.clone()];
+    let metrics = Metrics::new();
+    let load = ModelRegistry::load(&configs, target.library.as_deref(), &metrics);
+    // The check runs on a blocking thread of the command's runtime.
+    let registry = tokio::runtime::Handle::try_current()
+        .map_err(|e| Error::internal(format!("no async runtime to load the model on: {e}")))?
+        .block_on(load)?;
+    let model = registry.get(&target.model.name)?;
+    plugin_fits(plugin, world, model).map_err(|e| e.context(format_args!("{} does not fit", plugin.label())))?;
+    let versions: Vec<String> = model.versions().map(|v| v.version().to_string()).collect();
+    Ok(format!("fits model '{}' (versions {}) as its {world}", target.model.name, versions.join(", ")))
 }
 
 fn describe_specs(specs: &[TensorSpec]) -> String {
     specs.iter().map(|s| format!("  {} {} {}", s.name, s.dtype, format_shape(&s.shape))).collect::<Vec<_>>().join("\n")
 }
 
+/// Inputs from a JSON file, checked as the server checks a request's
+/// before a plugin sees them: every declared input and no other, dtypes,
+/// ranks and fixed dimensions, and for batched inputs at least one row,
+/// the same in each.
 fn from_json(path: &PathBuf, specs: &[TensorSpec]) -> Result<Vec<NamedTensor>> {
     let text =
         std::fs::read_to_string(path).map_err(|e| Error::invalid_argument(format!("{}: {e}", path.display())))?;
@@ -55,8 +148,18 @@ fn from_json(path: &PathBuf, specs: &[TensorSpec]) -> Result<Vec<NamedTensor>> {
                 describe_specs(specs)
             ))
         })?;
-        tensors.push(NamedTensor::new(name.clone(), tensor_from_json(value, spec.dtype, &format!("input '{name}'"))?));
+        let tensor = tensor_from_json(value, spec.dtype, &format!("input '{name}'"))?;
+        check_tensor(&"the plugin", "input", spec, &tensor)?;
+        tensors.push(NamedTensor::new(name.clone(), tensor));
     }
+    let signature = Signature { inputs: specs.to_vec(), outputs: Vec::new() };
+    signature.check_input_names(&"the plugin", tensors.iter().map(|t| t.name.as_str()))?;
+    let batched: Vec<TensorSpec> = specs.iter().filter(|s| s.shape.first() == Some(&-1)).cloned().collect();
+    let in_order: Vec<Tensor> = batched
+        .iter()
+        .filter_map(|spec| tensors.iter().find(|t| t.name == spec.name).map(|t| t.tensor.clone()))
+        .collect();
+    Signature { inputs: batched, outputs: Vec::new() }.check_rows(&"the plugin", &in_order)?;
     Ok(tensors)
 }
 
@@ -70,7 +173,16 @@ pub fn run(args: &CheckArgs) -> Result<String> {
         fuel: args.fuel,
         reuse_instance: false,
     };
-    let plugin = Plugin::load_file(&engine, &args.file, limits, None)?;
+    let target = target(args)?;
+    let stages = target.as_ref().map_or(&[][..], |t| &t.stages[..]);
+    let mut plugin = Plugin::load_file(&engine, &args.file, stages.first().map_or(limits, |s| s.1.clone()), None)?;
+    // Loaded again with the limits of the stage of its world, when a
+    // pipeline runs two plugins with different limits.
+    if let Some((_, limits)) = stages.iter().find(|(w, _)| *w == plugin.world()) {
+        if limits != plugin.limits() {
+            plugin = Plugin::load_file(&engine, &args.file, limits.clone(), None)?;
+        }
+    }
     let d = plugin.description();
     let mut out = String::new();
     let _ = writeln!(out, "{} ({}), sha256 {}", plugin.label(), plugin.world(), plugin.sha256());
@@ -82,15 +194,18 @@ pub fn run(args: &CheckArgs) -> Result<String> {
             (zeros(&d.inputs, memory_bytes(plugin.limits()))?, "zeros shaped from its declared inputs".to_string())
         }
     };
+    if let Some(target) = &target {
+        let _ = writeln!(out, "{}", check_fit(&plugin, target)?);
+    }
     let (outputs, stats) = plugin.call_measured(inputs)?;
     let _ = writeln!(
         out,
         "ran {source} in {:.3} ms, peak memory {:.1} MiB (limits: {} ms, {} MiB{})",
         stats.elapsed.as_secs_f64() * 1e3,
         stats.peak_memory as f64 / (1 << 20) as f64,
-        args.timeout_ms,
-        args.memory_mib,
-        args.fuel.map(|f| format!(", {f} fuel")).unwrap_or_default()
+        plugin.limits().timeout_ms,
+        plugin.limits().memory_mib,
+        plugin.limits().fuel.map(|f| format!(", {f} fuel")).unwrap_or_default()
     );
     for output in &outputs {
         let t = &output.tensor;

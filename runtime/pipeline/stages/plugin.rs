@@ -177,32 +177,10 @@ impl PluginStage {
         self.current.load_full()
     }
 
-    /// The plugin is of this stage's world, and fits every version of the
-    /// model: a preprocessor's outputs feed the model's inputs, a
-    /// postprocessor's inputs are the model's outputs.
+    /// The plugin is of this stage's world and fits every version of the
+    /// model ([`plugin_fits`]).
     fn fits_model(&self, plugin: &Plugin) -> Result<()> {
-        if plugin.world() != self.world {
-            return Err(Error::invalid_argument(format!(
-                "it is a {}, but the stage runs a {}",
-                plugin.world(),
-                self.world
-            )));
-        }
-        let description = plugin.description();
-        for version in self.model.versions() {
-            let model = version.signature();
-            let (wanted, given, role) = match self.world {
-                World::Preprocessor => (&model.inputs, &description.outputs, "outputs"),
-                World::Postprocessor => (&description.inputs, &model.outputs, "inputs"),
-            };
-            for want in wanted {
-                let have = given.iter().find(|g| g.name == want.name).ok_or_else(|| {
-                    Error::invalid_argument(format!("its {role} do not fit {version}: '{}' is missing", want.name))
-                })?;
-                fits(have, want).map_err(|e| e.context(format_args!("its {role} do not fit {version}")))?;
-            }
-        }
-        Ok(())
+        plugin_fits(plugin, self.world, &self.model)
     }
 
     /// `plugin` has this stage's interface: the same inputs and outputs,
@@ -290,4 +268,44 @@ impl Stage for PluginStage {
         }
         Ok(outputs)
     }
+}
+
+/// A plugin fits a stage of `world` in front of (or behind) `model`: it is
+/// of that world, and fits every version of the model — a preprocessor's
+/// outputs feed the model's inputs, a postprocessor's inputs are the
+/// model's outputs. The one check, made when a pipeline is built, when a
+/// plugin is uploaded, and by `sluice plugin check` and `config check`;
+/// a mismatch names what the plugin declares and what the model takes.
+pub fn plugin_fits(plugin: &Plugin, world: World, model: &ServedModel) -> Result<()> {
+    if plugin.world() != world {
+        return Err(Error::invalid_argument(format!("it is a {}, but the stage runs a {world}", plugin.world())));
+    }
+    let description = plugin.description();
+    let list = |specs: &[TensorSpec]| specs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    for version in model.versions() {
+        let signature = version.signature();
+        let (wanted, given, role, side) = match world {
+            World::Preprocessor => (&signature.inputs, &description.outputs, "outputs", "takes"),
+            World::Postprocessor => (&description.inputs, &signature.outputs, "inputs", "returns"),
+        };
+        for want in wanted {
+            let have = given.iter().find(|g| g.name == want.name).ok_or_else(|| match world {
+                World::Preprocessor => Error::invalid_argument(format!(
+                    "its outputs do not fit {version}: it produces no '{}'; it produces [{}], the model {side} [{}]",
+                    want.name,
+                    list(given),
+                    list(wanted)
+                )),
+                World::Postprocessor => Error::invalid_argument(format!(
+                    "its inputs do not fit {version}: it reads '{}', which the model does not return; it reads [{}], \
+                     the model {side} [{}]",
+                    want.name,
+                    list(wanted),
+                    list(given)
+                )),
+            })?;
+            fits(have, want).map_err(|e| e.context(format_args!("its {role} do not fit {version}")))?;
+        }
+    }
+    Ok(())
 }
