@@ -574,10 +574,10 @@ mod tests {
     /// The fault and the whole text (what the log gets).
     fn fault_of(result: Result<Vec<NamedTensor>>) -> (PluginFault, String) {
         match result {
-            Err(error @ Error::Plugin { .. }) => {
-                let Error::Plugin { fault, .. } = &error else { unreachable!() };
-                (*fault, error.to_string())
-            }
+            Err(error) => match &error {
+                Error::Plugin { fault, .. } => (*fault, error.to_string()),
+                other => panic!("expected a plugin fault, got {other}"),
+            },
             other => panic!("expected a plugin fault, got {:?}", other.map(|o| o.len())),
         }
     }
@@ -613,7 +613,7 @@ mod tests {
     #[test]
     fn a_plugins_own_words_reach_the_log_not_the_client() {
         let plugin = load("hostile");
-        let error = attack(&plugin, "panic").err().expect("a panic");
+        let error = attack(&plugin, "panic").expect_err("a panic");
         assert!(error.to_string().contains("panics on purpose"), "the log line: {error}");
         let client = error.message();
         assert!(!client.contains("panics on purpose") && !client.contains(".rs"), "the client's: {client}");
