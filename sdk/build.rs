@@ -12,6 +12,9 @@ macro_rules! MACRO {
     ($plugin:ty) => {
         #[doc(hidden)]
         #[allow(clippy::all, unused)]
+        // wit-bindgen documents its export macro with an example, which
+        // rustdoc would run as a doctest of the plugin author's crate.
+        #[cfg(not(doctest))]
         mod __sluice_WORLD_export {
             use super::*;
             $crate::__wit_bindgen::generate!({
