@@ -191,8 +191,9 @@ async fn upload_activate_rollback_and_restart_keep_the_chosen_version() {
 
     let shown = ok(&server, Method::GET, "/admin/v1/plugins/features", ML, vec![]).await;
     assert_eq!(shown["team"], "ml");
-    assert_eq!(shown["versions"].as_array().map(Vec::len), Some(2));
-    assert_eq!(shown["versions"][0]["uploaded_by"], "ml-ci");
+    assert_eq!(shown["versions"].as_array().map(Vec::len), Some(3), "version 0 (the file), 1 and 2");
+    assert_eq!(shown["versions"][0]["uploaded_by"], "[plugins] dir");
+    assert_eq!(shown["versions"][1]["uploaded_by"], "ml-ci");
     let listed = ok(&server, Method::GET, "/admin/v1/plugins", WEB, vec![]).await;
     assert_eq!(listed["plugins"], Value::Array(vec![]), "another team sees nothing of team ml's");
 
@@ -214,7 +215,9 @@ async fn upload_activate_rollback_and_restart_keep_the_chosen_version() {
         "after a restart, version 1 still serves"
     );
     let shown = ok(&server, Method::GET, "/admin/v1/plugins/features", OPS, vec![]).await;
-    assert_eq!((shown["active"].as_u64(), shown["history"].clone()), (Some(1), serde_json::json!([])));
+    // Version 0 (the file, serving before the first activation) is what
+    // a rollback returns to after 1 ← 2 was rolled back.
+    assert_eq!((shown["active"].as_u64(), shown["history"].clone()), (Some(1), serde_json::json!([0])));
 
     // The command-line client: push to the pipeline (activates), then list.
     let server_url = format!("http://{}", server.http);
@@ -261,6 +264,47 @@ async fn upload_activate_rollback_and_restart_keep_the_chosen_version() {
     let (code, deleted, stderr) = run(&["delete", "features", "1"]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(!deleted.contains("\"version\": 1,"), "{deleted}");
+}
+
+#[tokio::test]
+async fn the_plugin_directory_file_is_version_0_listed_served_and_a_rollback_target() {
+    let fixture = Fixture::new();
+    let server = fixture.start();
+    let (identity, doubled) = references(&server).await;
+    let file_sha = sha256_hex(&plugin_bytes("identity"));
+    // Before any upload: listed, active, and what the pipeline runs.
+    let listed = ok(&server, Method::GET, "/admin/v1/plugins", ML, vec![]).await;
+    let features = listed["plugins"]
+        .as_array()
+        .and_then(|all| all.iter().find(|p| p["name"] == "features"))
+        .unwrap_or_else(|| panic!("the served file is not listed: {listed}"));
+    assert_eq!(features["active"], 0, "{features}");
+    assert_eq!(features["versions"][0]["sha256"], file_sha.as_str());
+    let running = ok(&server, Method::GET, "/admin/v1/pipelines", ML, vec![]).await;
+    let scored = &running["pipelines"][0];
+    assert_eq!(
+        (scored["pipeline"].as_str(), scored["plugin"].as_str()),
+        (Some("scored"), Some("features")),
+        "{running}"
+    );
+    assert_eq!((scored["version"].as_u64(), scored["sha256"].as_str()), (Some(0), Some(file_sha.as_str())));
+    assert_eq!(scored["declared"], "plugin 'identity' 1.0.0");
+    let line = server.wait_for_log("plugin stage serving").await;
+    for part in ["pipeline=\"scored\"", "version=0", &file_sha, "features.wasm (version 0)"] {
+        assert!(line.contains(part), "{part:?} not in the start-up line {line}");
+    }
+    // An upload activated over it, then a rollback to the file.
+    ok(&server, Method::PUT, "/admin/v1/plugins/features?activate=true", ML, plugin_bytes("scale")).await;
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), doubled, "version 1 serves");
+    let rolled = ok(&server, Method::POST, "/admin/v1/plugins/features/rollback", ML, vec![]).await;
+    assert_eq!(rolled["active"], 0, "{rolled}");
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "the file serves again");
+    let running = ok(&server, Method::GET, "/admin/v1/pipelines", ML, vec![]).await;
+    assert_eq!(running["pipelines"][0]["version"], 0);
+    // And it stays chosen across a restart.
+    drop(server);
+    let server = fixture.start();
+    assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "version 0 after a restart");
 }
 
 #[tokio::test]
@@ -455,7 +499,13 @@ async fn every_refusal_has_its_status_and_message_and_changes_nothing() {
     let (status, _) = admin(&server, Method::DELETE, "/admin/v1/plugins/features/versions/2", Some(WEB), vec![]).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     let remaining = ok(&server, Method::DELETE, "/admin/v1/plugins/features/versions/2", ML, vec![]).await;
-    assert_eq!(remaining["versions"].as_array().map(Vec::len), Some(1));
+    let versions: Vec<u64> =
+        remaining["versions"].as_array().expect("versions").iter().filter_map(|v| v["version"].as_u64()).collect();
+    assert_eq!(versions, vec![0, 1], "version 0 is features.wasm in the plugin directory");
+    let (status, answer) =
+        admin(&server, Method::DELETE, "/admin/v1/plugins/features/versions/0", Some(ML), vec![]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(answer["error"].as_str().unwrap_or_default().contains("[plugins] dir"), "{answer}");
     assert_eq!(
         fixture.files_in_store(),
         vec!["blobs/".to_string() + &sha256_hex(&scale) + ".wasm", "manifests/features.json".into()]

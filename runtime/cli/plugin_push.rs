@@ -97,9 +97,12 @@ pub async fn push(args: &PushArgs) -> anyhow::Result<String> {
     send(&args.server, Method::PUT, &path, Bytes::from(wasm)).await
 }
 
-/// The plugins the token may see, with their versions.
+/// The plugins the token may see, with their versions (0: the file in
+/// the plugin directory), then what each pipeline runs now.
 pub async fn list(server: &ServerArgs) -> anyhow::Result<String> {
-    send(server, Method::GET, "/admin/v1/plugins", Bytes::new()).await
+    let plugins = send(server, Method::GET, "/admin/v1/plugins", Bytes::new()).await?;
+    let pipelines = send(server, Method::GET, "/admin/v1/pipelines", Bytes::new()).await?;
+    Ok(format!("{plugins}\n{pipelines}"))
 }
 
 /// A plugin's manifest: its owner, versions and the active one.

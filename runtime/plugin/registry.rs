@@ -9,6 +9,11 @@
 //! when its blob still has its hash; otherwise the error is logged and the
 //! stage falls back to `NAME.wasm`, so the server starts anyway.
 //!
+//! `NAME.wasm` in `[plugins] dir` is version 0 of plugin NAME: listed
+//! with the stored versions, active while no upload has been activated,
+//! and a rollback target like any other (it is read from the directory
+//! each time, never copied into the store).
+//!
 //! Nothing is stored or swapped before the upload passed every check:
 //! compiles, right world, `describe` answers, its sample runs under the
 //! real limits, and it fits every pipeline stage that runs it.
@@ -39,6 +44,29 @@ pub trait PluginSlot: Send + Sync {
     fn accepts(&self, plugin: &Plugin) -> Result<()>;
     /// Serves new requests with `plugin` from now on (checked first).
     fn swap(&self, plugin: Arc<Plugin>) -> Result<()>;
+    /// The plugin serving now: what it declares (`name version`) and the
+    /// SHA-256 of its bytes.
+    fn running(&self) -> (String, String);
+}
+
+/// The version number of `NAME.wasm` in the plugin directory.
+pub const FILE_VERSION: u32 = 0;
+
+/// What a pipeline's plugin stage runs now.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Running {
+    /// The pipeline.
+    pub pipeline: String,
+    /// Its team.
+    pub team: Option<String>,
+    /// The plugin's name in the registry.
+    pub plugin: String,
+    /// The active version (0: `NAME.wasm` in the plugin directory).
+    pub version: Option<u32>,
+    /// What the plugin declares itself to be.
+    pub declared: String,
+    /// The SHA-256 of the bytes serving.
+    pub sha256: String,
 }
 
 /// Who is calling, as the admin API authenticated them.
@@ -163,15 +191,15 @@ impl PluginRegistry {
     }
 
     /// What a stage of a pipeline owned by `team` may start `name` from,
-    /// best first, each with where it came from: the active stored version
-    /// and then the versions active before it, when they are intact and
-    /// belong to the same team (a pipeline never runs another team's
-    /// upload), then `NAME.wasm` in the plugin directory. The stage takes the first that loads, so a stored version
-    /// that fails at start-up falls back instead of failing the server.
-    pub fn initial_sources(&self, name: &str, team: Option<&str>) -> Result<Vec<(String, Vec<u8>)>> {
-        // The active version, then the ones active before it (the last
-        // good one first), when they belong to the pipeline's team.
-        let stored: Vec<StoredVersion> = {
+    /// best first, each with its version and where it came from: the
+    /// active version and then the versions active before it, when they
+    /// are intact and belong to the same team (a pipeline never runs
+    /// another team's upload), then `NAME.wasm` in the plugin directory
+    /// (version 0). The stage takes the first that loads, so a stored
+    /// version that fails at start-up falls back instead of failing the
+    /// server.
+    pub fn initial_sources(&self, name: &str, team: Option<&str>) -> Result<Vec<(u32, String, Vec<u8>)>> {
+        let order: Vec<(u32, Option<StoredVersion>)> = {
             let state = self.lock();
             state
                 .manifests
@@ -192,31 +220,95 @@ impl PluginRegistry {
                     m.active
                         .into_iter()
                         .chain(m.history.iter().rev().copied())
-                        .filter_map(|version| m.versions.iter().find(|v| v.version == version).cloned())
+                        .map(|version| (version, m.versions.iter().find(|v| v.version == version).cloned()))
                         .collect()
                 })
                 .unwrap_or_default()
         };
         let mut sources = Vec::new();
-        for stored in stored {
-            match self.read_blob(&stored) {
-                Ok(bytes) => sources.push((format!("stored version {}", stored.version), bytes)),
-                Err(e) => tracing::error!(
-                    plugin = name,
-                    version = stored.version,
-                    "stored plugin refused, falling back to {name}.wasm or an earlier stored version: {e}"
-                ),
+        for (version, stored) in order {
+            match stored {
+                Some(stored) => match self.read_blob(&stored) {
+                    Ok(bytes) => sources.push((version, format!("stored version {version}"), bytes)),
+                    Err(e) => tracing::error!(
+                        plugin = name,
+                        version,
+                        "stored plugin refused, falling back to {name}.wasm or an earlier stored version: {e}"
+                    ),
+                },
+                None if version == FILE_VERSION => {
+                    if let Ok((path, bytes)) = self.file_of(name) {
+                        sources.push((FILE_VERSION, format!("{} (version 0)", path.display()), bytes));
+                    }
+                }
+                None => {}
             }
         }
-        let path = self.config.path_of(name)?;
-        match std::fs::read(&path) {
-            Ok(bytes) => sources.push((path.display().to_string(), bytes)),
-            Err(e) if sources.is_empty() => {
-                return Err(Error::invalid_argument(format!("cannot read plugin {}: {e}", path.display())))
-            }
-            Err(e) => tracing::warn!(plugin = name, "no fallback {}: {e}", path.display()),
+        match self.file_of(name) {
+            Ok((path, bytes)) => sources.push((FILE_VERSION, format!("{} (version 0)", path.display()), bytes)),
+            Err(e) if sources.is_empty() => return Err(e),
+            Err(e) => tracing::warn!(plugin = name, "no fallback: {e}"),
         }
         Ok(sources)
+    }
+
+    /// `NAME.wasm` in the plugin directory: version 0.
+    fn file_of(&self, name: &str) -> Result<(PathBuf, Vec<u8>)> {
+        let path = self.config.path_of(name)?;
+        let bytes = std::fs::read(&path)
+            .map_err(|e| Error::invalid_argument(format!("cannot read plugin {}: {e}", path.display())))?;
+        Ok((path, bytes))
+    }
+
+    /// Version 0 as a stored version is described: the file's hash, size
+    /// and time; `None` when there is no file.
+    fn file_version(&self, name: &str) -> Option<StoredVersion> {
+        let (path, bytes) = self.file_of(name).ok()?;
+        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        Some(StoredVersion {
+            version: FILE_VERSION,
+            sha256: sha256_hex(&bytes),
+            size: bytes.len() as u64,
+            declared: format!("{}", path.display()),
+            uploaded_at: modified.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs()),
+            uploaded_by: "[plugins] dir".to_string(),
+        })
+    }
+
+    /// A manifest as clients see it: version 0 (the file) among the
+    /// versions, and active while nothing else is.
+    fn with_file(&self, mut manifest: Manifest) -> Manifest {
+        if let Some(file) = self.file_version(&manifest.name) {
+            manifest.versions.insert(0, file);
+            if manifest.active.is_none() {
+                manifest.active = Some(FILE_VERSION);
+            }
+        }
+        manifest
+    }
+
+    /// What every pipeline's plugin stage runs now, for `caller`.
+    pub fn running(&self, caller: &Caller) -> Vec<Running> {
+        let state = self.lock();
+        let mut running = Vec::new();
+        for (name, slots) in &state.bindings {
+            let active = state.manifests.get(name).and_then(|m| m.active).or_else(|| {
+                // Nothing activated: the file serves.
+                self.config.path_of(name).ok().filter(|p| p.is_file()).map(|_| FILE_VERSION)
+            });
+            for slot in slots.iter().filter(|slot| caller.may(slot.team())) {
+                let (declared, sha256) = slot.running();
+                running.push(Running {
+                    pipeline: slot.pipeline().to_string(),
+                    team: slot.team().map(str::to_string),
+                    plugin: name.clone(),
+                    version: active,
+                    declared,
+                    sha256,
+                });
+            }
+        }
+        running
     }
 
     /// Loads `bytes` as plugin `name` with its configured limits.
@@ -373,7 +465,7 @@ impl PluginRegistry {
         let previous = manifest.active;
         let manifest = self.switch(caller, manifest, &slots, version, true)?;
         audit(caller, "activate", name, Some(version), previous, "");
-        Ok(manifest)
+        Ok(self.with_file(manifest))
     }
 
     /// Returns `name` to the version active before the current one.
@@ -386,7 +478,7 @@ impl PluginRegistry {
         })?;
         let manifest = self.switch(caller, manifest, &slots, version, false)?;
         audit(caller, "rollback", name, Some(version), previous, "");
-        Ok(manifest)
+        Ok(self.with_file(manifest))
     }
 
     /// Loads `version` for every slot, swaps them all, and records it.
@@ -401,11 +493,17 @@ impl PluginRegistry {
         remember: bool,
     ) -> Result<Manifest> {
         let name = manifest.name.clone();
-        let stored = manifest.versions.iter().find(|v| v.version == version).cloned().ok_or_else(|| {
-            let have: Vec<String> = manifest.versions.iter().map(|v| v.version.to_string()).collect();
-            Error::not_found(format!("plugin '{name}' has no version {version} (versions: {})", have.join(", ")))
-        })?;
-        let bytes = self.read_blob(&stored)?;
+        let bytes = if version == FILE_VERSION {
+            self.file_of(&name)
+                .map_err(|e| Error::not_found(format!("plugin '{name}' has no version 0: {}", e.message())))?
+                .1
+        } else {
+            let stored = manifest.versions.iter().find(|v| v.version == version).cloned().ok_or_else(|| {
+                let have: Vec<String> = manifest.versions.iter().map(|v| v.version.to_string()).collect();
+                Error::not_found(format!("plugin '{name}' has no version {version} (versions: {})", have.join(", ")))
+            })?;
+            self.read_blob(&stored)?
+        };
         // Checked once against every slot; then each slot gets its own
         // plugin (its own warm instances) of the same bytes.
         let checked = self.validate(&name, &bytes, slots)?;
@@ -415,7 +513,8 @@ impl PluginRegistry {
                 self.load(&name, &bytes).map_err(|e| e.into_unprocessable(format_args!("plugin '{name}' refused")))?,
             ));
         }
-        let previous = manifest.active;
+        // Nothing activated yet: the file (version 0) was serving.
+        let previous = manifest.active.or_else(|| self.file_version(&name).map(|_| FILE_VERSION));
         manifest.active = Some(version);
         if remember {
             if let Some(previous) = previous.filter(|&p| p != version) {
@@ -440,6 +539,11 @@ impl PluginRegistry {
         let mut state = self.lock();
         self.authorize(&state, caller, name)?;
         let mut manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
+        if version == FILE_VERSION {
+            return Err(Error::failed_precondition(format!(
+                "version 0 of plugin '{name}' is {name}.wasm in [plugins] dir; remove the file there to remove it"
+            )));
+        }
         if manifest.active == Some(version) {
             return Err(Error::failed_precondition(format!(
                 "version {version} of plugin '{name}' is active; activate another version first"
@@ -463,13 +567,29 @@ impl PluginRegistry {
         }
         state.manifests.insert(name.to_string(), manifest.clone());
         audit(caller, "delete", name, Some(version), None, &removed.sha256);
-        Ok(manifest)
+        drop(state);
+        Ok(self.with_file(manifest))
     }
 
     /// The manifests `caller` may see.
+    /// Every plugin a pipeline runs or that was uploaded, version 0
+    /// included, as far as `caller` may see.
     pub fn list(&self, caller: &Caller) -> Result<Vec<Manifest>> {
-        let state = self.lock();
-        Ok(state.manifests.values().filter(|m| caller.may(m.team.as_deref())).cloned().collect())
+        let manifests: Vec<Manifest> = {
+            let state = self.lock();
+            let mut all: BTreeMap<String, Manifest> = state.manifests.clone();
+            for (name, slots) in &state.bindings {
+                all.entry(name.clone()).or_insert_with(|| Manifest {
+                    name: name.clone(),
+                    team: slots.first().and_then(|s| s.team().map(str::to_string)),
+                    active: None,
+                    history: Vec::new(),
+                    versions: Vec::new(),
+                });
+            }
+            all.into_values().filter(|m| caller.may(m.team.as_deref())).collect()
+        };
+        Ok(manifests.into_iter().map(|m| self.with_file(m)).collect())
     }
 
     /// One manifest, when `caller` may see it.
@@ -479,7 +599,9 @@ impl PluginRegistry {
         if !caller.may(manifest.team.as_deref()) {
             return Err(Error::PermissionDenied(format!("plugin '{name}' belongs to another team")));
         }
-        Ok(manifest.clone())
+        let manifest = manifest.clone();
+        drop(state);
+        Ok(self.with_file(manifest))
     }
 
     fn blob_path(&self, sha256: &str) -> PathBuf {
@@ -520,7 +642,7 @@ fn read_manifest(path: &Path) -> Result<Manifest> {
         return Err(Error::internal(format!("it names plugin '{}', but the file is {stem}.json", manifest.name)));
     }
     check_name("name", &manifest.name)?;
-    if let Some(active) = manifest.active {
+    if let Some(active) = manifest.active.filter(|&a| a != FILE_VERSION) {
         if !manifest.versions.iter().any(|v| v.version == active) {
             return Err(Error::internal(format!("active version {active} is not among its versions")));
         }

@@ -71,7 +71,8 @@ pub fn check_inputs(info: &PluginInfo, inputs: &[Tensor]) -> Result<Option<i64>,
     let mut rows: Option<(i64, &str)> = None;
     for spec in &info.inputs {
         let mut given = inputs.iter().filter(|t| t.name() == spec.name);
-        let tensor = given.next().ok_or_else(|| PluginError::invalid_input(format!("missing input '{}'", spec.name)))?;
+        let tensor =
+            given.next().ok_or_else(|| PluginError::invalid_input(format!("missing input '{}'", spec.name)))?;
         if given.next().is_some() {
             return Err(PluginError::invalid_input(format!("input '{}' is given twice", spec.name)));
         }

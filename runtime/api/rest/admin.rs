@@ -96,6 +96,7 @@ pub fn routes() -> Router<RestState> {
         .route("/admin/v1/plugins/{name}/rollback", post(rollback))
         .route("/admin/v1/plugins/{name}/versions/{version}", delete(remove))
         .route("/admin/v1/pipelines/{pipeline}/plugin", put(upload_to_pipeline))
+        .route("/admin/v1/pipelines", get(pipelines))
 }
 
 type Work = Box<dyn FnOnce(&PluginRegistry, &Caller) -> Result<Value> + Send>;
@@ -218,6 +219,12 @@ async fn list(State(state): State<RestState>, headers: HeaderMap) -> Response {
         Ok(json!({ "plugins": manifests.iter().map(manifest_json).collect::<Vec<_>>() }))
     })
     .await
+}
+
+/// What every pipeline's plugin stage runs now: plugin, version, what it
+/// declares, sha256.
+async fn pipelines(State(state): State<RestState>, headers: HeaderMap) -> Response {
+    call(&state, &headers, |registry, caller| Ok(json!({ "pipelines": registry.running(caller) }))).await
 }
 
 async fn show(State(state): State<RestState>, Path(name): Path<String>, headers: HeaderMap) -> Response {

@@ -137,7 +137,7 @@ impl PluginStage {
             StageRole::Postprocess => World::Postprocessor,
         };
         let mut failures = Vec::new();
-        for (source, bytes) in registry.initial_sources(name, place.team)? {
+        for (version, source, bytes) in registry.initial_sources(name, place.team)? {
             // A panic while loading is this source's failure (the registry
             // guards plugin code), not the server's.
             let plugin = match registry.load(name, &bytes) {
@@ -167,6 +167,18 @@ impl PluginStage {
             }
             registry.bind(name, stage.clone())?;
             current.accepted();
+            // What each pipeline runs, said once at start: a stored version
+            // shadowing the file, or a fallback, is never silent.
+            tracing::info!(
+                pipeline = place.pipeline,
+                stage = place.role.key(),
+                plugin = name,
+                version,
+                declared = %current.label(),
+                sha256 = current.sha256(),
+                %source,
+                "plugin stage serving"
+            );
             return Ok(stage);
         }
         Err(Error::invalid_argument(format!("plugin '{name}' could not be loaded: {}", failures.join("; "))))
@@ -222,6 +234,11 @@ impl PluginSlot for PluginStage {
         self.accepts(&plugin)?;
         self.current.store(plugin);
         Ok(())
+    }
+
+    fn running(&self) -> (String, String) {
+        let current = self.current();
+        (current.label().to_string(), current.sha256().to_string())
     }
 }
 
