@@ -35,7 +35,8 @@ enum Command {
     /// Load a Predict endpoint (sluice or TF Serving) and report throughput
     /// and latency percentiles.
     Bench(sluice::cli::bench::BenchArgs),
-    /// Work with WebAssembly plugins.
+    /// Work with WebAssembly plugins: new, check, push, list, show,
+    /// activate, rollback, delete.
     #[command(subcommand)]
     Plugin(PluginCommand),
     /// Work with configuration files.
@@ -69,6 +70,9 @@ enum PluginCommand {
     /// Load a plugin as the server would, print what it declares, and run a
     /// sample under the real limits, with its time and peak memory.
     Check(sluice::cli::plugin_check::CheckArgs),
+    /// Create a plugin crate that builds and passes `plugin check` as
+    /// generated, fitted to a model with --model.
+    New(sluice::cli::plugin_new::NewArgs),
     /// Upload a plugin to a running server (admin API) and, by default,
     /// activate it for the pipeline. The token comes from SLUICE_TOKEN.
     Push(sluice::cli::plugin_push::PushArgs),
@@ -411,6 +415,10 @@ fn main() -> ExitCode {
                     .await
                     .map_err(|e| anyhow::anyhow!("the check panicked: {e}"))??;
                 print!("{report}");
+                Ok(())
+            }
+            Command::Plugin(PluginCommand::New(args)) => {
+                println!("{}", sluice::cli::plugin_new::create(&args).await?);
                 Ok(())
             }
             Command::Plugin(PluginCommand::Push(args)) => {

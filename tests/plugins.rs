@@ -573,3 +573,41 @@ fn plugin_check_input_gets_the_checks_a_request_gets() {
         assert!(stderr.contains(says), "case {i}: {says:?} not in {stderr}");
     }
 }
+
+#[test]
+fn a_scaffolded_plugin_builds_for_webassembly_and_passes_plugin_check_as_generated() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (code, stdout, stderr) = sluice(&[
+        "plugin",
+        "new",
+        "scaffolded",
+        "--world",
+        "preprocessor",
+        "--model",
+        "examples/models/mlp",
+        "--dir",
+        dir.path().to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("cargo wasm"), "{stdout}");
+    let crate_dir = dir.path().join("scaffolded");
+    let lib = std::fs::read_to_string(crate_dir.join("src/lib.rs")).expect("lib.rs");
+    assert!(lib.contains("TensorSpec::new(\"x\", DType::F32, &[-1, 64])"), "fitted to the MLP's input:\n{lib}");
+    // Built with the repository's target directory, so the SDK and its
+    // dependencies are not compiled again.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    for args in [&["test", "--offline"][..], &["wasm", "--offline"][..]] {
+        let output = std::process::Command::new(&cargo)
+            .args(args)
+            .current_dir(&crate_dir)
+            .env("CARGO_TARGET_DIR", root().join("target"))
+            .output()
+            .expect("run cargo");
+        assert!(output.status.success(), "cargo {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let wasm = root().join("target/wasm32-wasip2/release/scaffolded.wasm");
+    let (code, stdout, stderr) =
+        sluice(&["plugin", "check", wasm.to_str().expect("utf-8"), "--model", "examples/models/mlp"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("fits model 'mlp' (versions 1, 2) as its preprocessor"), "{stdout}");
+}

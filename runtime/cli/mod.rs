@@ -1,5 +1,6 @@
 //! The commands besides `serve`: `sluice bench` ([`bench`]), `sluice
-//! plugin check` and `push` ([`plugin_check`], [`plugin_push`]), `sluice
+//! plugin check`, `new` and `push`/`list`/… ([`plugin_check`],
+//! [`plugin_new`], [`plugin_push`]), `sluice
 //! config check` ([`config_check`]) and `sluice features load`
 //! ([`features_load`]). They sit above the library: they use
 //! it, nothing in it uses them.
@@ -8,4 +9,5 @@ pub mod bench;
 pub mod config_check;
 pub mod features_load;
 pub mod plugin_check;
+pub mod plugin_new;
 pub mod plugin_push;
