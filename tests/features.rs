@@ -619,3 +619,50 @@ async fn with_on_store_error_defaults_a_redis_outage_serves_the_defaults() {
     let err = client.predict(probe("probe-strict", i64_keys(&[1], &[4]))).await.expect_err("fail policy");
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
 }
+
+#[tokio::test]
+async fn a_client_with_a_tiny_deadline_never_fails_the_requests_sharing_its_round_trip() {
+    let redis = RedisServer::start();
+    let config = write_config(&Store::Redis { url: &redis.url(), cache: false, on_error: "fail" });
+    load_redis(&config.path, &redis.url());
+    let server = serve(&config);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut hurried = Vec::new();
+    for _ in 0..4 {
+        let mut client = server.predict_client().await;
+        let stop = stop.clone();
+        hurried.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let request = with_timeout(
+                    probe("probe-ints", i64_keys(&[1, 8], &[1, 2, 3, 4, 5, 6, 7, 8])),
+                    Duration::from_micros(300),
+                );
+                let _ = client.predict(request).await;
+            }
+        }));
+    }
+    let mut patient = Vec::new();
+    for t in 0..4i64 {
+        let mut client = server.predict_client().await;
+        patient.push(tokio::spawn(async move {
+            for i in 0..100i64 {
+                let keys: Vec<i64> = (0..8).map(|j| 1 + (t * 13 + i * 7 + j) % 50).collect();
+                let request = with_timeout(probe("probe-ints", i64_keys(&[1, 8], &keys)), Duration::from_secs(5));
+                let response = client
+                    .predict(request)
+                    .await
+                    .map_err(|e| format!("a request with 5 s to spare failed beside hurried ones: {e}"))?;
+                let want: Vec<f32> = keys.iter().flat_map(|&k| expected_row(Some(k), 1)).collect();
+                assert_eq!(f32_values(&response.into_inner().outputs["y"]), want);
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    for task in patient {
+        task.await.expect("join").unwrap_or_else(|e| panic!("{e}"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in hurried {
+        task.await.expect("join");
+    }
+}

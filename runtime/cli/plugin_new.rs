@@ -43,15 +43,20 @@ pub struct NewArgs {
     /// Where to create the crate (a new directory NAME inside it).
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,
-    /// The sluice-sdk crate to depend on.
+    /// The sluice-sdk crate to depend on (by path; it is not published).
+    /// Default: the `sdk/` of the checkout this binary was built from.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk"))]
     pub sdk: PathBuf,
 }
 
 /// Creates the crate; answers what was made and the next commands.
 pub async fn create(args: &NewArgs) -> anyhow::Result<String> {
-    if args.name.is_empty() || !args.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        bail!("plugin name \"{}\": use letters, digits and '_' (it names the crate and the .wasm file)", args.name);
+    let starts_with_letter = args.name.chars().next().is_some_and(|c| c.is_ascii_alphabetic());
+    if !starts_with_letter || !args.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        bail!(
+            "plugin name \"{}\": a letter, then letters, digits and '_' (it names the crate and the .wasm file)",
+            args.name
+        );
     }
     let root = args.dir.join(&args.name);
     if root.exists() {
@@ -113,7 +118,7 @@ publish = false
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-sluice-sdk = {{ path = "{sdk}" }}
+sluice-sdk = {{ path = {sdk} }}
 
 [profile.release]
 # Small, fast components: no debug info, one codegen unit.
@@ -122,7 +127,8 @@ strip = true
 lto = true
 codegen-units = 1
 "#,
-        sdk = sdk.display()
+        // Quoted and escaped as TOML writes strings.
+        sdk = toml::Value::String(sdk.display().to_string())
     )
 }
 
@@ -140,13 +146,8 @@ fn specs_code(specs: &[TensorSpec]) -> String {
     let mut out = String::new();
     for spec in specs {
         let dims: Vec<String> = spec.shape.iter().map(i64::to_string).collect();
-        let _ = writeln!(
-            out,
-            "        TensorSpec::new(\"{}\", DType::{:?}, &[{}]),",
-            spec.name,
-            spec.dtype,
-            dims.join(", ")
-        );
+        let _ =
+            writeln!(out, "        TensorSpec::new({:?}, DType::{:?}, &[{}]),", spec.name, spec.dtype, dims.join(", "));
     }
     out
 }

@@ -165,7 +165,8 @@ pub struct FeatureSpec {
 impl FeatureSpec {
     /// Values per entity.
     pub fn elements(&self) -> usize {
-        self.shape.iter().map(|&d| d.max(0) as usize).product()
+        // Saturating: a shape too large to count is refused by the check.
+        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d.max(0) as usize)).unwrap_or(usize::MAX)
     }
 }
 
@@ -324,7 +325,7 @@ impl FeaturesConfig {
             for (feature, spec) in &table.features {
                 let feature_key = format!("{key}.features.{feature}");
                 super::check_name(&feature_key, feature)?;
-                if feature == &table.key {
+                if table.store == StoreKind::Embedded && feature == &table.key {
                     return Err(invalid!("{feature_key}: the key column '{}' is not a feature", table.key));
                 }
                 if let Some(d) = spec.shape.iter().find(|&&d| d < 1) {
@@ -396,9 +397,17 @@ impl FeatureFetchConfig {
                 }
                 let tensor = fetched.tensor_name();
                 super::check_name(&format!("{feature_key}.tensor"), tensor)?;
-                if !tensors.insert(tensor.to_string()) || tensor == lookup.keys {
+                if !tensors.insert(tensor.to_string()) {
                     return Err(invalid!(
                         "{feature_key}: tensor '{tensor}' is made twice in this pipeline's feature_fetch"
+                    ));
+                }
+                // A later lookup may read it as its keys; this one or an
+                // earlier one reading it would read the client's input.
+                if let Some(j) = self.lookups[..=i].iter().position(|l| l.keys == tensor) {
+                    return Err(invalid!(
+                        "{feature_key}: tensor '{tensor}' is also lookups[{j}].keys, an input clients send; \
+                         name it differently"
                     ));
                 }
             }

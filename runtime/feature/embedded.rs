@@ -142,9 +142,14 @@ impl Watch {
             if FileVersion::of(&self.path) != version {
                 continue;
             }
-            self.loaded = version;
             let table = &shared.schema.table;
-            match file::read(&self.path, &shared.schema, &self.key) {
+            let read = file::read(&self.path, &shared.schema, &self.key);
+            // Changed while being read (a slow writer): read again next time.
+            if FileVersion::of(&self.path) != version {
+                continue;
+            }
+            self.loaded = version;
+            match read {
                 Ok(data) => {
                     tracing::info!(table, rows = data.len(), file = %self.path.display(), "feature table reloaded");
                     shared.table.store(Arc::new(data));

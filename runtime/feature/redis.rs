@@ -8,9 +8,10 @@
 //! request's keys, of every table — removes duplicates, and sends them as
 //! one pipelined round trip of `HMGET`s; while up to
 //! `max_round_trips_in_flight` trips are out, new lookups wait and go
-//! together in the next. A trip's timeout is the earliest remaining
-//! deadline among its requests (less a margin, so the answer is
-//! UNAVAILABLE, not a passed deadline), capped by `timeout_ms`.
+//! together in the next. A trip is bounded by the latest deadline of its
+//! requests, capped by `timeout_ms`; each request stops waiting just
+//! before its own deadline (answering UNAVAILABLE, not a passed
+//! deadline), so a short deadline never fails the others in its trip.
 //!
 //! The connection is redis' `ConnectionManager`, which reconnects by
 //! itself; the first connection is made in the background, so a Redis
@@ -152,21 +153,25 @@ async fn coalesce(mut waiting: mpsc::Receiver<Pending>, connection: Arc<Connecti
     }
 }
 
-/// One pipelined round trip for `batch`: each distinct key once.
+/// One pipelined round trip for `batch`: each distinct key once. Requests
+/// whose deadline has passed are answered at once and left out; the trip
+/// is bounded by the latest deadline of the others (each request stops
+/// waiting at its own, in [`RedisStore`]), capped by `timeout_ms`, so one
+/// client's short deadline never fails the requests it shares a trip with.
 async fn round_trip(connection: &Connection, mut batch: Vec<Pending>, cap: Duration) {
     batch.retain(|pending| !pending.reply.is_closed());
-    let Some(earliest) = batch.iter().map(|p| p.deadline).min_by_key(|d| d.unwrap_or_else(far_future)) else {
+    let now = Instant::now();
+    let (expired, live): (Vec<Pending>, Vec<Pending>) =
+        batch.into_iter().partition(|p| p.deadline.is_some_and(|at| at <= now));
+    for pending in expired {
+        let _ = pending.reply.send(Err(Error::deadline_exceeded("while waiting for a Redis round trip")));
+    }
+    let batch = live;
+    if batch.is_empty() {
         return;
-    };
-    let budget = match earliest {
-        None => cap,
-        Some(at) => {
-            let left = at.saturating_duration_since(Instant::now());
-            // Answer before the earliest deadline, so its request hears
-            // why instead of a bare DEADLINE_EXCEEDED.
-            left.saturating_sub((left / 10).min(Duration::from_millis(5))).min(cap)
-        }
-    };
+    }
+    let latest = batch.iter().map(|p| p.deadline).max_by_key(|d| d.unwrap_or_else(far_future)).flatten();
+    let budget = latest.map_or(cap, |at| at.saturating_duration_since(now).min(cap));
     let Some(manager) = connection.manager.load_full() else {
         let last = connection.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone();
         return fail(
@@ -377,9 +382,26 @@ impl RedisStore {
                     Error::unavailable(format!("the Redis feature store {} has stopped", self.client.url))
                 }
             })?;
-            let rows = answer.await.map_err(|_| {
-                Error::unavailable(format!("the Redis feature store {} dropped a lookup", self.client.url))
-            })??;
+            let answered = async {
+                answer.await.map_err(|_| {
+                    Error::unavailable(format!("the Redis feature store {} dropped a lookup", self.client.url))
+                })?
+            };
+            let rows = match deadline {
+                None => answered.await?,
+                // Stops waiting a little before the deadline, so the
+                // request hears why instead of a bare DEADLINE_EXCEEDED.
+                Some(at) => {
+                    let left = at.saturating_duration_since(Instant::now());
+                    let budget = left.saturating_sub((left / 10).min(Duration::from_millis(5)));
+                    tokio::time::timeout(budget, answered).await.map_err(|_| {
+                        Error::unavailable(format!(
+                            "the Redis feature store {} did not answer before the request's deadline",
+                            self.client.url
+                        ))
+                    })??
+                }
+            };
             for ((i, full), row) in asked.into_iter().zip(full_keys).zip(rows) {
                 let row = row.map_err(|problem| {
                     Error::failed_precondition(format!(

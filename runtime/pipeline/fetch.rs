@@ -22,7 +22,7 @@ use crate::config::features::{FeatureFetchConfig, FeatureSpec, StoreErrorPolicy}
 use crate::error::{Code, Error, Result};
 use crate::feature::{value, Column, ColumnValues, FeatureStore, FeatureTables, Keys};
 use crate::metrics::{Metrics, QueueMetrics};
-use crate::tensor::spec::TensorSpec;
+use crate::tensor::spec::{fits, TensorSpec};
 use crate::tensor::{tensor_bytes, DType, NamedTensor, Tensor, TensorData};
 
 /// A pipeline's feature-fetch stage.
@@ -44,6 +44,22 @@ struct Lookup {
     /// Feature indexes in the table's schema, in `features` order.
     wanted: Vec<usize>,
     features: Vec<Fetched>,
+}
+
+impl Lookup {
+    /// The tensors it makes: per feature, the key shape followed by the
+    /// feature's shape.
+    fn outputs(&self) -> Vec<TensorSpec> {
+        self.features
+            .iter()
+            .map(|f| TensorSpec {
+                name: f.tensor.clone(),
+                dtype: f.spec.dtype,
+                shape: self.keys.shape.iter().chain(&f.spec.shape).copied().collect(),
+                unknown_rank: false,
+            })
+            .collect()
+    }
 }
 
 /// One feature a lookup fetches and the tensor it becomes.
@@ -94,6 +110,15 @@ impl FeatureFetch {
             };
             lookups.push(Lookup { keys, store, wanted, features });
         }
+        // A lookup reading keys an earlier lookup made: those must be keys
+        // of its dtype and shape, checked now rather than by the model.
+        for (i, lookup) in lookups.iter().enumerate() {
+            let made = lookups[..i].iter().flat_map(Lookup::outputs).find(|spec| spec.name == lookup.keys.name);
+            if let Some(made) = made {
+                fits(&made, &lookup.keys)
+                    .map_err(|e| e.context(format_args!("lookups[{i}] reads keys that an earlier lookup makes")))?;
+            }
+        }
         let label = format!("the feature fetch of pipeline '{pipeline}'");
         let metrics = metrics.queue(&format!("{pipeline}/feature_fetch"));
         let admission =
@@ -126,17 +151,7 @@ impl FeatureFetch {
     /// The tensors it adds: per feature, the key shape followed by the
     /// feature's shape.
     pub fn outputs(&self) -> Vec<TensorSpec> {
-        self.lookups
-            .iter()
-            .flat_map(|lookup| {
-                lookup.features.iter().map(|f| TensorSpec {
-                    name: f.tensor.clone(),
-                    dtype: f.spec.dtype,
-                    shape: lookup.keys.shape.iter().chain(&f.spec.shape).copied().collect(),
-                    unknown_rank: false,
-                })
-            })
-            .collect()
+        self.lookups.iter().flat_map(Lookup::outputs).collect()
     }
 
     /// Runs every lookup on one request: `tensors` with the fetched ones

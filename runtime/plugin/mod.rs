@@ -153,8 +153,8 @@ impl Plugin {
     ) -> Result<Plugin> {
         let wasm = std::fs::read(path).map_err(|e| {
             let hint = if e.kind() == std::io::ErrorKind::NotFound {
-                "; a plugin crate builds a .wasm only with crate-type = [\"cdylib\"] under [lib] in its Cargo.toml, \
-                 into target/wasm32-wasip2/<profile>/NAME.wasm"
+                "; if it is a plugin crate's build output: a crate builds a .wasm only with \
+                 crate-type = [\"cdylib\"] under [lib] in its Cargo.toml (into target/wasm32-wasip2/PROFILE/)"
             } else {
                 ""
             };

@@ -42,11 +42,12 @@ pub trait PluginSlot: Send + Sync {
     /// Checks that `plugin` may serve here: the right world, the slot's
     /// interface, and it fits every version of the pipeline's model.
     fn accepts(&self, plugin: &Plugin) -> Result<()>;
-    /// Serves new requests with `plugin` from now on (checked first).
-    fn swap(&self, plugin: Arc<Plugin>) -> Result<()>;
-    /// The plugin serving now: what it declares (`name version`) and the
-    /// SHA-256 of its bytes.
-    fn running(&self) -> (String, String);
+    /// Serves new requests with `plugin`, the registry's `version` of it,
+    /// from now on (checked first).
+    fn swap(&self, plugin: Arc<Plugin>, version: u32) -> Result<()>;
+    /// The plugin serving now: the registry's version of it, what it
+    /// declares (`name version`) and the SHA-256 of its bytes.
+    fn running(&self) -> (u32, String, String);
 }
 
 /// The version number of `NAME.wasm` in the plugin directory.
@@ -244,10 +245,12 @@ impl PluginRegistry {
                 None => {}
             }
         }
-        match self.file_of(name) {
-            Ok((path, bytes)) => sources.push((FILE_VERSION, format!("{} (version 0)", path.display()), bytes)),
-            Err(e) if sources.is_empty() => return Err(e),
-            Err(e) => tracing::warn!(plugin = name, "no fallback: {e}"),
+        if !sources.iter().any(|(version, ..)| *version == FILE_VERSION) {
+            match self.file_of(name) {
+                Ok((path, bytes)) => sources.push((FILE_VERSION, format!("{} (version 0)", path.display()), bytes)),
+                Err(e) if sources.is_empty() => return Err(e),
+                Err(e) => tracing::warn!(plugin = name, "no fallback: {e}"),
+            }
         }
         Ok(sources)
     }
@@ -292,17 +295,15 @@ impl PluginRegistry {
         let state = self.lock();
         let mut running = Vec::new();
         for (name, slots) in &state.bindings {
-            let active = state.manifests.get(name).and_then(|m| m.active).or_else(|| {
-                // Nothing activated: the file serves.
-                self.config.path_of(name).ok().filter(|p| p.is_file()).map(|_| FILE_VERSION)
-            });
             for slot in slots.iter().filter(|slot| caller.may(slot.team())) {
-                let (declared, sha256) = slot.running();
+                // What the slot loaded, which a fallback at start-up may
+                // have made differ from the manifest's active version.
+                let (version, declared, sha256) = slot.running();
                 running.push(Running {
                     pipeline: slot.pipeline().to_string(),
                     team: slot.team().map(str::to_string),
                     plugin: name.clone(),
-                    version: active,
+                    version: Some(version),
                     declared,
                     sha256,
                 });
@@ -461,7 +462,7 @@ impl PluginRegistry {
     /// requests with.
     pub fn activate(&self, caller: &Caller, name: &str, version: u32) -> Result<Manifest> {
         let (manifest, slots) = self.to_change(caller, name)?;
-        let manifest = manifest.ok_or_else(|| no_plugin(name))?;
+        let manifest = self.or_file_only(name, manifest, &slots)?;
         let previous = manifest.active;
         let manifest = self.switch(caller, manifest, &slots, version, true)?;
         audit(caller, "activate", name, Some(version), previous, "");
@@ -471,11 +472,21 @@ impl PluginRegistry {
     /// Returns `name` to the version active before the current one.
     pub fn rollback(&self, caller: &Caller, name: &str) -> Result<Manifest> {
         let (manifest, slots) = self.to_change(caller, name)?;
-        let mut manifest = manifest.ok_or_else(|| no_plugin(name))?;
+        let mut manifest = self.or_file_only(name, manifest, &slots)?;
         let previous = manifest.active;
-        let version = manifest.history.pop().ok_or_else(|| {
-            Error::failed_precondition(format!("plugin '{name}' has no earlier active version to roll back to"))
-        })?;
+        // Version 0 whose file is gone is skipped, not a dead end.
+        let has_file = self.file_version(name).is_some();
+        let version = loop {
+            match manifest.history.pop() {
+                Some(FILE_VERSION) if !has_file => continue,
+                Some(version) => break version,
+                None => {
+                    return Err(Error::failed_precondition(format!(
+                        "plugin '{name}' has no earlier active version to roll back to"
+                    )))
+                }
+            }
+        };
         let manifest = self.switch(caller, manifest, &slots, version, false)?;
         audit(caller, "rollback", name, Some(version), previous, "");
         Ok(self.with_file(manifest))
@@ -527,7 +538,7 @@ impl PluginRegistry {
         state.manifests.insert(name.clone(), manifest.clone());
         for (slot, plugin) in slots.iter().zip(loaded) {
             plugin.accepted();
-            slot.swap(plugin)?;
+            slot.swap(plugin, version)?;
             tracing::info!(plugin = %name, version, pipeline = %slot.pipeline(), token_id = %caller.token_id, "swapped");
         }
         Ok(manifest)
@@ -592,10 +603,31 @@ impl PluginRegistry {
         Ok(manifests.into_iter().map(|m| self.with_file(m)).collect())
     }
 
+    /// A plugin with no upload yet whose file a pipeline runs: a manifest
+    /// of version 0 alone, owned by the pipeline's team.
+    fn or_file_only(&self, name: &str, manifest: Option<Manifest>, slots: &Slots) -> Result<Manifest> {
+        match manifest {
+            Some(manifest) => Ok(manifest),
+            None if !slots.is_empty() || self.file_version(name).is_some() => Ok(Manifest {
+                name: name.to_string(),
+                team: slots.first().and_then(|s| s.team().map(str::to_string)),
+                active: None,
+                history: Vec::new(),
+                versions: Vec::new(),
+            }),
+            None => Err(no_plugin(name)),
+        }
+    }
+
     /// One manifest, when `caller` may see it.
     pub fn show(&self, caller: &Caller, name: &str) -> Result<Manifest> {
         let state = self.lock();
-        let manifest = state.manifests.get(name).ok_or_else(|| no_plugin(name))?;
+        let slots = state.bindings.get(name).cloned().unwrap_or_default();
+        let file_only = match state.manifests.get(name) {
+            Some(_) => None,
+            None => Some(self.or_file_only(name, None, &slots)?),
+        };
+        let manifest = file_only.as_ref().or_else(|| state.manifests.get(name)).ok_or_else(|| no_plugin(name))?;
         if !caller.may(manifest.team.as_deref()) {
             return Err(Error::PermissionDenied(format!("plugin '{name}' belongs to another team")));
         }

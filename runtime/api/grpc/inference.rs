@@ -54,6 +54,10 @@ impl GrpcInferenceService for InferenceApi {
     }
 
     async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
+        // Not ready (loading, draining): false, not an error.
+        if self.state.phase.check_ready().is_err() {
+            return Ok(Response::new(ModelReadyResponse { ready: false }));
+        }
         let cx = context_named(&self.state, "model_ready", &request, &request.get_ref().name);
         let request = request.into_inner();
         let state = &self.state;

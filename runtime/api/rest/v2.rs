@@ -98,8 +98,9 @@ pub(super) async fn route(
     let (api, name) = match call {
         Call::Live => return (request_id(given_id), json_response(json!({ "live": true }))),
         Call::Ready => {
+            // The protocol: 200 for true, a 4xx for false.
             let ready = phase == Phase::Ready;
-            let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            let status = if ready { StatusCode::OK } else { StatusCode::BAD_REQUEST };
             return (request_id(given_id), (status, json_response(json!({ "ready": ready }))).into_response());
         }
         Call::ServerMetadata => {

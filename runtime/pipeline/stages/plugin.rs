@@ -3,6 +3,7 @@
 //! upload against it and swaps it, without knowing what a pipeline is.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -35,6 +36,8 @@ pub struct PluginStage {
     world: World,
     model: Arc<ServedModel>,
     current: ArcSwap<Plugin>,
+    /// The registry's version of `current` (0: the plugin directory's file).
+    version: AtomicU32,
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
 }
@@ -159,6 +162,7 @@ impl PluginStage {
                 inputs: description.inputs.clone(),
                 outputs: description.outputs.clone(),
                 current: ArcSwap::new(Arc::new(plugin)),
+                version: AtomicU32::new(version),
             });
             let current = stage.current();
             if let Err(e) = stage.fits_model(&current) {
@@ -230,15 +234,16 @@ impl PluginSlot for PluginStage {
         self.same_interface(plugin)
     }
 
-    fn swap(&self, plugin: Arc<Plugin>) -> Result<()> {
+    fn swap(&self, plugin: Arc<Plugin>, version: u32) -> Result<()> {
         self.accepts(&plugin)?;
         self.current.store(plugin);
+        self.version.store(version, Ordering::Relaxed);
         Ok(())
     }
 
-    fn running(&self) -> (String, String) {
+    fn running(&self) -> (u32, String, String) {
         let current = self.current();
-        (current.label().to_string(), current.sha256().to_string())
+        (self.version.load(Ordering::Relaxed), current.label().to_string(), current.sha256().to_string())
     }
 }
 
