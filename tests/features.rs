@@ -397,6 +397,8 @@ async fn bad_keys_and_bad_stored_values_get_their_codes_and_the_server_keeps_ser
     // that is not a hash.
     assert_eq!(redis.command(&[b"HSET", b"ints:8", b"v", b"12345"]).as_deref(), Some(":0\r\n"));
     assert_eq!(redis.command(&[b"SET", b"ints:9", b"x"]).as_deref(), Some("+OK\r\n"));
+    // A value far larger than its feature can be: refused, never cached.
+    assert_eq!(redis.command(&[b"HSET", b"ints:10", b"v", &[7u8; 100_000]]).as_deref(), Some(":0\r\n"));
     let server = serve(&config);
     let mut client = server.predict_client().await;
     let cases: Vec<(&str, PredictRequest, Code, Vec<&str>)> = vec![
@@ -439,6 +441,12 @@ async fn bad_keys_and_bad_stored_values_get_their_codes_and_the_server_keeps_ser
             probe("probe-strict", i64_keys(&[2], &[1, 8])),
             Code::FailedPrecondition,
             vec!["key \"8\"", "field 'v'", "5 bytes", "3 × 4 = 12"],
+        ),
+        (
+            "an oversized stored value",
+            probe("probe-strict", i64_keys(&[1], &[10])),
+            Code::FailedPrecondition,
+            vec!["key \"10\"", "field 'v' holds 100000 bytes", "more than the 12"],
         ),
         (
             "a key that is not a hash",

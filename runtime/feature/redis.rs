@@ -58,8 +58,15 @@ struct Pending {
 struct TableRef {
     /// The fields to read: the table's features, in schema order.
     fields: Vec<Bytes>,
+    /// The most bytes each field's value may hold: exactly a fixed-width
+    /// value's size, or [`MAX_STRING_BYTES`] per string. A larger value is
+    /// refused, never kept in the cache.
+    max_bytes: Vec<usize>,
     metrics: FeatureMetrics,
 }
+
+/// The longest string one element of a string feature may hold in Redis.
+pub const MAX_STRING_BYTES: usize = 64 << 10;
 
 /// The connection, once made, and the last error while it is not.
 struct Connection {
@@ -251,7 +258,7 @@ async fn round_trip(connection: &Connection, mut batch: Vec<Pending>, cap: Durat
         Ok(Ok(values)) => values,
     };
     let rows: Vec<std::result::Result<Row, String>> =
-        values.into_iter().zip(&order).map(|(value, (table, _))| row_of(value, table.fields.len())).collect();
+        values.into_iter().zip(&order).map(|(value, (table, _))| row_of(value, table)).collect();
     for (pending, slots) in batch.into_iter().zip(slots) {
         let answer = slots.iter().map(|&at| rows[at].clone()).collect();
         let _ = pending.reply.send(Ok(answer));
@@ -259,12 +266,19 @@ async fn round_trip(connection: &Connection, mut batch: Vec<Pending>, cap: Durat
 }
 
 /// One `HMGET` reply as a row, or what was wrong with it.
-fn row_of(value: redis::Value, fields: usize) -> std::result::Result<Row, String> {
+fn row_of(value: redis::Value, table: &TableRef) -> std::result::Result<Row, String> {
     match value {
-        redis::Value::Array(items) if items.len() == fields => items
+        redis::Value::Array(items) if items.len() == table.fields.len() => items
             .into_iter()
-            .map(|item| match item {
+            .zip(&table.max_bytes)
+            .zip(&table.fields)
+            .map(|((item, &max), field)| match item {
                 redis::Value::Nil => Ok(None),
+                redis::Value::BulkString(bytes) if bytes.len() > max => Err(format!(
+                    "field '{}' holds {} bytes, more than the {max} its feature's value can take",
+                    String::from_utf8_lossy(field),
+                    bytes.len()
+                )),
                 redis::Value::BulkString(bytes) => Ok(Some(Bytes::from(bytes))),
                 other => Err(format!("a field holds {other:?}, not a string")),
             })
@@ -307,6 +321,14 @@ impl RedisStore {
     ) -> RedisStore {
         let schema = Schema::of(name, config);
         let fields = schema.features.iter().map(|(name, _)| Bytes::copy_from_slice(name.as_bytes())).collect();
+        let max_bytes = schema
+            .features
+            .iter()
+            .map(|(_, spec)| match spec.dtype.size() {
+                Some(size) => size.saturating_mul(spec.elements()),
+                None => spec.elements().saturating_mul(4 + MAX_STRING_BYTES),
+            })
+            .collect();
         let cache = redis.filter(|r| r.cache_entries > 0).map(|r| {
             moka::sync::Cache::builder()
                 .max_capacity(r.cache_entries)
@@ -317,7 +339,7 @@ impl RedisStore {
             schema,
             prefix: Bytes::from(config.redis_prefix(name)),
             client,
-            table: Arc::new(TableRef { fields, metrics }),
+            table: Arc::new(TableRef { fields, max_bytes, metrics }),
             cache,
         }
     }
