@@ -522,6 +522,17 @@ async fn malformed_v2_requests_get_their_codes_and_messages_and_the_server_keeps
         let answer = rest.call(method.clone(), path, &[], Bytes::new()).await.expect("REST call");
         assert_eq!(answer.status.as_u16(), status, "{method} {path}: {}", answer.text());
     }
+    // A JSON answer writes f32 values in their shortest form (0.1, not
+    // 0.10000000149011612), as TF Serving's REST API does.
+    let data: Vec<f32> = values(3, 64);
+    let body = json!({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": data}]}).to_string();
+    let answer = rest.call(Method::POST, "/v2/models/mlp/infer", &[], Bytes::from(body)).await.expect("infer");
+    let text = answer.text();
+    let numbers = text.split("\"data\":[").nth(1).and_then(|rest| rest.split(']').next()).expect("data");
+    for number in numbers.split(',') {
+        let parsed: f32 = number.parse().expect("a number");
+        assert_eq!(number, format!("{parsed}").as_str(), "{number} is not the shortest form of an f32");
+    }
     // A binary answer: the JSON header, then the raw output.
     let mut with_output = serde_json::from_str::<Value>(&h).expect("head");
     with_output["outputs"] = json!([{"name": "logits", "parameters": {"binary_data": true}}]);

@@ -271,6 +271,30 @@ async fn infer(target: &Target, headers: &HeaderMap, body: Bytes, deadline: Dead
     answer(target, request.id, answered, binary_of)
 }
 
+/// One output in the answer's JSON.
+#[derive(serde::Serialize)]
+struct AnsweredOutput<'a> {
+    name: &'a str,
+    datatype: &'static str,
+    shape: &'a [i64],
+    /// The values, flat, written straight from the tensor (floats in their
+    /// shortest form, as TF Serving's REST API writes them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<JsonView<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<Value>,
+}
+
+/// The answer's JSON (the header, with binary outputs).
+#[derive(serde::Serialize)]
+struct AnswerJson<'a> {
+    model_name: &'a str,
+    model_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+    outputs: Vec<AnsweredOutput<'a>>,
+}
+
 /// The answer: JSON alone, or a JSON header and the binary outputs.
 fn answer(
     target: &Target,
@@ -278,40 +302,40 @@ fn answer(
     outputs: Vec<(String, Tensor)>,
     binary_of: impl Fn(&str) -> bool,
 ) -> Result<Response> {
-    let mut binary: Vec<Bytes> = Vec::new();
-    let mut described = Vec::with_capacity(outputs.len());
-    for (name, tensor) in &outputs {
-        let mut output = json!({ "name": name, "datatype": datatype(tensor.dtype()), "shape": tensor.shape() });
-        if binary_of(name) {
-            let raw = encode_raw(tensor);
-            output["parameters"] = json!({ "binary_data_size": raw.len() });
-            binary.push(raw);
-        } else {
-            let values = flat(tensor);
-            output["data"] = serde_json::to_value(JsonView::whole(&values))
-                .map_err(|e| Error::internal(format!("writing output '{name}' as JSON failed: {e}")))?;
-        }
-        described.push(output);
-    }
-    let mut head = json!({
-        "model_name": target.pipeline.name(),
-        "model_version": target.version.version().to_string(),
-        "outputs": described,
-    });
-    if let Some(id) = id {
-        head["id"] = Value::String(id);
-    }
-    let head = head.to_string();
+    let binary: Vec<Option<Bytes>> =
+        outputs.iter().map(|(name, tensor)| binary_of(name).then(|| encode_raw(tensor))).collect();
+    let flats: Vec<Tensor> = outputs.iter().map(|(_, tensor)| flat(tensor)).collect();
+    let described = outputs
+        .iter()
+        .zip(&binary)
+        .zip(&flats)
+        .map(|(((name, tensor), raw), values)| AnsweredOutput {
+            name,
+            datatype: datatype(tensor.dtype()),
+            shape: tensor.shape(),
+            data: raw.is_none().then(|| JsonView::whole(values)),
+            parameters: raw.as_ref().map(|raw| json!({ "binary_data_size": raw.len() })),
+        })
+        .collect();
+    let head = AnswerJson {
+        model_name: target.pipeline.name(),
+        model_version: target.version.version().to_string(),
+        id,
+        outputs: described,
+    };
+    let head = serde_json::to_vec(&head).map_err(|e| Error::internal(format!("writing the answer failed: {e}")))?;
+    let binary: Vec<Bytes> = binary.into_iter().flatten().collect();
     if binary.is_empty() {
         return Ok(([(header::CONTENT_TYPE, "application/json")], head).into_response());
     }
-    let mut body = Vec::with_capacity(head.len() + binary.iter().map(Bytes::len).sum::<usize>());
-    body.extend_from_slice(head.as_bytes());
+    let length = head.len();
+    let mut body = head;
+    body.reserve(binary.iter().map(Bytes::len).sum::<usize>());
     for raw in &binary {
         body.extend_from_slice(raw);
     }
     let mut response = ([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response();
-    response.headers_mut().insert(HEADER_LENGTH, HeaderValue::from(head.len()));
+    response.headers_mut().insert(HEADER_LENGTH, HeaderValue::from(length));
     Ok(response)
 }
 
