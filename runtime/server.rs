@@ -161,7 +161,8 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .prepare()
-        .into_axum_router();
+        .into_axum_router()
+        .layer(axum::middleware::map_response(crate::api::grpc::tf_serving_status));
     // TF Serving's --grpc_socket_path: the same services on a Unix socket.
     let unix = match &config.server.grpc_socket_path {
         None => None,

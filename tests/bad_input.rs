@@ -315,9 +315,10 @@ async fn a_message_over_the_size_limit_is_refused_and_the_server_keeps_serving()
     let mut client = server.predict_client().await;
     let big = predict_request("mlp", vec![("x", f32_content(&[512, 64], &values(9, 512 * 64)))]);
     let status = client.predict(big).await.unwrap_err();
-    // tonic's codec refuses the message before sluice sees it, with
-    // OUT_OF_RANGE (gRPC C++ would say RESOURCE_EXHAUSTED).
-    assert_eq!(status.code(), Code::OutOfRange, "{}", status.message());
+    // Refused before sluice decodes it, with RESOURCE_EXHAUSTED as TF
+    // Serving (gRPC C++) answers, not tonic's OUT_OF_RANGE.
+    assert_eq!(status.code(), Code::ResourceExhausted, "{}", status.message());
     assert!(status.message().contains("65536"), "{}", status.message());
+    assert!(status.message().contains("server.max_message_bytes"), "{}", status.message());
     assert_still_serving(&mut client, "oversized message").await;
 }

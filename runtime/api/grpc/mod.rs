@@ -109,3 +109,61 @@ async fn serve<T>(
         }
     }
 }
+
+/// A refusal by tonic's codec, as TF Serving's clients expect it: tonic
+/// answers a request over `max_decoding_message_size` with OUT_OF_RANGE,
+/// gRPC C++ (and so TF Serving) with RESOURCE_EXHAUSTED, which is what
+/// retry policies and client code test for. The refusal is a trailers-only
+/// response, so its status is in the headers; nothing else is touched.
+pub async fn tf_serving_status(mut response: axum::response::Response) -> axum::response::Response {
+    let headers = response.headers_mut();
+    let out_of_range = headers.get("grpc-status").is_some_and(|v| v.as_bytes() == b"11");
+    let message = headers.get("grpc-message").map(|v| percent_decode(v.as_bytes())).unwrap_or_default();
+    if out_of_range && message.contains("message length too large") {
+        let message = format!("{message} (server.max_message_bytes); send a smaller request");
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+        if let Ok(value) = http::HeaderValue::from_str(&percent_encode(&message)) {
+            headers.insert("grpc-message", value);
+        }
+    }
+    response
+}
+
+/// gRPC's percent-decoding of `grpc-message`.
+fn percent_decode(bytes: &[u8]) -> String {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, ..) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// gRPC's percent-encoding of `grpc-message`: visible ASCII but '%' as is.
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| if (0x20..=0x7e).contains(&b) && b != b'%' { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_messages_percent_round_trip() {
+        let text = "found 131082 bytes, the limit is: 65536 bytes (100%) é";
+        assert_eq!(percent_decode(percent_encode(text).as_bytes()), text);
+        assert_eq!(percent_encode("a b%"), "a b%25");
+    }
+}
