@@ -96,6 +96,7 @@ pub async fn serve(
         lifecycle: lifecycle.clone(),
         metrics: metrics.clone(),
         max_body_bytes: config.server.max_message_bytes,
+        max_json_values: config.server.max_json_values,
         // On the REST port unless it has a port of its own.
         admin: if admin_listener.is_some() { None } else { admin.clone() },
         request_timeout: config.server.rest_api_timeout_ms.map(Duration::from_millis),

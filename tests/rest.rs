@@ -367,3 +367,29 @@ base_path = "$ROOT/examples/models/mlp"
     assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     assert_eq!(response.headers.get("x-request-id").and_then(|v| v.to_str().ok()), Some("trace-42"));
 }
+
+#[tokio::test]
+async fn a_json_body_with_more_values_than_the_limit_is_refused_before_it_is_parsed() {
+    let server = Server::with_config(
+        r#"
+[server]
+max_json_values = 1000
+[[models]]
+name = "mlp"
+base_path = "$ROOT/examples/models/mlp"
+"#,
+    );
+    let mut rest = client(&server);
+    // 20 rows of 64 values: 1280 numbers, a few KB of text.
+    let rows = json!({ "instances": vec![vec![0.5f32; 64]; 20] }).to_string();
+    let v2 = json!({"inputs": [{"name": "x", "shape": [20, 64], "datatype": "FP32", "data": vec![0.5f32; 1280]}]})
+        .to_string();
+    for (path, body) in [("/v1/models/mlp:predict", rows), ("/v2/models/mlp/infer", v2)] {
+        let response = call(&mut rest, Method::POST, path, &body).await;
+        assert_eq!(response.status, StatusCode::TOO_MANY_REQUESTS, "{path}: {}", response.text());
+        assert!(response.text().contains("more than 1000 values (server.max_json_values)"), "{}", response.text());
+    }
+    let good = json!({ "instances": vec![vec![0.5f32; 64]; 10] }).to_string();
+    let response = call(&mut rest, Method::POST, "/v1/models/mlp:predict", &good).await;
+    assert_eq!(response.status, StatusCode::OK, "640 values pass: {}", response.text());
+}

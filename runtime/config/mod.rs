@@ -184,6 +184,10 @@ pub struct ServerConfig {
     /// outputs (a built-in sized from the request's rows). Checked before
     /// anything is allocated; a request over it gets RESOURCE_EXHAUSTED.
     pub max_tensor_bytes: usize,
+    /// The most values (numbers, strings, arrays, objects) a REST JSON
+    /// body may hold: parsed JSON takes far more memory than its text, so
+    /// the body size alone does not bound it.
+    pub max_json_values: usize,
     /// How numeric outputs are written in Predict responses.
     pub output_encoding: OutputEncoding,
     /// Seconds in-flight requests get to finish after SIGTERM.
@@ -206,6 +210,7 @@ impl Default for ServerConfig {
             rest_api_port: 8501,
             max_message_bytes: 64 << 20,
             max_tensor_bytes: 256 << 20,
+            max_json_values: 1 << 22,
             output_encoding: OutputEncoding::TypedFields,
             drain_timeout_secs: 30,
             grpc_socket_path: None,
@@ -476,6 +481,9 @@ impl Config {
         }
         if self.server.max_tensor_bytes < 1024 {
             return Err(invalid!("server.max_tensor_bytes = {}: must be at least 1024", self.server.max_tensor_bytes));
+        }
+        if self.server.max_json_values == 0 {
+            return Err(invalid!("server.max_json_values = 0: must be at least 1"));
         }
         if self.server.max_message_bytes < 1024 {
             return Err(invalid!(

@@ -156,6 +156,37 @@ pub fn tensor_from_json(value: &Value, dtype: DType, what: &str) -> Result<Tenso
     tensor_from_leaves(dtype, shape, &leaves, what)
 }
 
+/// Refuses a JSON text holding more than `limit` values before it is
+/// parsed: one pass over the bytes counting the separators outside
+/// strings (`,`, `:`, `[`, `{`), an upper bound of the values a parser
+/// would build. Parsed JSON takes tens of bytes per value, so a body
+/// within its size limit could otherwise take gigabytes.
+pub fn check_value_count(text: &[u8], limit: usize, key: &str) -> Result<()> {
+    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in text {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b',' | b':' | b'[' | b'{' => count += 1,
+            _ => {}
+        }
+        if count > limit {
+            return Err(Error::resource_exhausted(format!(
+                "the JSON body holds more than {limit} values ({key}); send fewer, or binary data"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A tensor (or one row of it) written as TF Serving writes tensors:
 /// nested arrays, floats in their shortest form (an f32 prints as `0.1`,
 /// not `0.10000000149011612`), strings as text or `{"b64": …}`. It
@@ -347,6 +378,18 @@ pub fn tensor_to_json(tensor: &Tensor) -> Value {
 /// Row `row` (along dimension 0) of a tensor as a JSON tree.
 pub fn row_to_json(tensor: &Tensor, row: usize) -> Value {
     serde_json::to_value(JsonView::row(tensor, row)).unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod value_count_tests {
+    use super::*;
+
+    #[test]
+    fn values_are_counted_outside_strings() {
+        assert!(check_value_count(br#"{"a": [1, 2, 3]}"#, 6, "k").is_ok());
+        assert!(check_value_count(br#"{"a": [1, 2, 3]}"#, 4, "k").is_err());
+        assert!(check_value_count(br#"["a,b,c,d,e,\",f"]"#, 2, "k").is_ok());
+    }
 }
 
 #[cfg(test)]

@@ -48,6 +48,8 @@ pub struct RestState {
     pub metrics: Arc<Metrics>,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// The most values a JSON body may hold (`server.max_json_values`).
+    pub max_json_values: usize,
     /// The plugin admin API, when it is on.
     pub admin: Option<Arc<admin::Admin>>,
     /// The deadline of each REST request (`--rest_api_timeout_in_ms`).
@@ -221,7 +223,7 @@ async fn route(
         let body = match parsed.call {
             Call::Predict => {
                 let bytes = read_body(body, headers, state.max_body_bytes, "server.max_message_bytes").await?;
-                json::predict(cx, endpoints, &parsed, &bytes).await
+                json::predict(cx, endpoints, &parsed, &bytes, state.max_json_values).await
             }
             Call::Metadata => json::metadata_json(&cx.resolve(endpoints, parsed.choice, "")?),
             _ => json::status_json(endpoints, parsed.name, parsed.choice),

@@ -129,7 +129,7 @@ pub(super) async fn route(
             Call::Infer(_, version) => {
                 let target = cx.resolve(endpoints, v2::version_choice(version)?, "")?;
                 let body = read_body(body, headers, state.max_body_bytes, "server.max_message_bytes").await?;
-                infer(&target, headers, body, cx.deadline).await
+                infer(&target, headers, body, cx.deadline, state.max_json_values).await
             }
             _ => Err(Error::internal("a v2 call without a model reached the model routes, this is a bug")),
         }
@@ -189,7 +189,13 @@ enum Given {
     Raw(Bytes),
 }
 
-async fn infer(target: &Target, headers: &HeaderMap, body: Bytes, deadline: Deadline) -> Result<Response> {
+async fn infer(
+    target: &Target,
+    headers: &HeaderMap,
+    body: Bytes,
+    deadline: Deadline,
+    max_json_values: usize,
+) -> Result<Response> {
     let (head, mut binary) = match headers.get(HEADER_LENGTH) {
         None => (body, Bytes::new()),
         Some(value) => {
@@ -207,6 +213,7 @@ async fn infer(target: &Target, headers: &HeaderMap, body: Bytes, deadline: Dead
             (body, binary)
         }
     };
+    crate::tensor::json::check_value_count(&head, max_json_values, "server.max_json_values")?;
     let request: InferRequest = serde_json::from_slice(&crate::tensor::json::accept_non_finite(&head))
         .map_err(|e| Error::invalid_argument(format!("the inference request is not valid v2 JSON: {e}")))?;
     let mut inputs = Vec::with_capacity(request.inputs.len());
