@@ -7,6 +7,7 @@ use std::path::PathBuf;
 const PROTOS: &[&str] = &[
     "tensorflow_serving/apis/prediction_service.proto",
     "tensorflow_serving/apis/model_service.proto",
+    "tensorflow_serving/apis/prediction_log.proto",
     "kserve/grpc_predict_v2.proto",
 ];
 

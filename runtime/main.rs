@@ -197,20 +197,27 @@ struct TfServingFlags {
     #[arg(long = "tensorflow_inter_op_parallelism")]
     tensorflow_inter_op_parallelism: Option<usize>,
 
-    /// Accepted; every version is warmed up (zeros of batch 1) before it
-    /// serves.
+    /// Warm every new version up before it serves: its TF Serving warmup
+    /// file (assets.extra/tf_serving_warmup_requests) when it has one,
+    /// else zeros at each batch size it runs. On by default.
     #[arg(long = "enable_model_warmup", num_args = 0..=1, default_missing_value = "true")]
     enable_model_warmup: Option<bool>,
 
-    /// Accepted; versions are read at start-up (live repository polling is
-    /// the model lifecycle's work). Any value but 0 is noted in the log.
+    /// Seconds between re-reads of each model's base path: new versions in
+    /// the policy are loaded, warmed up and served, old ones drained and
+    /// unloaded. Default 1; 0: versions are read at start-up only.
     #[arg(long = "file_system_poll_wait_seconds")]
     file_system_poll_wait_seconds: Option<u64>,
 
-    /// Accepted; the config file is read at start-up. Any value but 0 is
-    /// noted in the log.
+    /// Seconds between re-reads of --model_config_file; a change adds and
+    /// removes models and changes policies and labels. 0 (default): read
+    /// at start-up only.
     #[arg(long = "model_config_file_poll_wait_seconds")]
     model_config_file_poll_wait_seconds: Option<u64>,
+
+    /// Versions loading at once across every model (lifecycle.max_concurrent_loads).
+    #[arg(long = "num_load_threads")]
+    num_load_threads: Option<usize>,
 
     /// TF Serving's MonitoringConfig (text format):
     /// `prometheus_config { enable: true path: "/monitoring/prometheus/metrics" }`;
@@ -241,23 +248,22 @@ impl TfServingFlags {
         if let Some(ms) = self.rest_api_timeout_in_ms {
             config.server.rest_api_timeout_ms = Some(ms);
         }
-        let intra = self.tensorflow_intra_op_parallelism.or(self.tensorflow_session_parallelism).filter(|&n| n > 0);
-        let sessions = self.tensorflow_inter_op_parallelism.filter(|&n| n > 0);
-        for model in &mut config.models {
-            if let Some(threads) = intra {
-                model.onnx.intra_op_threads = threads;
-            }
-            if let Some(sessions) = sessions {
-                model.onnx.sessions = sessions;
-            }
+        // Kept as defaults, so models a config reload adds get them too.
+        let defaults = &mut config.lifecycle.model_defaults;
+        defaults.intra_op_threads =
+            self.tensorflow_intra_op_parallelism.or(self.tensorflow_session_parallelism).filter(|&n| n > 0);
+        defaults.sessions = self.tensorflow_inter_op_parallelism.filter(|&n| n > 0);
+        if let Some(seconds) = self.file_system_poll_wait_seconds {
+            config.lifecycle.file_system_poll_wait_seconds = seconds;
         }
-        for (flag, value) in [
-            ("--file_system_poll_wait_seconds", self.file_system_poll_wait_seconds),
-            ("--model_config_file_poll_wait_seconds", self.model_config_file_poll_wait_seconds),
-        ] {
-            if value.is_some_and(|v| v > 0) {
-                tracing::info!("{flag}: models are read at start-up; live reloading is not there yet");
-            }
+        if let Some(seconds) = self.model_config_file_poll_wait_seconds {
+            config.lifecycle.model_config_file_poll_wait_seconds = seconds;
+        }
+        if let Some(warmup) = self.enable_model_warmup {
+            config.lifecycle.warmup = warmup;
+        }
+        if let Some(threads) = self.num_load_threads.filter(|&n| n > 0) {
+            config.lifecycle.max_concurrent_loads = threads;
         }
         if let Some(path) = &self.monitoring_config_file {
             config.server.metrics_path = prometheus_path(path)?;
@@ -294,10 +300,9 @@ impl ServeArgs {
                 Some(path) => BatchingParameters::from_file(path).map_err(anyhow::Error::msg)?,
                 None => BatchingParameters::default(),
             };
-            for model in config.models.iter_mut().filter(|m| m.batching.is_none()) {
-                model.batching = Some(params.clone());
-            }
+            config.lifecycle.model_defaults.batching = Some(params);
         }
+        config.lifecycle.model_config_file.clone_from(&self.model_config_file);
         if let Some(port) = self.port {
             config.server.port = port;
         }
@@ -317,6 +322,15 @@ impl ServeArgs {
             config.server.drain_timeout_secs = drain;
         }
         self.tf_serving.apply(&mut config)?;
+        let defaults = config.lifecycle.model_defaults.clone();
+        for model in &mut config.models {
+            defaults.apply(model);
+        }
+        if config.lifecycle.model_config_file_poll_wait_seconds > 0 && config.lifecycle.model_config_file.is_none() {
+            anyhow::bail!(
+                "--model_config_file_poll_wait_seconds needs --model_config_file: there is no file to re-read"
+            );
+        }
         config.check().map_err(|message| anyhow::anyhow!("command line: {message}"))?;
         if config.models.is_empty() {
             anyhow::bail!("nothing to serve: pass --model_name and --model_base_path, or --model_config_file");

@@ -26,7 +26,8 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::feature::FeatureTables;
 use crate::metrics::Metrics;
-use crate::models::ModelRegistry;
+use crate::models::LoadSettings;
+use crate::pipeline::lifecycle::ModelManager;
 use crate::pipeline::stages::plugin::TeamShares;
 use crate::pipeline::{BuildContext, Endpoints};
 use crate::plugin::registry::PluginRegistry;
@@ -64,7 +65,7 @@ pub async fn serve(
 ) -> Result<()> {
     let metrics = Metrics::new();
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let lifecycle = Lifecycle::new(reporter);
+    let lifecycle = Lifecycle::new(reporter.clone());
 
     // Both ports are bound before anything loads, so a port in use fails
     // the start at once instead of after a long load.
@@ -136,6 +137,9 @@ pub async fn serve(
         output_encoding: config.server.output_encoding,
         metrics: metrics.clone(),
         phase: lifecycle.phase_cell(),
+        admin: admin.clone(),
+        model_defaults: Arc::new(config.lifecycle.model_defaults.clone()),
+        health: reporter,
     };
 
     let max = config.server.max_message_bytes;
@@ -186,9 +190,11 @@ pub async fn serve(
     if let (Some(admin), Some(plugins)) = (&admin, plugins) {
         admin.attach(plugins);
     }
-    lifecycle.ready(state).await;
+    lifecycle.ready(state.clone()).await;
     announce.ready(addresses);
     tracing::info!(grpc = %addresses.grpc, http = %addresses.http, "ready: serving");
+    poll_repositories(&config, &state, stopping_rx.clone());
+    poll_model_config_file(&config, &state, stopping_rx.clone());
 
     let drain = Duration::from_secs(config.server.drain_timeout_secs);
     let drain_deadline = {
@@ -228,7 +234,18 @@ pub async fn serve(
 /// plugin or the admin API is on, opens the feature tables, and builds
 /// every endpoint.
 async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>, Option<Arc<PluginRegistry>>)> {
-    let models = Arc::new(ModelRegistry::load(&config.models, config.onnxruntime.library.as_deref(), metrics).await?);
+    let settings = LoadSettings {
+        library: config.onnxruntime.library.clone(),
+        warmup: config.lifecycle.warmup,
+        max_tensor_bytes: config.server.max_tensor_bytes,
+    };
+    let manager = ModelManager::new(
+        &config.lifecycle,
+        settings,
+        metrics.clone(),
+        Duration::from_secs(config.server.drain_timeout_secs),
+    );
+    let models = Endpoints::load_models(&config.models, &manager).await?;
     let uses_plugins = config.pipelines.iter().any(|p| p.uses_plugins());
     let plugins = if uses_plugins || config.admin.enabled {
         // Compiled plugins are cached on disk by default, next to the
@@ -257,11 +274,84 @@ async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>
             team_shares: &team_shares,
             features: &features,
         };
-        Endpoints::build(&config, models, &cx)
+        Endpoints::build(&config, models, manager, &cx, metrics.clone())
     })
     .await
     .map_err(|e| Error::internal(format!("building the pipelines failed: {e}")))??;
     Ok((Arc::new(endpoints), plugins))
+}
+
+/// Re-reads every model's repository every
+/// `lifecycle.file_system_poll_wait_seconds` until shutdown begins.
+fn poll_repositories(config: &Config, state: &ServingState, stopping: watch::Receiver<bool>) {
+    let seconds = config.lifecycle.file_system_poll_wait_seconds;
+    if seconds == 0 {
+        return;
+    }
+    let endpoints = state.endpoints.clone();
+    every(Duration::from_secs(seconds), stopping, move || {
+        let endpoints = endpoints.clone();
+        async move { endpoints.poll().await }
+    });
+}
+
+/// Re-reads `--model_config_file` every
+/// `lifecycle.model_config_file_poll_wait_seconds`; a changed file is
+/// applied as a reload (its models only). A file that does not parse or
+/// load is refused with a log line, and what serves keeps serving.
+fn poll_model_config_file(config: &Config, state: &ServingState, stopping: watch::Receiver<bool>) {
+    let seconds = config.lifecycle.model_config_file_poll_wait_seconds;
+    let Some(path) = config.lifecycle.model_config_file.clone().filter(|_| seconds > 0) else { return };
+    let last = Arc::new(std::sync::Mutex::new(std::fs::read(&path).ok()));
+    let state = state.clone();
+    every(Duration::from_secs(seconds), stopping, move || {
+        let (path, last, state) = (path.clone(), last.clone(), state.clone());
+        async move {
+            let Ok(now) = std::fs::read(&path) else {
+                tracing::warn!(file = %path.display(), "cannot read the model config file; keeping the models served");
+                return;
+            };
+            if last.lock().map(|l| l.as_deref() == Some(now.as_slice())).unwrap_or(false) {
+                return;
+            }
+            if let Ok(mut l) = last.lock() {
+                *l = Some(now);
+            }
+            let result = async {
+                let config = Config::from_file(&path)?;
+                crate::api::reload::apply(&state, config.models).await
+            }
+            .await;
+            match result {
+                Ok(outcome) => {
+                    tracing::info!(file = %path.display(), added = ?outcome.added, removed = ?outcome.removed, "model config file applied")
+                }
+                Err(error) => {
+                    tracing::error!(file = %path.display(), "model config file refused; keeping the models served: {error}")
+                }
+            }
+        }
+    });
+}
+
+/// Runs `work` every `period` (waiting for each run to end) until
+/// shutdown begins.
+fn every<F, Fut>(period: Duration, stopping: watch::Receiver<bool>, work: F)
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => work().await,
+                () = stopped(stopping.clone()) => return,
+            }
+        }
+    });
 }
 
 /// Resolves once `rx` says stop.

@@ -11,8 +11,11 @@ use std::time::Instant;
 
 use rand::Rng;
 
+use tonic_health::server::HealthReporter;
+
 use super::health::PhaseCell;
-use crate::config::OutputEncoding;
+use super::rest::admin::Admin;
+use crate::config::{ModelDefaults, OutputEncoding};
 use crate::error::Result;
 use crate::metrics::{LatencyLabels, Metrics, RequestLabels};
 use crate::models::VersionChoice;
@@ -34,6 +37,15 @@ pub struct ServingState {
     /// Ready or draining: calls that arrive on an open connection while
     /// the server drains are refused.
     pub phase: Arc<PhaseCell>,
+    /// The admin API, when it is on: a config reload then needs an admin
+    /// token.
+    pub admin: Option<Arc<Admin>>,
+    /// What the command line gives every model, including ones a reload
+    /// adds.
+    pub model_defaults: Arc<ModelDefaults>,
+    /// The gRPC health service's handle: names a reload adds or removes
+    /// are reported.
+    pub health: HealthReporter,
 }
 
 /// A request's id: the client's `x-request-id` when it sent a usable one

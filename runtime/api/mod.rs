@@ -1,7 +1,8 @@
 //! The client-facing APIs, thin codecs over the pipeline: [`grpc`] (TF
 //! Serving's gRPC services and KServe v2's), [`rest`] (TF Serving's REST
 //! API, KServe v2's, the plugin admin API, metrics), [`health`] (the
-//! server's phase: readiness, gRPC health, drain), what every call shares
+//! server's phase: readiness, gRPC health, drain), model config reloads
+//! ([`reload`]), what every call shares
 //! ([`context`]) and what both KServe v2 codecs share ([`v2`]).
 //!
 //! A codec decodes a request, builds one `pipeline::ValidRequest` from it
@@ -12,5 +13,6 @@
 pub mod context;
 pub mod grpc;
 pub mod health;
+pub mod reload;
 pub mod rest;
 pub mod v2;

@@ -70,10 +70,10 @@ pub struct ModelMetadata {
 
 /// The metadata of `target`.
 pub fn model_metadata(target: &Target) -> Result<ModelMetadata> {
-    let signature = target.signature()?;
+    let signature = target.signature();
     Ok(ModelMetadata {
         name: target.pipeline.name().to_string(),
-        versions: target.pipeline.model().versions().map(|v| v.version().to_string()).collect(),
+        versions: target.pipeline.model().versions().iter().map(|v| v.version().to_string()).collect(),
         inputs: signature.inputs.iter().map(TensorMetadata::of).collect(),
         outputs: signature.outputs.iter().map(TensorMetadata::of).collect(),
     })

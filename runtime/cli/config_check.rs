@@ -17,8 +17,8 @@ use crate::config::{Config, ConfigError, Invalid, Mode, ModelConfig, StageKind, 
 use crate::feature;
 use crate::invalid;
 use crate::metrics::Metrics;
+use crate::models::load_selected;
 use crate::models::repository;
-use crate::models::ModelRegistry;
 use crate::pipeline::stages::plugin::plugin_fits;
 use crate::plugin::{Plugin, PluginEngine, World};
 
@@ -72,23 +72,30 @@ fn check_plugins(config: &Config) -> Result<Vec<String>, Invalid> {
     let models: Vec<ModelConfig> =
         config.models.iter().filter(|m| needed.iter().any(|(p, ..)| p.model == m.name)).cloned().collect();
     let metrics = Metrics::new();
-    let registry = tokio::runtime::Handle::try_current()
-        .map_err(|e| invalid!("no async runtime to load models on: {e}"))?
-        .block_on(ModelRegistry::load(&models, config.onnxruntime.library.as_deref(), &metrics))
-        .map_err(|e| invalid!("loading the models the plugins feed: {}", e.message()))?;
+    let runtime =
+        tokio::runtime::Handle::try_current().map_err(|e| invalid!("no async runtime to load models on: {e}"))?;
+    let mut loaded = std::collections::BTreeMap::new();
+    for model in &models {
+        let versions = runtime
+            .block_on(load_selected(model, config.onnxruntime.library.as_deref(), &metrics))
+            .map_err(|e| invalid!("loading the models the plugins feed: {}", e.message()))?;
+        loaded.insert(model.name.clone(), versions);
+    }
     let mut lines = Vec::new();
     for (pipeline, role, name) in needed {
         let key = format!("pipeline '{}' {} plugin '{name}'", pipeline.name, role.key());
         let path = config.plugins.path_of(name).map_err(|e| invalid!("{key}: {}", e.message()))?;
         let plugin = Plugin::load_file(&engine, &path, config.plugins.limits_of(name), None)
             .map_err(|e| invalid!("{key}: {e}"))?;
-        let model = registry.get(&pipeline.model).map_err(|e| invalid!("{key}: {}", e.message()))?;
+        let model = loaded
+            .get(&pipeline.model)
+            .ok_or_else(|| invalid!("{key}: model '{}' is not configured", pipeline.model))?;
         let world = match role {
             StageRole::Preprocess => World::Preprocessor,
             StageRole::Postprocess => World::Postprocessor,
         };
         plugin_fits(&plugin, world, model).map_err(|e| invalid!("{key} ({}): {}", plugin.label(), e.message()))?;
-        let versions: Vec<String> = model.versions().map(|v| v.version().to_string()).collect();
+        let versions: Vec<String> = model.iter().map(|v| v.version().to_string()).collect();
         lines.push(format!(
             "{key}: {} (sha256 {}) fits model '{}' versions {}",
             plugin.label(),

@@ -14,7 +14,7 @@ use clap::Args;
 use crate::config::{Config, ModelConfig, StageKind, StageRole, VersionPolicy};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::models::ModelRegistry;
+use crate::models::load_selected;
 use crate::pipeline::stages::plugin::plugin_fits;
 use crate::plugin::{memory_bytes, zeros, Plugin, PluginEngine, PluginLimits, PluginsConfig, World};
 use crate::tensor::json::{row_to_json, tensor_from_json};
@@ -111,16 +111,14 @@ fn check_fit(plugin: &Plugin, target: &Target) -> Result<String> {
         [] => plugin.world(),
         stages => stages.iter().find(|(w, _)| *w == plugin.world()).map_or(stages[0].0, |(w, _)| *w),
     };
-    let configs = [target.model.clone()];
     let metrics = Metrics::new();
-    let load = ModelRegistry::load(&configs, target.library.as_deref(), &metrics);
+    let load = load_selected(&target.model, target.library.as_deref(), &metrics);
     // The check runs on a blocking thread of the command's runtime.
-    let registry = tokio::runtime::Handle::try_current()
+    let model = tokio::runtime::Handle::try_current()
         .map_err(|e| Error::internal(format!("no async runtime to load the model on: {e}")))?
         .block_on(load)?;
-    let model = registry.get(&target.model.name)?;
-    plugin_fits(plugin, world, model).map_err(|e| e.context(format_args!("{} does not fit", plugin.label())))?;
-    let versions: Vec<String> = model.versions().map(|v| v.version().to_string()).collect();
+    plugin_fits(plugin, world, &model).map_err(|e| e.context(format_args!("{} does not fit", plugin.label())))?;
+    let versions: Vec<String> = model.iter().map(|v| v.version().to_string()).collect();
     Ok(format!("fits model '{}' (versions {}) as its {world}", target.model.name, versions.join(", ")))
 }
 

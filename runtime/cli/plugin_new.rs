@@ -14,7 +14,7 @@ use clap::{Args, ValueEnum};
 
 use crate::config::{ModelConfig, VersionPolicy};
 use crate::metrics::Metrics;
-use crate::models::ModelRegistry;
+use crate::models::load_selected;
 use crate::tensor::spec::TensorSpec;
 use crate::tensor::DType;
 
@@ -93,8 +93,8 @@ async fn model_side(dir: &Path, world: WorldArg) -> anyhow::Result<Vec<TensorSpe
     let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
     let config = ModelConfig { version_policy: VersionPolicy::Latest(1), ..ModelConfig::from_flags(name, dir.into()) };
     let metrics = Metrics::new();
-    let registry = ModelRegistry::load(std::slice::from_ref(&config), None, &metrics).await?;
-    let model = registry.get(&config.name)?.latest()?.clone();
+    let versions = load_selected(&config, None, &metrics).await?;
+    let model = versions.last().cloned().ok_or_else(|| anyhow::anyhow!("{}: no version loaded", dir.display()))?;
     let signature = model.signature();
     Ok(match world {
         WorldArg::Preprocessor => signature.inputs.clone(),

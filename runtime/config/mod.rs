@@ -10,6 +10,7 @@
 
 pub mod batching;
 pub mod features;
+pub mod lifecycle;
 pub mod onnx;
 pub mod plugins;
 pub mod stage;
@@ -25,6 +26,7 @@ use crate::invalid;
 
 pub use self::batching::BatchingParameters;
 pub use self::features::{FeatureFetchConfig, FeaturesConfig};
+pub use self::lifecycle::{LifecycleConfig, ModelDefaults};
 pub use self::onnx::OnnxOptions;
 pub use self::plugins::{PluginLimits, PluginsConfig};
 pub use self::stage::{StageConfig, StageKind, StageRole};
@@ -54,6 +56,9 @@ pub struct Config {
     /// Feature tables that pipelines fetch from.
     #[serde(default)]
     pub features: FeaturesConfig,
+    /// Repository polling, warmup and config reloads.
+    #[serde(default)]
+    pub lifecycle: LifecycleConfig,
 }
 
 /// The plugin admin API (on the REST port, under `/admin/v1/`).
@@ -321,14 +326,20 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError { source: source.clone(), message: format!("cannot read the file: {e}") })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        if tf_model_config::is_text_format(&text) {
+        Config::from_text(&text, &source, base)
+    }
+
+    /// Parses and checks config text in either format: TF Serving's
+    /// `ModelServerConfig` text format or sluice's TOML.
+    pub fn from_text(text: &str, source: &str, base: &Path) -> Result<Config, ConfigError> {
+        if tf_model_config::is_text_format(text) {
             // TF Serving's ModelServerConfig, brought unchanged.
-            let models = tf_model_config::parse(&text, base).map_err(|e| e.in_file(&source))?;
+            let models = tf_model_config::parse(text, base).map_err(|e| e.in_file(source))?;
             let config = Config { models, ..Config::default() };
-            config.check().map_err(|e| e.in_file(&source))?;
+            config.check().map_err(|e| e.in_file(source))?;
             return Ok(config);
         }
-        Config::from_toml(&text, &source, base)
+        Config::from_toml(text, source, base)
     }
 
     /// Parses and checks config text; relative paths are taken from `base`.
@@ -370,34 +381,12 @@ impl Config {
 
     /// Checks what the types alone cannot: names, ranges, references.
     pub fn check(&self) -> Result<(), Invalid> {
-        let mut names = HashSet::new();
-        for (i, model) in self.models.iter().enumerate() {
-            let key = format!("models[{i}]");
-            check_name(&format!("{key}.name"), &model.name)?;
-            if !names.insert(model.name.as_str()) {
-                return Err(invalid!("{key}.name = \"{}\": another model has the same name", model.name));
-            }
-            if model.max_in_flight == 0 {
-                return Err(invalid!("{key}.max_in_flight = 0: must be at least 1"));
-            }
-            if model.onnx.sessions == 0 {
-                return Err(invalid!("{key}.onnx.sessions = 0: must be at least 1"));
-            }
-            if model.onnx.intra_op_threads == 0 {
-                return Err(invalid!("{key}.onnx.intra_op_threads = 0: must be at least 1"));
-            }
-            if let VersionPolicy::Specific(versions) = &model.version_policy {
-                if let Some(v) = versions.iter().find(|&&v| v < 0) {
-                    return Err(invalid!("{key}.version_policy: version {v} is negative; versions are >= 0"));
-                }
-            }
-            for (label, version) in &model.version_labels {
-                check_name(&format!("{key}.version_labels"), label)?;
-                if *version < 0 {
-                    return Err(invalid!("{key}.version_labels.{label} = {version}: versions are >= 0"));
-                }
-            }
+        if self.lifecycle.max_concurrent_loads == 0 {
+            return Err(invalid!(
+                "lifecycle.max_concurrent_loads = 0: must be at least 1, or no version would ever load"
+            ));
         }
+        let names = check_models(&self.models)?;
         let mut endpoint_names = HashSet::new();
         for (i, pipeline) in self.pipelines.iter().enumerate() {
             let key = format!("pipelines[{i}]");
@@ -535,6 +524,41 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The checks of a model list, whether from the config file or a reload:
+/// names valid and unique, limits at least 1, versions non-negative.
+/// Answers the names.
+pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
+    let mut names = HashSet::new();
+    for (i, model) in models.iter().enumerate() {
+        let key = format!("models[{i}]");
+        check_name(&format!("{key}.name"), &model.name)?;
+        if !names.insert(model.name.as_str()) {
+            return Err(invalid!("{key}.name = \"{}\": another model has the same name", model.name));
+        }
+        if model.max_in_flight == 0 {
+            return Err(invalid!("{key}.max_in_flight = 0: must be at least 1"));
+        }
+        if model.onnx.sessions == 0 {
+            return Err(invalid!("{key}.onnx.sessions = 0: must be at least 1"));
+        }
+        if model.onnx.intra_op_threads == 0 {
+            return Err(invalid!("{key}.onnx.intra_op_threads = 0: must be at least 1"));
+        }
+        if let VersionPolicy::Specific(versions) = &model.version_policy {
+            if let Some(v) = versions.iter().find(|&&v| v < 0) {
+                return Err(invalid!("{key}.version_policy: version {v} is negative; versions are >= 0"));
+            }
+        }
+        for (label, version) in &model.version_labels {
+            check_name(&format!("{key}.version_labels"), label)?;
+            if *version < 0 {
+                return Err(invalid!("{key}.version_labels.{label} = {version}: versions are >= 0"));
+            }
+        }
+    }
+    Ok(names)
 }
 
 /// Names (models, labels, later pipelines and plugins) are what clients

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use super::{ModelConfig, VersionPolicy};
 use crate::error::Invalid;
 use crate::invalid;
+use crate::proto::tensorflow::serving::ModelServerConfig;
 
 /// A parsed text-format message: its fields in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -109,16 +110,7 @@ fn model(fields: Vec<(String, Node)>, base: &Path, index: usize) -> Result<Model
         match field.as_str() {
             "name" => name = Some(scalar("name", node)?),
             "base_path" => base_path = Some(PathBuf::from(scalar("base_path", node)?)),
-            "model_platform" => {
-                let platform = scalar("model_platform", node)?;
-                if !matches!(platform.as_str(), "tensorflow" | "onnx") {
-                    return Err(invalid!(
-                        "{} = \"{platform}\": sluice serves ONNX models (\"tensorflow\" and \"onnx\" are accepted; \
-                         the base path must hold VERSION/model.onnx)",
-                        key("model_platform")
-                    ));
-                }
-            }
+            "model_platform" => check_platform(&scalar("model_platform", node)?, &key("model_platform"))?,
             "model_version_policy" => policy = version_policy(node, &key("model_version_policy"))?,
             "version_labels" => {
                 let Node::Message(entry) = node else {
@@ -157,6 +149,69 @@ fn model(fields: Vec<(String, Node)>, base: &Path, index: usize) -> Result<Model
     model.version_policy = policy;
     model.version_labels = labels;
     Ok(model)
+}
+
+/// The models a `ModelServerConfig` message lists (HandleReloadConfigRequest),
+/// checked as the text format is: the same fields served, the same names
+/// in errors.
+pub fn from_proto(config: ModelServerConfig) -> Result<Vec<ModelConfig>, Invalid> {
+    use crate::proto::tensorflow::serving::file_system_storage_path_source_config::servable_version_policy::PolicyChoice;
+    use crate::proto::tensorflow::serving::model_server_config::Config as Kind;
+    let list = match config.config {
+        Some(Kind::ModelConfigList(list)) => list,
+        Some(Kind::CustomModelConfig(_)) => {
+            return Err(invalid!("custom_model_config is not served by sluice; send a model_config_list"))
+        }
+        None => return Err(invalid!("config is empty; send model_config_list {{ config {{ name base_path }} }}")),
+    };
+    let mut models = Vec::with_capacity(list.config.len());
+    for (index, config) in list.config.into_iter().enumerate() {
+        let key = |field: &str| format!("model_config_list.config[{index}].{field}");
+        if config.name.is_empty() {
+            return Err(invalid!("{} is missing", key("name")));
+        }
+        if config.base_path.is_empty() {
+            return Err(invalid!("{} is missing", key("base_path")));
+        }
+        if !config.model_platform.is_empty() {
+            check_platform(&config.model_platform, &key("model_platform"))?;
+        }
+        if !config.logging_config.is_empty() {
+            return Err(invalid!("{} is not served by sluice; request logging is not there", key("logging_config")));
+        }
+        if config.model_type != 0 {
+            return Err(invalid!(
+                "{} is deprecated in TF Serving and not served; use model_platform",
+                key("model_type")
+            ));
+        }
+        let policy_key = key("model_version_policy");
+        let policy = match config.model_version_policy.and_then(|p| p.policy_choice) {
+            None => VersionPolicy::default(),
+            Some(PolicyChoice::All(_)) => VersionPolicy::All,
+            Some(PolicyChoice::Latest(latest)) if latest.num_versions == 0 => VersionPolicy::Latest(1),
+            Some(PolicyChoice::Latest(latest)) => VersionPolicy::Latest(latest.num_versions as usize),
+            Some(PolicyChoice::Specific(specific)) if specific.versions.is_empty() => {
+                return Err(invalid!("{policy_key}.specific lists no versions"))
+            }
+            Some(PolicyChoice::Specific(specific)) => VersionPolicy::Specific(specific.versions),
+        };
+        let mut model = ModelConfig::from_flags(config.name, PathBuf::from(config.base_path));
+        model.version_policy = policy;
+        model.version_labels = config.version_labels.into_iter().collect();
+        models.push(model);
+    }
+    Ok(models)
+}
+
+fn check_platform(platform: &str, key: &str) -> Result<(), Invalid> {
+    if matches!(platform, "tensorflow" | "onnx") {
+        return Ok(());
+    }
+    Err(invalid!(
+        "{key} = \"{platform}\": sluice serves ONNX models (\"tensorflow\" and \"onnx\" are accepted; the base path \
+         must hold VERSION/model.onnx)"
+    ))
 }
 
 fn version_policy(node: Node, key: &str) -> Result<VersionPolicy, Invalid> {

@@ -1,23 +1,27 @@
-//! The models being served: loading them from their repositories, warming
-//! them up, and resolving a client's model spec (name, version or label) to
-//! one loaded version. What runs a request through a version (the batcher,
-//! deadlines) is the pipeline's inference stage, above this layer.
+//! The versions of models: loading one from its repository
+//! ([`repository`]) off the serving path, on a thread of its own with a
+//! bound on loads at once ([`Loader`]), warming it up ([`warmup`]), and
+//! what each version is doing ([`status`]). Which versions serve requests,
+//! and switching them while requests run, is the pipeline's `lifecycle`,
+//! above this layer.
 
 pub mod repository;
+pub mod status;
+pub mod warmup;
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+
+use tokio::sync::Semaphore;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::infer::onnx::OnnxBackend;
-use crate::infer::{Backend, Batch};
+use crate::infer::Backend;
 use crate::metrics::Metrics;
 use crate::tensor::spec::Signature;
-use crate::tensor::Tensor;
 
 /// Which version a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,161 +78,132 @@ impl ModelVersion {
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }
+}
 
-    /// Runs zeros of batch 1 through the model, so the first client request
-    /// does not pay for ONNX Runtime's lazy initialisation.
-    async fn warm_up(&self) -> Result<()> {
-        let inputs = self
-            .signature()
-            .inputs
-            .iter()
-            .map(|spec| {
-                let shape = spec.shape.iter().map(|&d| if d < 0 { 1 } else { d }).collect();
-                Tensor::zeros(spec.dtype, shape)
+/// What loading a version needs besides the model's own config.
+#[derive(Debug, Clone, Default)]
+pub struct LoadSettings {
+    /// The ONNX Runtime library, when not found automatically.
+    pub library: Option<PathBuf>,
+    /// Run warmup requests before the version serves.
+    pub warmup: bool,
+    /// The largest tensor a warmup request may hold.
+    pub max_tensor_bytes: usize,
+}
+
+/// Loads versions off the serving path: each on a thread of its own, at
+/// most `max_concurrent_loads` at once across every model, so loading a
+/// large model never runs on the threads that answer requests and a burst
+/// of new versions cannot take every core.
+pub struct Loader {
+    slots: Arc<Semaphore>,
+    settings: LoadSettings,
+    metrics: Arc<Metrics>,
+}
+
+impl Loader {
+    /// A loader that runs at most `max_concurrent_loads` loads at once.
+    pub fn new(max_concurrent_loads: usize, settings: LoadSettings, metrics: Arc<Metrics>) -> Loader {
+        Loader { slots: Arc::new(Semaphore::new(max_concurrent_loads.max(1))), settings, metrics }
+    }
+
+    /// Waits for a loading slot; `on_start` runs once it has one (the
+    /// version turns LOADING), then loads and warms up the version in
+    /// `dir` (holding `file`).
+    pub async fn load(
+        &self,
+        config: &ModelConfig,
+        version: i64,
+        file: PathBuf,
+        on_start: impl FnOnce(),
+    ) -> Result<Arc<ModelVersion>> {
+        let _slot = self.slots.acquire().await.map_err(|_| Error::unavailable("the model loader is shut down"))?;
+        on_start();
+        let (config, settings, metrics) = (config.clone(), self.settings.clone(), self.metrics.clone());
+        let runtime = tokio::runtime::Handle::current();
+        let (done, result) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("load-{version}"))
+            .spawn(move || {
+                let _ = done.send(load_version(&config, version, &file, &settings, &metrics, &runtime));
             })
-            .collect::<Result<Vec<_>>>()?;
+            .map_err(|e| Error::internal(format!("starting a loading thread failed: {e}")))?;
+        let loaded = result.await.map_err(|_| Error::internal("the loading thread panicked"))??;
+        Ok(Arc::new(loaded))
+    }
+}
+
+/// Loads one version and warms it up. Blocking: it parses and optimises
+/// the graph and waits on warmup runs; call it on a thread of its own.
+pub fn load_version(
+    config: &ModelConfig,
+    version: i64,
+    file: &Path,
+    settings: &LoadSettings,
+    metrics: &Metrics,
+    runtime: &tokio::runtime::Handle,
+) -> Result<ModelVersion> {
+    let label = format!("model '{}' version {version}", config.name);
+    let started = Instant::now();
+    let backend = OnnxBackend::load(
+        file,
+        &label,
+        &config.onnx,
+        settings.library.as_deref(),
+        metrics.model(&config.name, version),
+    )?;
+    let loaded = ModelVersion::new(config.name.clone(), version, Arc::new(backend));
+    let load_ms = started.elapsed().as_secs_f64() * 1e3;
+    tracing::info!(model = %config.name, version, elapsed_ms = load_ms, "loaded");
+    if settings.warmup {
+        let dir = file.parent().unwrap_or(Path::new("."));
         let started = Instant::now();
-        self.backend
-            .run(Batch::single(inputs))
-            .await
-            .map_err(|e| e.context(format_args!("warm-up of {self} failed")))?;
-        tracing::info!(model = %self.model, version = self.version, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "warmed up");
-        Ok(())
+        let (requests, source) = warmup::requests(&loaded, dir, &batch_sizes(config), settings.max_tensor_bytes)
+            .map_err(|e| e.context(format_args!("warmup of {label}")))?;
+        let count = requests.len();
+        warmup::run(&loaded, requests, runtime).map_err(|e| e.context(format_args!("warmup of {label}")))?;
+        tracing::info!(
+            model = %config.name,
+            version,
+            requests = count,
+            from = %source,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "warmed up"
+        );
     }
+    Ok(loaded)
 }
 
-/// A model and its loaded versions.
-pub struct ServedModel {
-    name: Arc<str>,
-    versions: BTreeMap<i64, Arc<ModelVersion>>,
-    labels: BTreeMap<String, i64>,
-}
-
-impl ServedModel {
-    /// The model's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The model's name, shared (metric labels).
-    pub fn name_label(&self) -> Arc<str> {
-        self.name.clone()
-    }
-
-    /// Loaded versions, lowest first.
-    pub fn versions(&self) -> impl Iterator<Item = &Arc<ModelVersion>> {
-        self.versions.values()
-    }
-
-    /// The highest loaded version.
-    pub fn latest(&self) -> Result<&Arc<ModelVersion>> {
-        self.resolve(VersionChoice::Latest)
-    }
-
-    /// The version a request asks for.
-    pub fn resolve(&self, choice: VersionChoice<'_>) -> Result<&Arc<ModelVersion>> {
-        let loaded = || self.versions.keys().map(i64::to_string).collect::<Vec<_>>().join(", ");
-        match choice {
-            VersionChoice::Latest => self
-                .versions
-                .values()
-                .next_back()
-                .ok_or_else(|| Error::not_found(format!("model '{}' has no version loaded", self.name))),
-            VersionChoice::Number(v) => self.versions.get(&v).ok_or_else(|| {
-                Error::not_found(format!(
-                    "model '{}' has no version {v} loaded; loaded versions: {}",
-                    self.name,
-                    loaded()
-                ))
-            }),
-            VersionChoice::Label(label) => {
-                // TF Serving: "Unrecognized servable version label",
-                // INVALID_ARGUMENT (400 over REST).
-                let v = self.labels.get(label).ok_or_else(|| {
-                    let labels: Vec<&str> = self.labels.keys().map(String::as_str).collect();
-                    Error::invalid_argument(format!(
-                        "model '{}' has no version label '{label}'; labels: [{}]",
-                        self.name,
-                        labels.join(", ")
-                    ))
-                })?;
-                self.versions.get(v).ok_or_else(|| {
-                    Error::not_found(format!(
-                        "label '{label}' of model '{}' points at version {v}, which is not loaded",
-                        self.name
-                    ))
-                })
-            }
+/// The batch sizes a version runs: the allowed ones when batching pads to
+/// them, else 1 and the largest batch; 1 when it does not batch.
+pub fn batch_sizes(config: &ModelConfig) -> Vec<usize> {
+    match &config.batching {
+        None => vec![1],
+        Some(params) if !params.allowed_batch_sizes.is_empty() => params.allowed_batch_sizes.clone(),
+        Some(params) => {
+            let mut sizes = vec![1, params.max_batch_size.max(1)];
+            sizes.dedup();
+            sizes
         }
     }
 }
 
-/// Every model the server serves, by name.
-#[derive(Default)]
-pub struct ModelRegistry {
-    models: BTreeMap<String, Arc<ServedModel>>,
-}
-
-impl ModelRegistry {
-    /// Loads every configured model and warms each version up. Any failure
-    /// stops the start: a server that silently lacks a model is worse than
-    /// one that does not start.
-    pub async fn load(configs: &[ModelConfig], library: Option<&Path>, metrics: &Metrics) -> Result<ModelRegistry> {
-        let mut models = BTreeMap::new();
-        for config in configs {
-            let model = load_model(config, library, metrics).await?;
-            models.insert(config.name.clone(), Arc::new(model));
-        }
-        Ok(ModelRegistry { models })
-    }
-
-    /// The model called `name`.
-    pub fn get(&self, name: &str) -> Result<&Arc<ServedModel>> {
-        self.models.get(name).ok_or_else(|| {
-            let names: Vec<&str> = self.models.keys().map(String::as_str).collect();
-            Error::not_found(format!("model '{name}' is not served; served models: [{}]", names.join(", ")))
-        })
-    }
-
-    /// Every model, by name.
-    pub fn models(&self) -> impl Iterator<Item = &Arc<ServedModel>> {
-        self.models.values()
-    }
-}
-
-async fn load_model(config: &ModelConfig, library: Option<&Path>, metrics: &Metrics) -> Result<ServedModel> {
+/// Every version `config`'s policy selects, loaded and warmed up one after
+/// another: for the command-line tools, which need a model's signature and
+/// nothing that serves.
+pub async fn load_selected(
+    config: &ModelConfig,
+    library: Option<&Path>,
+    metrics: &Arc<Metrics>,
+) -> Result<Vec<Arc<ModelVersion>>> {
     let context = |e: Error| e.context(format_args!("model '{}'", config.name));
     let found = repository::discover(&config.base_path).map_err(context)?;
     let chosen = repository::select(&found, &config.version_policy, &config.base_path).map_err(context)?;
-    let mut versions = BTreeMap::new();
-    for (version, path) in chosen {
-        let label = format!("model '{}' version {version}", config.name);
-        let options = config.onnx.clone();
-        let library = library.map(Path::to_path_buf);
-        let started = Instant::now();
-        let model_metrics = metrics.model(&config.name, version);
-        // Session creation parses and optimises the graph: blocking work.
-        let backend: Arc<dyn Backend> = Arc::new(
-            tokio::task::spawn_blocking(move || {
-                OnnxBackend::load(&path, &label, &options, library.as_deref(), model_metrics)
-            })
-            .await
-            .map_err(|e| Error::internal(format!("loading task failed: {e}")))??,
-        );
-        let loaded = ModelVersion::new(config.name.clone(), version, backend);
-        tracing::info!(model = %config.name, version, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "loaded");
-        loaded.warm_up().await?;
-        versions.insert(version, Arc::new(loaded));
+    let settings = LoadSettings { library: library.map(Path::to_path_buf), warmup: true, max_tensor_bytes: 256 << 20 };
+    let loader = Loader::new(1, settings, metrics.clone());
+    let mut versions = Vec::with_capacity(chosen.len());
+    for (version, file) in chosen {
+        versions.push(loader.load(config, version, file, || ()).await?);
     }
-    for (label, version) in &config.version_labels {
-        if !versions.contains_key(version) {
-            let loaded: Vec<String> = versions.keys().map(i64::to_string).collect();
-            return Err(Error::invalid_argument(format!(
-                "model '{}': version_labels.{label} = {version}, but version {version} is not loaded (loaded: {})",
-                config.name,
-                loaded.join(", ")
-            )));
-        }
-    }
-    Ok(ServedModel { name: config.name.as_str().into(), versions, labels: config.version_labels.clone() })
+    Ok(versions)
 }

@@ -46,25 +46,29 @@ pub fn select(
             base_path.display()
         )));
     }
-    Ok(match policy {
+    if let VersionPolicy::Specific(wanted) = policy {
+        if let Some(v) = wanted.iter().find(|v| !found.contains_key(v)) {
+            let have: Vec<String> = found.keys().map(i64::to_string).collect();
+            return Err(Error::not_found(format!(
+                "version {v} is not under {} (found: {})",
+                base_path.display(),
+                have.join(", ")
+            )));
+        }
+    }
+    Ok(select_present(found, policy))
+}
+
+/// The versions `policy` wants among those present, for polling: a
+/// specific version not (yet) in the repository is skipped, not an error.
+pub fn select_present(found: &BTreeMap<i64, PathBuf>, policy: &VersionPolicy) -> BTreeMap<i64, PathBuf> {
+    match policy {
+        VersionPolicy::Specific(wanted) => {
+            found.iter().filter(|(v, _)| wanted.contains(v)).map(|(v, p)| (*v, p.clone())).collect()
+        }
         VersionPolicy::All => found.clone(),
         VersionPolicy::Latest(n) => found.iter().rev().take(*n).map(|(v, p)| (*v, p.clone())).collect(),
-        VersionPolicy::Specific(wanted) => {
-            let mut chosen = BTreeMap::new();
-            for v in wanted {
-                let path = found.get(v).ok_or_else(|| {
-                    let have: Vec<String> = found.keys().map(i64::to_string).collect();
-                    Error::not_found(format!(
-                        "version {v} is not under {} (found: {})",
-                        base_path.display(),
-                        have.join(", ")
-                    ))
-                })?;
-                chosen.insert(*v, path.clone());
-            }
-            chosen
-        }
-    })
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +102,8 @@ mod tests {
         assert_eq!(keys(VersionPolicy::Latest(2)), vec![2, 10]);
         assert_eq!(keys(VersionPolicy::All), vec![1, 2, 10]);
         assert_eq!(keys(VersionPolicy::Specific(vec![1])), vec![1]);
+        let present = select_present(&found, &VersionPolicy::Specific(vec![2, 3]));
+        assert_eq!(present.keys().copied().collect::<Vec<_>>(), vec![2]);
         let err = select(&found, &VersionPolicy::Specific(vec![3]), dir.path()).unwrap_err();
         assert!(err.message().contains("version 3"), "{err}");
         assert!(err.message().contains("1, 2, 10"), "{err}");

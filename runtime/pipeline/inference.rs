@@ -1,19 +1,19 @@
 //! The inference stage: one loaded model version and, when batching is on
 //! for its model, the [`Batcher`] in front of it.
 //!
-//! One inference stage exists per model version, shared by every pipeline
-//! that runs the model, so requests of all of them batch together.
+//! One inference stage exists per model version (in its `ServedVersion`),
+//! shared by every pipeline that runs the model, so requests of all of
+//! them batch together.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::batcher::Batcher;
 use super::deadline::Deadline;
 use crate::config::ModelConfig;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::infer::Batch;
 use crate::metrics::Metrics;
-use crate::models::{ModelVersion, ServedModel};
+use crate::models::ModelVersion;
 use crate::tensor::Tensor;
 
 /// Runs requests through one model version.
@@ -68,34 +68,5 @@ impl InferenceStage {
     /// The version it runs.
     pub fn version(&self) -> &Arc<ModelVersion> {
         &self.version
-    }
-}
-
-/// The inference stages of every loaded version of one model.
-pub struct ModelStages {
-    model: Arc<ServedModel>,
-    versions: BTreeMap<i64, Arc<InferenceStage>>,
-}
-
-impl ModelStages {
-    /// Starts an inference stage for each loaded version of `model`.
-    pub fn start(model: Arc<ServedModel>, config: &ModelConfig, metrics: &Metrics) -> ModelStages {
-        let versions = model
-            .versions()
-            .map(|v| (v.version(), Arc::new(InferenceStage::start(v.clone(), config, metrics))))
-            .collect();
-        ModelStages { model, versions }
-    }
-
-    /// The model.
-    pub fn model(&self) -> &Arc<ServedModel> {
-        &self.model
-    }
-
-    /// The stage of `version`.
-    pub fn of(&self, version: &ModelVersion) -> Result<&Arc<InferenceStage>> {
-        self.versions
-            .get(&version.version())
-            .ok_or_else(|| Error::internal(format!("{version} has no inference stage, this is a bug")))
     }
 }

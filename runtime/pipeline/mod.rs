@@ -22,25 +22,30 @@ pub mod batcher;
 pub mod deadline;
 pub mod fetch;
 pub mod inference;
+pub mod lifecycle;
 pub mod request;
+pub mod served;
 pub mod stage;
 pub mod stages;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use self::admission::Admission;
 use self::deadline::Deadline;
 use self::fetch::FeatureFetch;
-use self::inference::ModelStages;
+use self::lifecycle::ModelManager;
 pub use self::request::{RequestBuilder, Target, ValidRequest};
+pub use self::served::{ServedModel, ServedVersion};
 use self::stage::StageRunner;
 use self::stages::plugin::PluginPlace;
-use crate::config::{Config, Mode, PipelineConfig, StageConfig, StageRole};
+use crate::config::{check_models, Config, Mode, ModelConfig, PipelineConfig, StageConfig, StageRole};
 use crate::error::{Error, Result};
 use crate::feature::FeatureTables;
 use crate::metrics::{Metrics, RequestHandles};
-use crate::models::{ModelRegistry, ModelVersion, ServedModel};
+use crate::models::{ModelVersion, VersionChoice};
 use crate::plugin::registry::PluginRegistry;
 use crate::tensor::spec::{fits, Signature, TensorSpec};
 use crate::tensor::{NamedTensor, Tensor};
@@ -49,14 +54,15 @@ use crate::tensor::{NamedTensor, Tensor};
 pub struct Pipeline {
     // Shared, not copied, into every request's metric labels.
     name: Arc<str>,
-    model: Arc<ModelStages>,
+    model: Arc<ServedModel>,
     admission: Admission,
     feature_fetch: Option<FeatureFetch>,
     preprocess: Option<StageRunner>,
     postprocess: Option<StageRunner>,
     /// What clients see for each model version: the first stage's inputs
     /// (or the model's) and the last stage's outputs (or the model's).
-    signatures: BTreeMap<i64, Signature>,
+    /// Swapped whole as versions come and go (`lifecycle`).
+    signatures: ArcSwap<BTreeMap<i64, Arc<Signature>>>,
     /// The most bytes one tensor built for a request may hold.
     max_tensor_bytes: usize,
     /// Request counts and latencies, resolved once.
@@ -79,34 +85,41 @@ pub struct BuildContext<'a> {
 
 impl Pipeline {
     /// The pipeline for a model served directly: no stages.
-    pub fn direct(model: Arc<ModelStages>, max_in_flight: usize, cx: &BuildContext<'_>) -> Pipeline {
-        let name = model.model().name().to_string();
-        let queue = cx.metrics.queue(&format!("{name}/admission"));
+    pub fn direct(
+        model: Arc<ServedModel>,
+        max_in_flight: usize,
+        metrics: &Metrics,
+        max_tensor_bytes: usize,
+    ) -> Arc<Pipeline> {
+        let name = model.name().to_string();
+        let queue = metrics.queue(&format!("{name}/admission"));
         let admission =
             Admission::new(format!("the request queue of model '{name}'"), max_in_flight, queue.full, queue.depth);
-        let signatures = model.model().versions().map(|v| (v.version(), v.signature().clone())).collect();
+        let signatures = model.versions().iter().map(|v| (v.version(), Arc::new(v.signature().clone()))).collect();
         let name: Arc<str> = name.into();
-        let requests = cx.metrics.request_handles(&model.model().name_label(), &name);
-        Pipeline {
+        let requests = metrics.request_handles(&model.name_label(), &name);
+        let pipeline = Arc::new(Pipeline {
             name,
-            model,
+            model: model.clone(),
             admission,
             feature_fetch: None,
             preprocess: None,
             postprocess: None,
-            signatures,
-            max_tensor_bytes: cx.max_tensor_bytes,
+            signatures: ArcSwap::from_pointee(signatures),
+            max_tensor_bytes,
             requests,
-        }
+        });
+        model.attach(&pipeline);
+        pipeline
     }
 
     /// A configured pipeline, its stages checked against every loaded
     /// version of its model.
-    pub fn build(config: &PipelineConfig, model: Arc<ModelStages>, cx: &BuildContext<'_>) -> Result<Pipeline> {
+    pub fn build(config: &PipelineConfig, model: Arc<ServedModel>, cx: &BuildContext<'_>) -> Result<Arc<Pipeline>> {
         let name = config.name.clone();
         let context = |e: Error| e.context(format_args!("pipeline '{name}'"));
-        let served = model.model().clone();
-        let latest = served.latest().map_err(context)?.clone();
+        let served = model.clone();
+        let latest = served.latest().map_err(context)?;
         let stage = |role: StageRole, stage_config: &StageConfig| -> Result<StageRunner> {
             let kind = stage_config
                 .kind()
@@ -149,8 +162,8 @@ impl Pipeline {
         let mut signatures = BTreeMap::new();
         for version in served.versions() {
             let stages = Stages { fetch: feature_fetch.as_ref(), pre: preprocess.as_ref(), post: postprocess.as_ref() };
-            let signature = client_signature(version, &stages).map_err(context)?;
-            signatures.insert(version.version(), signature);
+            let signature = client_signature(&version, &stages).map_err(context)?;
+            signatures.insert(version.version(), Arc::new(signature));
         }
         let queue = cx.metrics.queue(&format!("{name}/admission"));
         let admission = Admission::new(
@@ -161,17 +174,19 @@ impl Pipeline {
         );
         let name: Arc<str> = name.into();
         let requests = cx.metrics.request_handles(&served.name_label(), &name);
-        Ok(Pipeline {
+        let pipeline = Arc::new(Pipeline {
             name,
             model,
             admission,
             feature_fetch,
             preprocess,
             postprocess,
-            signatures,
+            signatures: ArcSwap::from_pointee(signatures),
             max_tensor_bytes: cx.max_tensor_bytes,
             requests,
-        })
+        });
+        served.attach(&pipeline);
+        Ok(pipeline)
     }
 
     /// The name clients call.
@@ -201,21 +216,56 @@ impl Pipeline {
 
     /// The model behind it.
     pub fn model(&self) -> &Arc<ServedModel> {
-        self.model.model()
+        &self.model
     }
 
     /// What clients send and receive when `version` serves them.
-    pub fn signature(&self, version: &ModelVersion) -> Result<&Signature> {
-        self.signatures.get(&version.version()).ok_or_else(|| {
+    pub fn signature(&self, version: &ModelVersion) -> Result<Arc<Signature>> {
+        self.signatures.load().get(&version.version()).cloned().ok_or_else(|| {
             Error::internal(format!("pipeline '{}' has no signature for {version}, this is a bug", self.name))
         })
     }
 
-    /// Runs one validated request's inputs (in [`Pipeline::signature`]'s
-    /// order); the outputs come in its output order.
-    async fn predict(&self, version: &ModelVersion, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
+    /// What clients would see with `version` behind this pipeline's
+    /// stages: the one check that a new version fits them.
+    pub(crate) fn signature_over(&self, version: &ModelVersion) -> Result<Signature> {
+        let stages = Stages {
+            fetch: self.feature_fetch.as_ref(),
+            pre: self.preprocess.as_ref(),
+            post: self.postprocess.as_ref(),
+        };
+        client_signature(version, &stages)
+    }
+
+    /// `version` serves this pipeline from now on, as `signature`.
+    pub(crate) fn add_signature(&self, version: i64, signature: Signature) {
+        let signature = Arc::new(signature);
+        self.signatures.rcu(|map| {
+            let mut map = BTreeMap::clone(map);
+            map.insert(version, signature.clone());
+            map
+        });
+    }
+
+    /// `version` is gone.
+    pub(crate) fn remove_signature(&self, version: i64) {
+        self.signatures.rcu(|map| {
+            let mut map = BTreeMap::clone(map);
+            map.remove(&version);
+            map
+        });
+    }
+
+    /// Runs one validated request's inputs (in `signature`'s order); the
+    /// outputs come in its output order.
+    async fn predict(
+        &self,
+        version: &ServedVersion,
+        signature: &Signature,
+        inputs: Vec<Tensor>,
+        deadline: Deadline,
+    ) -> Result<Vec<Tensor>> {
         let _permit = self.admission.try_admit()?;
-        let signature = self.signature(version)?;
         let model = version.signature();
         let inputs = match &self.feature_fetch {
             None => inputs,
@@ -234,7 +284,7 @@ impl Pipeline {
                 order_as(&model.inputs, produced, "the preprocess stage", version)?
             }
         };
-        let outputs = self.model.of(version)?.run(model_inputs, deadline).await?;
+        let outputs = version.inference().run(model_inputs, deadline).await?;
         match &self.postprocess {
             None => Ok(outputs),
             Some(stage) => {
@@ -357,35 +407,79 @@ fn order_as(
 }
 
 /// Every name clients can call: configured pipelines, and each model that
-/// no pipeline of the same name replaces.
+/// no pipeline of the same name replaces. Models (and the names serving
+/// them directly) come and go with config reloads; the maps are swapped
+/// whole, so a request reads them without a lock.
 pub struct Endpoints {
-    registry: Arc<ModelRegistry>,
-    pipelines: BTreeMap<String, Arc<Pipeline>>,
+    pipelines: ArcSwap<BTreeMap<String, Arc<Pipeline>>>,
+    models: ArcSwap<BTreeMap<String, Arc<ServedModel>>>,
     /// Pipelines whose plugin could not be loaded, and why: they answer
     /// UNAVAILABLE with the reason while everything else serves.
     failed: BTreeMap<String, Error>,
+    /// The configured pipelines over each model: a reload may not remove
+    /// a model one of them runs.
+    used_by: BTreeMap<String, Vec<String>>,
+    manager: ModelManager,
+    metrics: Arc<Metrics>,
+    max_tensor_bytes: usize,
+}
+
+/// What a config reload changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReloadOutcome {
+    /// Models added, each served under its own name.
+    pub added: Vec<String>,
+    /// Models removed; their versions drain and unload.
+    pub removed: Vec<String>,
+    /// Models kept, with their policy, labels and path as the new config says.
+    pub kept: Vec<String>,
 }
 
 impl Endpoints {
-    /// Builds the pipelines of `config` over the loaded models, with one
-    /// inference stage per model version shared by all of them.
-    pub fn build(config: &Config, registry: Arc<ModelRegistry>, cx: &BuildContext<'_>) -> Result<Endpoints> {
-        let mut models = BTreeMap::new();
+    /// Loads every version `models`' policies select, warming each up.
+    /// Any failure stops the start: a server that silently lacks a model
+    /// is worse than one that does not start.
+    pub async fn load_models(
+        models: &[ModelConfig],
+        manager: &ModelManager,
+    ) -> Result<BTreeMap<String, Arc<ServedModel>>> {
+        let loads = models.iter().map(|config| async move {
+            let model = ServedModel::new(config.clone());
+            manager.reconcile(&model, true).await?;
+            Ok::<_, Error>((config.name.clone(), model))
+        });
+        futures::future::try_join_all(loads).await.map(|loaded| loaded.into_iter().collect())
+    }
+
+    /// Builds the pipelines of `config` over the loaded models; each model
+    /// version has one inference stage shared by all of them.
+    pub fn build(
+        config: &Config,
+        models: BTreeMap<String, Arc<ServedModel>>,
+        manager: ModelManager,
+        cx: &BuildContext<'_>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Endpoints> {
         let mut pipelines = BTreeMap::new();
         for model in &config.models {
-            let served = registry.get(&model.name)?.clone();
-            let stages = Arc::new(ModelStages::start(served, model, cx.metrics));
-            models.insert(model.name.clone(), stages.clone());
-            pipelines.insert(model.name.clone(), Arc::new(Pipeline::direct(stages, model.max_in_flight, cx)));
+            let served = models.get(&model.name).cloned().ok_or_else(|| {
+                Error::internal(format!("model '{}' was not loaded before its pipelines, this is a bug", model.name))
+            })?;
+            pipelines.insert(
+                model.name.clone(),
+                Pipeline::direct(served, model.max_in_flight, cx.metrics, cx.max_tensor_bytes),
+            );
         }
         let mut failed = BTreeMap::new();
+        let mut used_by: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for pipeline in &config.pipelines {
-            let stages = models.get(&pipeline.model).cloned().ok_or_else(|| {
+            used_by.entry(pipeline.model.clone()).or_default().push(pipeline.name.clone());
+            let served = models.get(&pipeline.model).cloned().ok_or_else(|| {
                 Error::not_found(format!("pipeline '{}': model '{}' is not served", pipeline.name, pipeline.model))
             })?;
-            match Pipeline::build(pipeline, stages, cx) {
+            match Pipeline::build(pipeline, served, cx) {
                 Ok(built) => {
-                    pipelines.insert(pipeline.name.clone(), Arc::new(built));
+                    pipelines.insert(pipeline.name.clone(), built);
                 }
                 // One team's plugin must not stop the server for every
                 // team: its pipeline is left out, with the reason.
@@ -397,7 +491,15 @@ impl Endpoints {
                 Err(error) => return Err(error),
             }
         }
-        Ok(Endpoints { registry, pipelines, failed })
+        Ok(Endpoints {
+            pipelines: ArcSwap::from_pointee(pipelines),
+            models: ArcSwap::from_pointee(models),
+            failed,
+            used_by,
+            manager,
+            metrics,
+            max_tensor_bytes: cx.max_tensor_bytes,
+        })
     }
 
     /// Pipelines that failed to load, and why.
@@ -406,46 +508,153 @@ impl Endpoints {
     }
 
     /// The pipeline called `name`.
-    pub fn get(&self, name: &str) -> Result<&Arc<Pipeline>> {
+    pub fn get(&self, name: &str) -> Result<Arc<Pipeline>> {
         if let Some(error) = self.failed.get(name) {
             return Err(Error::unavailable(format!("pipeline '{name}' is not serving: it failed to load: {error}")));
         }
-        self.pipelines.get(name).ok_or_else(|| {
-            let names: Vec<&str> = self.pipelines.keys().map(String::as_str).collect();
+        let pipelines = self.pipelines.load();
+        pipelines.get(name).cloned().ok_or_else(|| {
+            let names: Vec<&str> = pipelines.keys().map(String::as_str).collect();
             Error::not_found(format!("model '{name}' is not served; served: [{}]", names.join(", ")))
         })
     }
 
     /// The endpoint a request names; an empty name is the client's
     /// mistake, not an unknown model.
-    pub fn named(&self, name: &str) -> Result<&Arc<Pipeline>> {
+    pub fn named(&self, name: &str) -> Result<Arc<Pipeline>> {
         if name.is_empty() {
             return Err(Error::invalid_argument("the model name is empty; name the model to use"));
         }
         self.get(name)
     }
 
-    /// The versions a status request asks about: every loaded one without
-    /// a version, else the one named.
-    pub fn status_versions(
-        &self,
-        name: &str,
-        choice: crate::models::VersionChoice<'_>,
-    ) -> Result<Vec<Arc<ModelVersion>>> {
-        let model = self.named(name)?.model();
-        Ok(match choice {
-            crate::models::VersionChoice::Latest => model.versions().cloned().collect(),
-            choice => vec![model.resolve(choice)?.clone()],
-        })
-    }
-
     /// Every endpoint.
-    pub fn all(&self) -> impl Iterator<Item = &Arc<Pipeline>> {
-        self.pipelines.values()
+    pub fn all(&self) -> Vec<Arc<Pipeline>> {
+        self.pipelines.load().values().cloned().collect()
     }
 
-    /// The loaded models.
-    pub fn registry(&self) -> &Arc<ModelRegistry> {
-        &self.registry
+    /// Every served model.
+    pub fn models(&self) -> Vec<Arc<ServedModel>> {
+        self.models.load().values().cloned().collect()
     }
+
+    /// Re-reads every model's repository: new versions in the policy are
+    /// loaded and served, versions that left it are drained and unloaded.
+    /// Failures are recorded in each version's status; serving goes on.
+    pub async fn poll(&self) {
+        let _one_change = self.manager.exclusive().await;
+        for model in self.models() {
+            if let Err(error) = self.manager.reconcile(&model, false).await {
+                tracing::warn!(model = model.name(), "repository poll failed: {error}");
+            }
+        }
+    }
+
+    /// Serves the models `configs` lists, as TF Serving's
+    /// HandleReloadConfigRequest does: new ones are loaded (and only then
+    /// served), missing ones drained and unloaded, kept ones take the new
+    /// policy, labels and base path. A model a configured pipeline runs
+    /// cannot be removed. Any failure refuses the reload: added models are
+    /// not served and removed ones keep serving; versions a kept model's
+    /// new policy loaded before the failure stay loaded.
+    pub async fn reload(&self, mut configs: Vec<ModelConfig>) -> Result<ReloadOutcome> {
+        check_models(&configs).map_err(|e| Error::invalid_argument(e.0))?;
+        let _one_change = self.manager.exclusive().await;
+        let current = self.models.load_full();
+        let mut outcome = ReloadOutcome::default();
+        for name in current.keys() {
+            if !configs.iter().any(|c| &c.name == name) {
+                if let Some(pipelines) = self.used_by.get(name) {
+                    return Err(Error::failed_precondition(format!(
+                        "the new config leaves out model '{name}', which pipelines [{}] run; a reload cannot \
+                         remove it (change the pipelines and restart)",
+                        pipelines.join(", ")
+                    )));
+                }
+                outcome.removed.push(name.clone());
+            }
+        }
+        let mut added = BTreeMap::new();
+        for config in &mut configs {
+            match current.get(&config.name) {
+                Some(model) => {
+                    // Only what a model config in TF Serving's format holds
+                    // changes; sessions and batching stay as they started.
+                    let served = model.config();
+                    let kept = ModelConfig {
+                        base_path: config.base_path.clone(),
+                        version_policy: config.version_policy.clone(),
+                        version_labels: config.version_labels.clone(),
+                        ..ModelConfig::clone(&served)
+                    };
+                    *config = kept;
+                    outcome.kept.push(config.name.clone());
+                }
+                None => {
+                    let model = ServedModel::new(config.clone());
+                    self.manager.reconcile(&model, true).await?;
+                    added.insert(config.name.clone(), (model, config.max_in_flight));
+                    outcome.added.push(config.name.clone());
+                }
+            }
+        }
+        for config in configs.iter().filter(|c| current.contains_key(&c.name)) {
+            let model = &current[&config.name];
+            let previous = model.config();
+            model.set_config(config.clone());
+            if let Err(error) = self.manager.reconcile(model, true).await {
+                model.set_config(ModelConfig::clone(&previous));
+                return Err(error);
+            }
+        }
+        let mut models = BTreeMap::clone(&current);
+        let mut pipelines = BTreeMap::clone(&self.pipelines.load());
+        for (name, (model, max_in_flight)) in added {
+            pipelines.insert(
+                name.clone(),
+                Pipeline::direct(model.clone(), max_in_flight, &self.metrics, self.max_tensor_bytes),
+            );
+            models.insert(name, model);
+        }
+        for name in &outcome.removed {
+            pipelines.remove(name);
+            if let Some(model) = models.remove(name) {
+                for version in model.versions() {
+                    self.manager.retire(&model, version.version());
+                }
+            }
+        }
+        self.pipelines.store(Arc::new(pipelines));
+        self.models.store(Arc::new(models));
+        tracing::info!(added = ?outcome.added, removed = ?outcome.removed, kept = ?outcome.kept, "model config reloaded");
+        Ok(outcome)
+    }
+}
+
+/// The versions a status request asks about, and what each is doing.
+pub fn status_of(
+    endpoints: &Endpoints,
+    name: &str,
+    choice: VersionChoice<'_>,
+) -> Result<Vec<(i64, crate::models::status::VersionStatus)>> {
+    let pipeline = endpoints.named(name)?;
+    let model = pipeline.model();
+    let all = model.status().all();
+    Ok(match choice {
+        VersionChoice::Latest => all,
+        VersionChoice::Number(v) => match all.into_iter().find(|(version, _)| *version == v) {
+            Some(found) => vec![found],
+            None => {
+                let seen: Vec<String> = model.status().all().iter().map(|(v, _)| v.to_string()).collect();
+                return Err(Error::not_found(format!(
+                    "model '{name}' has no version {v}; versions seen: [{}]",
+                    seen.join(", ")
+                )));
+            }
+        },
+        VersionChoice::Label(_) => {
+            let version = model.resolve(choice)?.version();
+            all.into_iter().filter(|(v, _)| *v == version).collect()
+        }
+    })
 }

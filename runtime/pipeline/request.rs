@@ -13,9 +13,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::deadline::Deadline;
-use super::{Endpoints, Pipeline};
+use super::{Endpoints, Pipeline, ServedVersion};
 use crate::error::{Error, Result};
-use crate::models::{ModelVersion, VersionChoice};
+use crate::models::VersionChoice;
 use crate::tensor::spec::{check_tensor, Signature, DEFAULT_SIGNATURE};
 use crate::tensor::{format_shape, Tensor};
 
@@ -24,8 +24,11 @@ use crate::tensor::{format_shape, Tensor};
 pub struct Target {
     /// The pipeline (a model served directly is a pipeline without stages).
     pub pipeline: Arc<Pipeline>,
-    /// The version that serves the request.
-    pub version: Arc<ModelVersion>,
+    /// The version that serves the request; held until it is answered,
+    /// so a version being replaced finishes what it took.
+    pub version: Arc<ServedVersion>,
+    /// What the client sends and receives with this version.
+    signature: Arc<Signature>,
 }
 
 impl fmt::Display for Target {
@@ -49,17 +52,18 @@ impl Target {
     ) -> Result<Target> {
         let pipeline = endpoints.named(name)?;
         let version = pipeline.model().resolve(choice)?;
+        let signature = pipeline.signature(&version)?;
         if !signature_name.is_empty() && signature_name != DEFAULT_SIGNATURE {
             return Err(Error::failed_precondition(format!(
                 "{version} has no signature '{signature_name}'; signatures: [{DEFAULT_SIGNATURE}]"
             )));
         }
-        Ok(Target { pipeline: pipeline.clone(), version: version.clone() })
+        Ok(Target { pipeline, version, signature })
     }
 
     /// What clients send and receive.
-    pub fn signature(&self) -> Result<&Signature> {
-        self.pipeline.signature(&self.version)
+    pub fn signature(&self) -> &Signature {
+        &self.signature
     }
 
     /// Starts a request that names `inputs` and asks for the outputs
@@ -71,7 +75,7 @@ impl Target {
         output_filter: &[String],
         deadline: Deadline,
     ) -> Result<RequestBuilder<'_>> {
-        let signature = self.signature()?;
+        let signature = self.signature();
         signature.check_input_names(self, inputs)?;
         let outputs = signature.resolve_output_filter(self, output_filter)?;
         Ok(RequestBuilder { target: self, signature, slots: vec![None; signature.inputs.len()], outputs, deadline })
@@ -93,12 +97,13 @@ impl ValidRequest {
     /// for, by name, in signature order unless its filter ordered them.
     pub async fn run(self) -> Result<Vec<(String, Tensor)>> {
         let ValidRequest { target, inputs, outputs: selected, deadline } = self;
-        let signature = target.signature()?;
+        let signature = target.signature();
         // Bounding the whole wait by the deadline also drops the request
         // from whatever queue it is in: the queues skip requests whose
         // caller has gone.
-        let outputs =
-            deadline.run("while queued or running", target.pipeline.predict(&target.version, inputs, deadline)).await?;
+        let outputs = deadline
+            .run("while queued or running", target.pipeline.predict(&target.version, signature, inputs, deadline))
+            .await?;
         if outputs.len() != signature.outputs.len() {
             return Err(Error::internal(format!(
                 "{target} returned {} outputs, but its signature has {}",

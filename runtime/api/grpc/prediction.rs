@@ -111,7 +111,7 @@ fn model_metadata(target: &Target, fields: &[String], signature_name: &str) -> R
         )));
     }
     let signatures = SignatureDefMap {
-        signature_def: HashMap::from([(DEFAULT_SIGNATURE.to_string(), signature_def(target.signature()?))]),
+        signature_def: HashMap::from([(DEFAULT_SIGNATURE.to_string(), signature_def(target.signature()))]),
     };
     let any = prost_types::Any {
         type_url: "type.googleapis.com/tensorflow.serving.SignatureDefMap".to_string(),

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
 use super::{error_response, read_body, RestState};
-use crate::config::{AdminConfig, Role, TokenConfig};
+use crate::config::{AdminConfig, Config, Role, TokenConfig};
 use crate::error::{Error, Result};
 use crate::plugin::registry::{Caller, Manifest, PluginRegistry};
 
@@ -59,7 +59,7 @@ impl Admin {
     }
 
     /// The caller a request's bearer token identifies.
-    fn authenticate(&self, headers: &HeaderMap) -> Result<Caller> {
+    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Caller> {
         let unauthenticated = |message: &str| Error::Unauthenticated(message.to_string());
         let value = headers
             .get(header::AUTHORIZATION)
@@ -97,6 +97,7 @@ pub fn routes() -> Router<RestState> {
         .route("/admin/v1/plugins/{name}/versions/{version}", delete(remove))
         .route("/admin/v1/pipelines/{pipeline}/plugin", put(upload_to_pipeline))
         .route("/admin/v1/pipelines", get(pipelines))
+        .route("/admin/v1/models/config", post(reload_models))
 }
 
 type Work = Box<dyn FnOnce(&PluginRegistry, &Caller) -> Result<Value> + Send>;
@@ -130,6 +131,36 @@ async fn call(
         let admin = admin_of(state)?;
         let caller = admin.authenticate(headers)?;
         run(admin, caller, Box::new(work)).await
+    }
+    .await;
+    respond(result)
+}
+
+/// The largest model config a reload takes, in bytes.
+const MAX_MODEL_CONFIG_BYTES: usize = 1 << 20;
+
+/// Replaces the served models with the ones a config lists: TF Serving's
+/// text format (`model_config_list { config { … } }`) or sluice's TOML
+/// (`[[models]]` tables only). Admin tokens only; relative base paths are
+/// taken from the server's working directory.
+async fn reload_models(State(state): State<RestState>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let admin = admin_of(&state)?;
+        crate::api::reload::authorize(Some(admin), &headers)?;
+        let serving = state.lifecycle.serving()?;
+        let bytes =
+            read_body(body, &headers, MAX_MODEL_CONFIG_BYTES, "the largest model config a reload takes").await?;
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|e| Error::invalid_argument(format!("the model config is not UTF-8 text: {e}")))?;
+        let config = Config::from_text(text, "the request body", std::path::Path::new("."))?;
+        if !config.pipelines.is_empty() || !config.features.tables.is_empty() {
+            return Err(Error::invalid_argument(
+                "the request body configures pipelines or features; a reload changes [[models]] only \
+                 (pipelines need a restart)",
+            ));
+        }
+        let outcome = crate::api::reload::apply(serving, config.models).await?;
+        Ok(json!({ "added": outcome.added, "removed": outcome.removed, "kept": outcome.kept }))
     }
     .await;
     respond(result)

@@ -13,7 +13,7 @@ use crate::api::context::RequestContext;
 use crate::error::{Error, Result};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
-use crate::pipeline::{Endpoints, Target, ValidRequest};
+use crate::pipeline::{status_of, Endpoints, Target, ValidRequest};
 use crate::tensor::json::{flatten, tensor_from_leaves, JsonView};
 use crate::tensor::spec::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
 use crate::tensor::{format_shape, tensor_bytes, Tensor};
@@ -93,7 +93,7 @@ fn kind(value: &Value) -> &'static str {
 /// `inputs`: one tensor per input, or the bare tensor when the signature
 /// has a single input.
 fn columns_to_request(target: &Target, inputs: &Value, deadline: Deadline) -> Result<ValidRequest> {
-    let signature = target.signature()?;
+    let signature = target.signature();
     let named = match inputs {
         Value::Object(map) if !is_b64(map) => map.iter().map(|(k, v)| (k.as_str(), v)).collect::<Vec<_>>(),
         value => vec![(single_input(signature, "inputs")?.name.as_str(), value)],
@@ -111,7 +111,7 @@ fn columns_to_request(target: &Target, inputs: &Value, deadline: Deadline) -> Re
 /// `instances`: a list of rows, each an object of inputs (or a bare value
 /// when the signature has a single input), stacked along a new dimension 0.
 fn rows_to_request(target: &Target, instances: &Value, deadline: Deadline) -> Result<ValidRequest> {
-    let signature = target.signature()?;
+    let signature = target.signature();
     let Value::Array(rows) = instances else {
         return Err(Error::invalid_argument(format!("\"instances\" is {}; expected a list of rows", kind(instances))));
     };
@@ -296,14 +296,18 @@ impl serde::Serialize for NamedOutputs<'_> {
 
 /// TF Serving's status answer (proto3 JSON: int64 as strings).
 pub(super) fn status_json(endpoints: &Endpoints, name: &str, choice: VersionChoice<'_>) -> Result<Vec<u8>> {
-    let versions = endpoints.status_versions(name, choice)?;
+    let versions = status_of(endpoints, name, choice)?;
     let statuses: Vec<Value> = versions
-        .iter()
-        .map(|v| {
+        .into_iter()
+        .map(|(version, status)| {
+            let (code, message) = match &status.error {
+                None => ("OK", String::new()),
+                Some(error) => (error.code().as_str(), error.to_string()),
+            };
             json!({
-                "version": v.version().to_string(),
-                "state": "AVAILABLE",
-                "status": { "error_code": "OK", "error_message": "" },
+                "version": version.to_string(),
+                "state": status.state.name(),
+                "status": { "error_code": code, "error_message": message },
             })
         })
         .collect();
@@ -313,7 +317,7 @@ pub(super) fn status_json(endpoints: &Endpoints, name: &str, choice: VersionChoi
 
 /// TF Serving's metadata answer: the `serving_default` signature.
 pub(super) fn metadata_json(target: &Target) -> Result<Vec<u8>> {
-    let signature = target.signature()?;
+    let signature = target.signature();
     let tensors = |specs: &[TensorSpec]| -> Value {
         specs
             .iter()

@@ -11,8 +11,9 @@ use arc_swap::ArcSwap;
 
 use crate::config::StageRole;
 use crate::error::{Error, Result};
-use crate::models::ServedModel;
+use crate::models::ModelVersion;
 use crate::pipeline::stage::{Stage, StageCx};
+use crate::pipeline::ServedModel;
 use crate::plugin::registry::{PluginRegistry, PluginSlot};
 use crate::plugin::{Plugin, World};
 use crate::tensor::spec::{fits, TensorSpec};
@@ -196,7 +197,7 @@ impl PluginStage {
     /// The plugin is of this stage's world and fits every version of the
     /// model ([`plugin_fits`]).
     fn fits_model(&self, plugin: &Plugin) -> Result<()> {
-        plugin_fits(plugin, self.world, &self.model)
+        plugin_fits(plugin, self.world, &self.model.loaded_versions())
     }
 
     /// `plugin` has this stage's interface: the same inputs and outputs,
@@ -298,13 +299,13 @@ impl Stage for PluginStage {
 /// model's outputs. The one check, made when a pipeline is built, when a
 /// plugin is uploaded, and by `sluice plugin check` and `config check`;
 /// a mismatch names what the plugin declares and what the model takes.
-pub fn plugin_fits(plugin: &Plugin, world: World, model: &ServedModel) -> Result<()> {
+pub fn plugin_fits(plugin: &Plugin, world: World, versions: &[Arc<ModelVersion>]) -> Result<()> {
     if plugin.world() != world {
         return Err(Error::invalid_argument(format!("it is a {}, but the stage runs a {world}", plugin.world())));
     }
     let description = plugin.description();
     let list = |specs: &[TensorSpec]| specs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
-    for version in model.versions() {
+    for version in versions {
         let signature = version.signature();
         let (wanted, given, role, side) = match world {
             World::Preprocessor => (&signature.inputs, &description.outputs, "outputs", "takes"),

@@ -1,0 +1,86 @@
+//! How model versions come and go while the server runs: the `[lifecycle]`
+//! table, and the defaults command-line flags give models that a config
+//! reload adds later. The machinery that reads it is
+//! `pipeline::lifecycle`.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::{BatchingParameters, ModelConfig};
+
+/// The `[lifecycle]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LifecycleConfig {
+    /// Seconds between re-reads of every model's base path (TF Serving's
+    /// `--file_system_poll_wait_seconds`, default 1): a version that enters
+    /// the policy is loaded, one that leaves it is drained and unloaded.
+    /// 0: versions are read at start-up only.
+    pub file_system_poll_wait_seconds: u64,
+    /// Seconds between re-reads of `--model_config_file` (TF Serving's
+    /// `--model_config_file_poll_wait_seconds`); 0: read at start-up only.
+    pub model_config_file_poll_wait_seconds: u64,
+    /// Versions loading at once, across every model. Loading parses and
+    /// optimises a graph on a thread of its own; bounding it keeps a burst
+    /// of new versions from taking the cores serving requests use.
+    pub max_concurrent_loads: usize,
+    /// Run warmup requests through a new version before it serves (TF
+    /// Serving's `--enable_model_warmup`): its warmup file when it has
+    /// one, otherwise zeros at each batch size the model runs.
+    pub warmup: bool,
+    /// Where ONNX Runtime's optimised graphs are kept, one per model file,
+    /// ONNX Runtime version and session options, so a version loaded once
+    /// before comes back without optimising again. Unset: nothing cached.
+    pub optimized_model_cache: Option<PathBuf>,
+    /// The file the models came from (`--model_config_file`), re-read every
+    /// `model_config_file_poll_wait_seconds`. Set by the command line.
+    #[serde(skip)]
+    pub model_config_file: Option<PathBuf>,
+    /// What the command line gives every model, including ones a reload
+    /// adds later.
+    #[serde(skip)]
+    pub model_defaults: ModelDefaults,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        LifecycleConfig {
+            file_system_poll_wait_seconds: 1,
+            model_config_file_poll_wait_seconds: 0,
+            max_concurrent_loads: 1,
+            warmup: true,
+            optimized_model_cache: None,
+            model_config_file: None,
+            model_defaults: ModelDefaults::default(),
+        }
+    }
+}
+
+/// Settings the command line applies to every model (`--enable_batching`,
+/// `--tensorflow_intra_op_parallelism`, …): kept, so that a model a
+/// config reload adds gets them too.
+#[derive(Debug, Clone, Default)]
+pub struct ModelDefaults {
+    /// Batching for models that configure none.
+    pub batching: Option<BatchingParameters>,
+    /// ONNX Runtime sessions per version.
+    pub sessions: Option<usize>,
+    /// ONNX Runtime intra-op threads per session.
+    pub intra_op_threads: Option<usize>,
+}
+
+impl ModelDefaults {
+    /// Gives `model` what the command line set.
+    pub fn apply(&self, model: &mut ModelConfig) {
+        if model.batching.is_none() {
+            model.batching.clone_from(&self.batching);
+        }
+        if let Some(sessions) = self.sessions {
+            model.onnx.sessions = sessions;
+        }
+        if let Some(threads) = self.intra_op_threads {
+            model.onnx.intra_op_threads = threads;
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Versions coming and going while requests run: repository polling,
+//! config reloads, and the switch from one version to the next with no
+//! failed request.
+//!
+//! A version that enters its model's policy is loaded off the serving
+//! path (`models::Loader`: a thread of its own, a bound on loads at once),
+//! warmed up, checked against every pipeline over the model (a version
+//! whose signature no longer fits a pipeline's stages fails its load), and
+//! only then published to the model's table. A version that leaves the
+//! policy is taken out of the table first — new requests go elsewhere —
+//! then drained: the requests already on it finish, and it is unloaded
+//! when the last one lets go. Old versions leave only once every version
+//! the policy wants is serving, so a failed load leaves the serving
+//! version in place. One change runs at a time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use super::inference::InferenceStage;
+use super::served::{ServedModel, ServedVersion};
+use crate::config::{LifecycleConfig, ModelConfig};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::models::repository;
+use crate::models::status::VersionState;
+use crate::models::{LoadSettings, Loader, ModelVersion};
+
+/// How often a withdrawn version is checked for requests still on it.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
+/// What identifies a model file's content cheaply: a failed version is
+/// tried again only once its file changes.
+type FileStamp = (Option<SystemTime>, u64);
+
+/// Loads, publishes, drains and unloads versions.
+pub struct ModelManager {
+    loader: Loader,
+    metrics: Arc<Metrics>,
+    drain_timeout: Duration,
+    /// One reconcile or reload at a time: each reads the table, loads,
+    /// and writes it back.
+    changing: tokio::sync::Mutex<()>,
+    /// Versions whose load failed, by model, and the file they failed on.
+    failed: Mutex<BTreeMap<(String, i64), FileStamp>>,
+}
+
+impl ModelManager {
+    /// A manager loading with `lifecycle`'s settings.
+    pub fn new(
+        lifecycle: &LifecycleConfig,
+        settings: LoadSettings,
+        metrics: Arc<Metrics>,
+        drain_timeout: Duration,
+    ) -> ModelManager {
+        ModelManager {
+            loader: Loader::new(lifecycle.max_concurrent_loads, settings, metrics.clone()),
+            metrics,
+            drain_timeout,
+            changing: tokio::sync::Mutex::new(()),
+            failed: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Holds off other changes while the caller makes several.
+    pub(super) async fn exclusive(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.changing.lock().await
+    }
+
+    /// Brings `model` to what its repository and policy say now. `strict`
+    /// (start-up, reloads): a missing repository, a missing version or a
+    /// failed load is an error, and labels must name serving versions.
+    /// Otherwise (polling) failures are recorded in the version's status
+    /// and logged, and serving goes on.
+    pub(super) async fn reconcile(&self, model: &Arc<ServedModel>, strict: bool) -> Result<()> {
+        let config = model.config();
+        let context = |e: Error| e.context(format_args!("model '{}'", config.name));
+        let found = match repository::discover(&config.base_path) {
+            Ok(found) => found,
+            Err(error) if !strict => {
+                tracing::warn!(model = %config.name, "repository poll failed: {error}");
+                return Ok(());
+            }
+            Err(error) => return Err(context(error)),
+        };
+        let wanted = if strict {
+            repository::select(&found, &config.version_policy, &config.base_path).map_err(context)?
+        } else {
+            repository::select_present(&found, &config.version_policy)
+        };
+        let serving = model.table();
+        let mut complete = true;
+        for (&version, file) in &wanted {
+            if serving.versions.contains_key(&version) {
+                continue;
+            }
+            let stamp = stamp(file);
+            let key = (config.name.clone(), version);
+            if !strict && self.failed_before(&key) == Some(stamp) {
+                complete = false;
+                continue;
+            }
+            match self.bring_in(model, &config, version, file.clone()).await {
+                Ok(()) => {
+                    self.failed.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+                }
+                Err(error) => {
+                    tracing::error!(model = %config.name, version, "version not loaded: {error}");
+                    model.status().fail(version, error.clone());
+                    self.failed.lock().unwrap_or_else(PoisonError::into_inner).insert(key, stamp);
+                    if strict {
+                        return Err(error);
+                    }
+                    complete = false;
+                }
+            }
+        }
+        check_labels(model, &config.version_labels, strict)?;
+        model.set_labels(config.version_labels.clone());
+        if !complete {
+            // Availability first: what serves keeps serving until every
+            // version the policy wants does.
+            return Ok(());
+        }
+        for version in model.table().versions.keys().copied().filter(|v| !wanted.contains_key(v)).collect::<Vec<_>>() {
+            self.retire(model, version);
+        }
+        Ok(())
+    }
+
+    fn failed_before(&self, key: &(String, i64)) -> Option<FileStamp> {
+        self.failed.lock().unwrap_or_else(PoisonError::into_inner).get(key).copied()
+    }
+
+    /// Loads, warms up, checks and publishes one version.
+    async fn bring_in(
+        &self,
+        model: &Arc<ServedModel>,
+        config: &ModelConfig,
+        version: i64,
+        file: PathBuf,
+    ) -> Result<()> {
+        model.status().set(version, VersionState::Start);
+        let loaded =
+            self.loader.load(config, version, file, || model.status().set(version, VersionState::Loading)).await?;
+        let pipelines = model.pipelines();
+        let mut signatures = Vec::with_capacity(pipelines.len());
+        for pipeline in &pipelines {
+            signatures.push(pipeline.signature_over(&loaded).map_err(|e| {
+                e.context(format_args!("version {version} does not fit pipeline '{}'", pipeline.name()))
+            })?);
+        }
+        for (pipeline, signature) in pipelines.iter().zip(signatures) {
+            pipeline.add_signature(version, signature);
+        }
+        let inference = InferenceStage::start(loaded.clone(), config, &self.metrics);
+        model.publish(Arc::new(ServedVersion::new(loaded, inference)));
+        tracing::info!(model = %config.name, version, "available: serving requests");
+        Ok(())
+    }
+
+    /// Takes `version` out of the table now; drains and unloads it in the
+    /// background.
+    pub(super) fn retire(&self, model: &Arc<ServedModel>, version: i64) {
+        let Some(served) = model.withdraw(version) else { return };
+        tracing::info!(model = model.name(), version, "unloading: no new requests; draining in-flight ones");
+        let (model, timeout) = (model.clone(), self.drain_timeout);
+        tokio::spawn(async move {
+            drain(&served, timeout).await;
+            let loaded: Arc<ModelVersion> = served.loaded().clone();
+            // The inference stage (and its batcher) go first, then the
+            // pipelines' signatures; the sessions go with the last
+            // reference to the loaded version.
+            drop(served);
+            for pipeline in model.pipelines() {
+                pipeline.remove_signature(version);
+            }
+            drop(loaded);
+            model.status().set(version, VersionState::End);
+            tracing::info!(model = model.name(), version, "unloaded");
+        });
+    }
+}
+
+/// Waits until no request holds `served` (the caller's reference is the
+/// last), up to `timeout`; past it the version is let go anyway and is
+/// freed when its last request finishes.
+async fn drain(served: &Arc<ServedVersion>, timeout: Duration) {
+    let started = tokio::time::Instant::now();
+    while Arc::strong_count(served) > 1 {
+        if started.elapsed() >= timeout {
+            tracing::warn!(
+                model = served.model(),
+                version = served.version(),
+                in_flight = Arc::strong_count(served) - 1,
+                "drain timeout reached; the version is freed when its last requests finish"
+            );
+            return;
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+}
+
+/// Labels must name versions that serve (TF Serving refuses a label on a
+/// version that is not AVAILABLE). While polling, a label whose version
+/// left is kept and refused per request, with the reason.
+fn check_labels(model: &ServedModel, labels: &BTreeMap<String, i64>, strict: bool) -> Result<()> {
+    if !strict {
+        return Ok(());
+    }
+    let serving: BTreeSet<i64> = model.table().versions.keys().copied().collect();
+    for (label, version) in labels {
+        if !serving.contains(version) {
+            let list: Vec<String> = serving.iter().map(i64::to_string).collect();
+            let state = model.status().get(*version).map_or("never seen in the repository", |s| s.state.name());
+            return Err(Error::failed_precondition(format!(
+                "model '{}': version_labels.{label} = {version}, but version {version} is not AVAILABLE \
+                 ({state}); available versions: [{}]",
+                model.name(),
+                list.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn stamp(file: &std::path::Path) -> FileStamp {
+    std::fs::metadata(file).map_or((None, 0), |m| (m.modified().ok(), m.len()))
+}
