@@ -38,6 +38,29 @@ pub struct ModelLabels {
     pub version: String,
 }
 
+/// Labels of a model.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelNameLabels {
+    /// Model name.
+    pub model: String,
+}
+
+/// Labels of a model's versions in one state.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionStateLabels {
+    /// Model name.
+    pub model: String,
+    /// `START`, `LOADING`, `AVAILABLE`, `UNLOADING` or `END`.
+    pub state: &'static str,
+}
+
+/// Labels of an outcome.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// What happened.
+    pub outcome: &'static str,
+}
+
 /// Labels of a finished request, as TF Serving's `request_count` has them
 /// (`model_name`, `status`), plus sluice's pipeline and entry point.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -142,6 +165,16 @@ impl MetricConstructor<Histogram> for SecondsBuckets {
     }
 }
 
+/// Histogram buckets for loading and warming up a version: 1 ms to 17 min.
+#[derive(Clone)]
+pub struct LoadSecondsBuckets;
+
+impl MetricConstructor<Histogram> for LoadSecondsBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(exponential_buckets(1e-3, 2.0, 21))
+    }
+}
+
 /// Histogram buckets for batch sizes: 1 to 1024 rows.
 #[derive(Clone)]
 pub struct RowsBuckets;
@@ -198,6 +231,16 @@ pub struct Metrics {
     pub feature_fetch_seconds: Family<TableLabels, Histogram, SecondsBuckets>,
     /// Embedded table reloads, by outcome (`ok`, `refused`).
     pub feature_reloads: Family<TableOutcomeLabels, Counter>,
+    /// Versions of each model by state.
+    pub model_versions: Family<VersionStateLabels, Gauge>,
+    /// Time to load a version (graph optimisation and sessions).
+    pub model_load_seconds: Family<ModelNameLabels, Histogram, LoadSecondsBuckets>,
+    /// Time to warm a version up.
+    pub model_warmup_seconds: Family<ModelNameLabels, Histogram, LoadSecondsBuckets>,
+    /// Versions whose load or warmup failed.
+    pub model_load_failures: Family<ModelNameLabels, Counter>,
+    /// Loads by where their optimised graph came from (`hit`, `miss`, `off`).
+    pub optimized_model_cache: Family<OutcomeLabels, Counter>,
 }
 
 impl Metrics {
@@ -226,6 +269,11 @@ impl Metrics {
             feature_round_trip_keys: Family::new_with_constructor(RowsBuckets),
             feature_fetch_seconds: Family::new_with_constructor(SecondsBuckets),
             feature_reloads: Family::default(),
+            model_versions: Family::default(),
+            model_load_seconds: Family::new_with_constructor(LoadSecondsBuckets),
+            model_warmup_seconds: Family::new_with_constructor(LoadSecondsBuckets),
+            model_load_failures: Family::default(),
+            optimized_model_cache: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -309,7 +357,49 @@ impl Metrics {
             "Embedded feature table reloads, by outcome",
             metrics.feature_reloads.clone(),
         );
+        registry.register(
+            "sluice_model_versions",
+            "Versions of each model by state (START, LOADING, AVAILABLE, UNLOADING, END)",
+            metrics.model_versions.clone(),
+        );
+        registry.register(
+            "sluice_model_load_seconds",
+            "Time to load a model version: graph optimisation and sessions",
+            metrics.model_load_seconds.clone(),
+        );
+        registry.register(
+            "sluice_model_warmup_seconds",
+            "Time to warm a model version up",
+            metrics.model_warmup_seconds.clone(),
+        );
+        registry.register(
+            "sluice_model_load_failures",
+            "Model versions whose load or warmup failed",
+            metrics.model_load_failures.clone(),
+        );
+        registry.register(
+            "sluice_optimized_model_cache",
+            "Version loads by where their optimised graph came from: hit, miss, off",
+            metrics.optimized_model_cache.clone(),
+        );
         Arc::new(Metrics { registry, ..metrics })
+    }
+
+    /// The lifecycle metrics of model `model`.
+    pub fn lifecycle(&self, model: &str) -> LifecycleMetrics {
+        let labels = ModelNameLabels { model: model.to_string() };
+        LifecycleMetrics {
+            load_seconds: self.model_load_seconds.get_or_create_owned(&labels),
+            warmup_seconds: self.model_warmup_seconds.get_or_create_owned(&labels),
+            failures: self.model_load_failures.get_or_create_owned(&labels),
+        }
+    }
+
+    /// Sets how many versions of `model` are in each state.
+    pub fn set_version_states(&self, model: &str, counts: &[(&'static str, i64)]) {
+        for &(state, count) in counts {
+            self.model_versions.get_or_create(&VersionStateLabels { model: model.to_string(), state }).set(count);
+        }
     }
 
     /// The handles of feature table `table` in `store`.
@@ -492,6 +582,16 @@ pub struct FeatureMetrics {
     pub reloads: Counter,
     /// Reloads refused (the old table kept serving).
     pub refused_reloads: Counter,
+}
+
+/// The lifecycle metrics of one model.
+pub struct LifecycleMetrics {
+    /// Time to load a version.
+    pub load_seconds: Histogram,
+    /// Time to warm a version up.
+    pub warmup_seconds: Histogram,
+    /// Failed loads.
+    pub failures: Counter,
 }
 
 /// The metrics of one model version, resolved once.

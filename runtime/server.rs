@@ -238,6 +238,7 @@ async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>
         library: config.onnxruntime.library.clone(),
         warmup: config.lifecycle.warmup,
         max_tensor_bytes: config.server.max_tensor_bytes,
+        optimized_model_cache: config.lifecycle.optimized_model_cache(),
     };
     let manager = ModelManager::new(
         &config.lifecycle,

@@ -236,7 +236,11 @@ def main():
     fixtures = os.path.join(root, "tests", "fixtures", "models")
     save(mlp(1), examples, "mlp", 1)
     save(mlp(2), examples, "mlp", 2)
+    # A third MLP, for tests that need three versions with different answers.
+    save(mlp(5), fixtures, "mlp", 3)
     save(cnn(3), examples, "cnn", 1)
+    # A second CNN, for benchmarks that switch versions of one shape.
+    save(cnn(6), fixtures, "cnn", 2)
     save(recommender(4), examples, "recommender", 1)
     save(dtypes(), fixtures, "dtypes", 1)
     save(unshared(), fixtures, "unshared", 1)

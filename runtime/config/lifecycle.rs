@@ -29,10 +29,14 @@ pub struct LifecycleConfig {
     /// Serving's `--enable_model_warmup`): its warmup file when it has
     /// one, otherwise zeros at each batch size the model runs.
     pub warmup: bool,
-    /// Where ONNX Runtime's optimised graphs are kept, one per model file,
-    /// ONNX Runtime version and session options, so a version loaded once
-    /// before comes back without optimising again. Unset: nothing cached.
-    pub optimized_model_cache: Option<PathBuf>,
+    /// Optimise each model's graph once, off the serving path (a
+    /// low-priority thread), and keep it on disk, one per model file,
+    /// ONNX Runtime version and provider: a version loaded once before
+    /// comes back without optimising again. CPU models only.
+    pub cache_optimized_models: bool,
+    /// Where the optimised graphs are kept (owner-only). Unset: a
+    /// directory of this user's in the system's temporary directory.
+    pub optimized_model_cache_dir: Option<PathBuf>,
     /// The file the models came from (`--model_config_file`), re-read every
     /// `model_config_file_poll_wait_seconds`. Set by the command line.
     #[serde(skip)]
@@ -43,6 +47,20 @@ pub struct LifecycleConfig {
     pub model_defaults: ModelDefaults,
 }
 
+impl LifecycleConfig {
+    /// Where optimised graphs are kept, when they are.
+    pub fn optimized_model_cache(&self) -> Option<PathBuf> {
+        if !self.cache_optimized_models {
+            return None;
+        }
+        Some(self.optimized_model_cache_dir.clone().unwrap_or_else(|| {
+            // SAFETY: geteuid has no preconditions.
+            let uid = unsafe { libc::geteuid() };
+            std::env::temp_dir().join(format!("sluice-optimized-models-{uid}"))
+        }))
+    }
+}
+
 impl Default for LifecycleConfig {
     fn default() -> Self {
         LifecycleConfig {
@@ -50,7 +68,8 @@ impl Default for LifecycleConfig {
             model_config_file_poll_wait_seconds: 0,
             max_concurrent_loads: 1,
             warmup: true,
-            optimized_model_cache: None,
+            cache_optimized_models: true,
+            optimized_model_cache_dir: None,
             model_config_file: None,
             model_defaults: ModelDefaults::default(),
         }

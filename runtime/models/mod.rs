@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::infer::onnx::optimized::CacheOutcome;
 use crate::infer::onnx::OnnxBackend;
 use crate::infer::Backend;
 use crate::metrics::Metrics;
@@ -89,6 +90,8 @@ pub struct LoadSettings {
     pub warmup: bool,
     /// The largest tensor a warmup request may hold.
     pub max_tensor_bytes: usize,
+    /// Where optimised graphs are cached, when they are.
+    pub optimized_model_cache: Option<PathBuf>,
 }
 
 /// Loads versions off the serving path: each on a thread of its own, at
@@ -151,10 +154,18 @@ pub fn load_version(
         &config.onnx,
         settings.library.as_deref(),
         metrics.model(&config.name, version),
+        settings.optimized_model_cache.as_deref(),
     )?;
+    let cache = match backend.cache_outcome() {
+        Some(CacheOutcome::Hit) => "hit",
+        Some(CacheOutcome::Miss) => "miss",
+        None => "off",
+    };
     let loaded = ModelVersion::new(config.name.clone(), version, Arc::new(backend));
-    let load_ms = started.elapsed().as_secs_f64() * 1e3;
-    tracing::info!(model = %config.name, version, elapsed_ms = load_ms, "loaded");
+    let load_seconds = started.elapsed().as_secs_f64();
+    metrics.lifecycle(&config.name).load_seconds.observe(load_seconds);
+    metrics.optimized_model_cache.get_or_create(&crate::metrics::OutcomeLabels { outcome: cache }).inc();
+    tracing::info!(model = %config.name, version, elapsed_ms = load_seconds * 1e3, optimized_model_cache = cache, "loaded");
     if settings.warmup {
         let dir = file.parent().unwrap_or(Path::new("."));
         let started = Instant::now();
@@ -162,6 +173,7 @@ pub fn load_version(
             .map_err(|e| e.context(format_args!("warmup of {label}")))?;
         let count = requests.len();
         warmup::run(&loaded, requests, runtime).map_err(|e| e.context(format_args!("warmup of {label}")))?;
+        metrics.lifecycle(&config.name).warmup_seconds.observe(started.elapsed().as_secs_f64());
         tracing::info!(
             model = %config.name,
             version,
@@ -199,7 +211,13 @@ pub async fn load_selected(
     let context = |e: Error| e.context(format_args!("model '{}'", config.name));
     let found = repository::discover(&config.base_path).map_err(context)?;
     let chosen = repository::select(&found, &config.version_policy, &config.base_path).map_err(context)?;
-    let settings = LoadSettings { library: library.map(Path::to_path_buf), warmup: true, max_tensor_bytes: 256 << 20 };
+    let defaults = crate::config::Config::default();
+    let settings = LoadSettings {
+        library: library.map(Path::to_path_buf),
+        warmup: true,
+        max_tensor_bytes: defaults.server.max_tensor_bytes,
+        optimized_model_cache: defaults.lifecycle.optimized_model_cache(),
+    };
     let loader = Loader::new(1, settings, metrics.clone());
     let mut versions = Vec::with_capacity(chosen.len());
     for (version, file) in chosen {

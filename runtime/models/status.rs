@@ -7,9 +7,10 @@
 //! repository that churns for months does not grow the table without end.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
+use crate::metrics::Metrics;
 
 /// Ended versions kept for status, beyond the ones still loaded.
 const ENDED_KEPT: usize = 16;
@@ -62,13 +63,24 @@ pub struct VersionStatus {
     pub error: Option<Error>,
 }
 
-/// The state of every version of one model that was seen.
-#[derive(Debug, Default)]
+/// The state of every version of one model that was seen, mirrored in
+/// `sluice_model_versions`.
 pub struct ModelStatus {
+    model: String,
     versions: Mutex<BTreeMap<i64, VersionStatus>>,
+    metrics: Arc<Metrics>,
 }
 
+/// Every state, in the order a version walks through them.
+pub const STATES: [VersionState; 5] =
+    [VersionState::Start, VersionState::Loading, VersionState::Available, VersionState::Unloading, VersionState::End];
+
 impl ModelStatus {
+    /// No version seen yet of `model`.
+    pub fn new(model: &str, metrics: Arc<Metrics>) -> ModelStatus {
+        ModelStatus { model: model.to_string(), versions: Mutex::new(BTreeMap::new()), metrics }
+    }
+
     /// Records that `version` is now in `state` (clearing an old error).
     pub fn set(&self, version: i64, state: VersionState) {
         self.put(version, VersionStatus { state, error: None });
@@ -76,6 +88,7 @@ impl ModelStatus {
 
     /// Records that loading `version` failed.
     pub fn fail(&self, version: i64, error: Error) {
+        self.metrics.lifecycle(&self.model).failures.inc();
         self.put(version, VersionStatus { state: VersionState::End, error: Some(error) });
     }
 
@@ -96,6 +109,8 @@ impl ModelStatus {
         for old in ended.iter().take(ended.len().saturating_sub(ENDED_KEPT)) {
             versions.remove(old);
         }
+        let counts = STATES.map(|state| (state.name(), versions.values().filter(|s| s.state == state).count() as i64));
+        self.metrics.set_version_states(&self.model, &counts);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<i64, VersionStatus>> {
@@ -110,7 +125,7 @@ mod tests {
 
     #[test]
     fn keeps_the_latest_ended_versions_only() {
-        let status = ModelStatus::default();
+        let status = ModelStatus::new("m", Metrics::new());
         status.set(1000, VersionState::Available);
         for v in 0..40 {
             status.fail(v, Error::internal("broken"));

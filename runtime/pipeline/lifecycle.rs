@@ -63,6 +63,11 @@ impl ModelManager {
         }
     }
 
+    /// Where loads report.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// Holds off other changes while the caller makes several.
     pub(super) async fn exclusive(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.changing.lock().await

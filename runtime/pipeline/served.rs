@@ -18,6 +18,7 @@ use super::inference::InferenceStage;
 use super::Pipeline;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::models::status::{ModelStatus, VersionState};
 use crate::models::{ModelVersion, VersionChoice};
 
@@ -81,12 +82,12 @@ pub struct ServedModel {
 
 impl ServedModel {
     /// A model with no version serving yet.
-    pub fn new(config: ModelConfig) -> Arc<ServedModel> {
+    pub fn new(config: ModelConfig, metrics: Arc<Metrics>) -> Arc<ServedModel> {
         Arc::new(ServedModel {
+            status: ModelStatus::new(&config.name, metrics),
             name: config.name.as_str().into(),
             config: ArcSwap::from_pointee(config),
             table: ArcSwap::from_pointee(VersionTable::default()),
-            status: ModelStatus::default(),
             pipelines: Mutex::new(Vec::new()),
         })
     }

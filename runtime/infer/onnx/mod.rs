@@ -9,6 +9,7 @@
 //! of the backend, where it is bounded and visible.
 
 pub mod library;
+pub mod optimized;
 
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
@@ -27,6 +28,8 @@ use crate::metrics::ModelMetrics;
 use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{batch, dtype, onnx as convert, Tensor};
 
+use self::optimized::CacheOutcome;
+
 struct Job {
     batch: Batch,
     reply: oneshot::Sender<Result<Vec<Tensor>>>,
@@ -36,6 +39,7 @@ struct Job {
 pub struct OnnxBackend {
     signature: Signature,
     jobs: async_channel::Sender<Job>,
+    cache: Option<CacheOutcome>,
 }
 
 impl OnnxBackend {
@@ -48,6 +52,7 @@ impl OnnxBackend {
         options: &OnnxOptions,
         library: Option<&Path>,
         metrics: ModelMetrics,
+        cache: Option<&Path>,
     ) -> Result<OnnxBackend> {
         let environment = library::environment(library)?;
         if options.sessions == 0 || options.intra_op_threads == 0 {
@@ -56,10 +61,31 @@ impl OnnxBackend {
                 options.sessions, options.intra_op_threads
             )));
         }
-        let mut sessions = Vec::with_capacity(options.sessions);
-        for _ in 0..options.sessions {
-            sessions.push(build_session(environment, path, options).map_err(|e| e.context(label))?);
-        }
+        // GPU providers optimise for the device they run on, and keep
+        // their own engine caches.
+        let prepared = match cache.filter(|_| options.execution_provider == ExecutionProvider::Cpu) {
+            Some(dir) => optimized::prepare(environment, dir, path, options).map_err(|e| e.context(label))?,
+            None => None,
+        };
+        let (sessions, cache) = match &prepared {
+            Some((file, outcome)) => match build_sessions(environment, file, options, optimized::LOAD_LEVEL) {
+                Ok(sessions) => (sessions, Some(*outcome)),
+                Err(error) => {
+                    tracing::warn!(%label, file = %file.display(), "a cached optimised graph did not load ({error}); optimising in place");
+                    optimized::discard(file);
+                    (
+                        build_sessions(environment, path, options, GraphOptimizationLevel::Level3)
+                            .map_err(|e| e.context(label))?,
+                        None,
+                    )
+                }
+            },
+            None => (
+                build_sessions(environment, path, options, GraphOptimizationLevel::Level3)
+                    .map_err(|e| e.context(label))?,
+                None,
+            ),
+        };
         let signature = signature_of(&sessions[0]).map_err(|e| e.context(label))?;
         let (jobs, queue) = async_channel::bounded::<Job>(options.sessions);
         for (i, session) in sessions.into_iter().enumerate() {
@@ -70,8 +96,22 @@ impl OnnxBackend {
                 .spawn(move || inference_thread(session, queue, metrics))
                 .map_err(|e| Error::internal(format!("{label}: starting an inference thread failed: {e}")))?;
         }
-        Ok(OnnxBackend { signature, jobs })
+        Ok(OnnxBackend { signature, jobs, cache })
     }
+
+    /// Whether its optimised graph came from the cache, when it used one.
+    pub fn cache_outcome(&self) -> Option<CacheOutcome> {
+        self.cache
+    }
+}
+
+fn build_sessions(
+    environment: &'static ort::environment::Environment,
+    path: &Path,
+    options: &OnnxOptions,
+    level: GraphOptimizationLevel,
+) -> Result<Vec<Session>> {
+    (0..options.sessions).map(|_| build_session(environment, path, options, level)).collect()
 }
 
 impl Drop for OnnxBackend {
@@ -100,13 +140,18 @@ impl Backend for OnnxBackend {
     }
 }
 
-fn build_session(environment: &ort::environment::Environment, path: &Path, options: &OnnxOptions) -> Result<Session> {
+fn build_session(
+    environment: &ort::environment::Environment,
+    path: &Path,
+    options: &OnnxOptions,
+    level: GraphOptimizationLevel,
+) -> Result<Session> {
     let convert = |e: ort::Error<ort::session::builder::SessionBuilder>| {
         Error::internal(format!("configuring ONNX Runtime failed: {}", e.message()))
     };
     let mut builder = Session::builder(environment)
         .map_err(|e| Error::internal(format!("creating an ONNX Runtime session failed: {}", e.message())))?
-        .with_optimization_level(GraphOptimizationLevel::Level3)
+        .with_optimization_level(level)
         .map_err(convert)?
         .with_intra_threads(options.intra_op_threads)
         .map_err(convert)?
