@@ -28,6 +28,8 @@ pub enum Code {
     NotFound,
     /// The thing to create exists already.
     AlreadyExists,
+    /// A change lost a race with another writer; retrying may succeed.
+    Aborted,
     /// The caller is known but may not do this.
     PermissionDenied,
     /// A bounded queue or a limit is full; the caller may retry later.
@@ -63,6 +65,7 @@ impl Code {
             Code::DeadlineExceeded => tonic::Code::DeadlineExceeded,
             Code::NotFound => tonic::Code::NotFound,
             Code::AlreadyExists => tonic::Code::AlreadyExists,
+            Code::Aborted => tonic::Code::Aborted,
             Code::PermissionDenied => tonic::Code::PermissionDenied,
             Code::ResourceExhausted => tonic::Code::ResourceExhausted,
             Code::FailedPrecondition => tonic::Code::FailedPrecondition,
@@ -85,7 +88,7 @@ impl Code {
             Code::Unauthenticated => S::UNAUTHORIZED,
             Code::PermissionDenied => S::FORBIDDEN,
             Code::NotFound => S::NOT_FOUND,
-            Code::AlreadyExists => S::CONFLICT,
+            Code::AlreadyExists | Code::Aborted => S::CONFLICT,
             Code::ResourceExhausted => S::TOO_MANY_REQUESTS,
             Code::Unimplemented => S::NOT_IMPLEMENTED,
             Code::Unavailable => S::SERVICE_UNAVAILABLE,
@@ -107,6 +110,7 @@ impl Code {
             Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
             Code::NotFound => "NOT_FOUND",
             Code::AlreadyExists => "ALREADY_EXISTS",
+            Code::Aborted => "ABORTED",
             Code::PermissionDenied => "PERMISSION_DENIED",
             Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
             Code::FailedPrecondition => "FAILED_PRECONDITION",
@@ -272,6 +276,10 @@ pub enum Error {
     /// Known caller, not allowed.
     #[error("{0}")]
     PermissionDenied(String),
+    /// A change lost a race with another writer (another replica); nothing
+    /// was changed, and a retry may succeed.
+    #[error("{0}")]
+    Aborted(String),
     /// A request body or message over the size limit.
     #[error("{0}")]
     TooLarge(String),
@@ -413,6 +421,7 @@ impl Error {
             Error::MethodNotAllowed(_) => Code::MethodNotAllowed,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::PermissionDenied(_) => Code::PermissionDenied,
+            Error::Aborted(_) => Code::Aborted,
             Error::TooLarge(_) => Code::TooLarge,
             Error::Unprocessable(_) => Code::Unprocessable,
             Error::Plugin { fault, .. } => fault.code(),
@@ -450,6 +459,7 @@ impl Error {
             Error::MethodNotAllowed(m) => Error::MethodNotAllowed(with(m)),
             Error::Unauthenticated(m) => Error::Unauthenticated(with(m)),
             Error::PermissionDenied(m) => Error::PermissionDenied(with(m)),
+            Error::Aborted(m) => Error::Aborted(with(m)),
             Error::TooLarge(m) => Error::TooLarge(with(m)),
             Error::Unprocessable(m) => Error::Unprocessable(with(m)),
             Error::Plugin { fault, message, detail } => Error::Plugin { fault, message: with(message), detail },
@@ -486,6 +496,7 @@ mod tests {
             (Code::PermissionDenied, 403),
             (Code::NotFound, 404),
             (Code::AlreadyExists, 409),
+            (Code::Aborted, 409),
             (Code::ResourceExhausted, 429),
             (Code::Unimplemented, 501),
             (Code::Unavailable, 503),

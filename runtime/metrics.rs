@@ -241,6 +241,10 @@ pub struct Metrics {
     pub model_load_failures: Family<ModelNameLabels, Counter>,
     /// Loads by where their optimised graph came from (`hit`, `miss`, `off`).
     pub optimized_model_cache: Family<OutcomeLabels, Counter>,
+    /// The shared plugin registry's revision this replica serves.
+    pub plugin_registry_revision: Gauge,
+    /// Syncs with the shared plugin registry that failed.
+    pub plugin_registry_sync_failures: Counter,
 }
 
 impl Metrics {
@@ -274,6 +278,8 @@ impl Metrics {
             model_warmup_seconds: Family::new_with_constructor(LoadSecondsBuckets),
             model_load_failures: Family::default(),
             optimized_model_cache: Family::default(),
+            plugin_registry_revision: Gauge::default(),
+            plugin_registry_sync_failures: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -381,6 +387,16 @@ impl Metrics {
             "sluice_optimized_model_cache",
             "Version loads by where their optimised graph came from: hit, miss, off",
             metrics.optimized_model_cache.clone(),
+        );
+        registry.register(
+            "sluice_plugin_registry_revision",
+            "The shared plugin registry's revision this replica serves",
+            metrics.plugin_registry_revision.clone(),
+        );
+        registry.register(
+            "sluice_plugin_registry_sync_failures",
+            "Syncs with the shared plugin registry that failed",
+            metrics.plugin_registry_sync_failures.clone(),
         );
         Arc::new(Metrics { registry, ..metrics })
     }

@@ -121,7 +121,7 @@ pub async fn serve(
     tracing::info!(http = %addresses.http, "HTTP port open (health, metrics); loading models");
 
     let (endpoints, plugins) = tokio::select! {
-        loaded = load(&config, &metrics) => loaded?,
+        loaded = load(&config, &metrics, stopping_rx.clone()) => loaded?,
         () = stopped(stopping_rx.clone()) => {
             tracing::info!("shutdown requested while loading; stopping");
             let _ = http_stop_tx.send(true);
@@ -187,6 +187,9 @@ pub async fn serve(
         .with_graceful_shutdown(stopped(stopping_rx.clone()))
         .into_future();
 
+    if let Some(plugins) = &plugins {
+        plugins.follow();
+    }
     if let (Some(admin), Some(plugins)) = (&admin, plugins) {
         admin.attach(plugins);
     }
@@ -233,7 +236,11 @@ pub async fn serve(
 /// Loads the models, opens the plugin registry when a pipeline uses a
 /// plugin or the admin API is on, opens the feature tables, and builds
 /// every endpoint.
-async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>, Option<Arc<PluginRegistry>>)> {
+async fn load(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    stopping: watch::Receiver<bool>,
+) -> Result<(Arc<Endpoints>, Option<Arc<PluginRegistry>>)> {
     let settings = LoadSettings {
         library: config.onnxruntime.library.clone(),
         warmup: config.lifecycle.warmup,
@@ -267,6 +274,11 @@ async fn load(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Endpoints>
     let registry = plugins.clone();
     // Compiling plugins and starting stage threads is blocking work.
     let endpoints = tokio::task::spawn_blocking(move || {
+        // A replica starts from the plugins every replica shares, and is
+        // not ready before it has them.
+        if let Some(registry) = &registry {
+            registry.wait_for_shared(|| *stopping.borrow())?;
+        }
         let team_shares = TeamShares::new(config.plugins.max_calls_per_team);
         let cx = BuildContext {
             registry: registry.as_ref(),

@@ -38,6 +38,36 @@ pub struct PluginsConfig {
     /// host's stable message and the request id, the log gets the words.
     /// For development.
     pub expose_plugin_errors: bool,
+    /// The registry every replica shares (Redis); unset: this replica's
+    /// uploads stay on its own disk.
+    pub shared: Option<SharedRegistryConfig>,
+}
+
+/// `[plugins.shared]`: uploaded plugins and their activations shared by
+/// every replica through Redis.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SharedRegistryConfig {
+    /// `redis://[user:password@]host:port[/db]` (`rediss://` for TLS).
+    pub redis_url: String,
+    /// Prefix of every key, so several sluice fleets can share one Redis.
+    pub key_prefix: String,
+    /// Seconds between comparisons of the local revision with Redis's
+    /// (changes normally arrive at once, by notification).
+    pub reconcile_seconds: u64,
+    /// How long one Redis call may take, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+impl Default for SharedRegistryConfig {
+    fn default() -> Self {
+        SharedRegistryConfig {
+            redis_url: "redis://127.0.0.1:6379".to_string(),
+            key_prefix: "sluice:".to_string(),
+            reconcile_seconds: 5,
+            timeout_ms: 2000,
+        }
+    }
 }
 
 impl Default for PluginsConfig {
@@ -52,6 +82,7 @@ impl Default for PluginsConfig {
             keep_resident_kib: 2048,
             limits: BTreeMap::new(),
             expose_plugin_errors: false,
+            shared: None,
         }
     }
 }

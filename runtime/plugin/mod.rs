@@ -22,6 +22,7 @@ pub mod bindings;
 pub mod engine;
 mod instances;
 pub mod registry;
+pub mod shared;
 mod state;
 pub mod store;
 

@@ -17,14 +17,23 @@
 //! Nothing is stored or swapped before the upload passed every check:
 //! compiles, right world, `describe` answers, its sample runs under the
 //! real limits, and it fits every pipeline stage that runs it.
+//!
+//! With `[plugins.shared]`, the store is shared by every replica through
+//! Redis ([`super::shared`]): a change is recorded there first (only if no
+//! other replica changed the registry since this one last read it), then
+//! applied here; every replica follows each change ([`PluginRegistry::sync`])
+//! and starts from the shared state. The local store is then the replica's
+//! cache of it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::shared::SharedRegistry;
 use super::store::{sha256_hex, write_atomically};
 use super::{Plugin, PluginEngine, PluginsConfig};
 use crate::config::check_name;
@@ -139,6 +148,15 @@ pub struct PluginRegistry {
     // a whole operation keeps them simple and serial. Requests never take
     // it: stages swap through `PluginStage`.
     state: Mutex<State>,
+    /// The registry every replica shares, when configured.
+    shared: Option<SharedRegistry>,
+    /// The shared registry's revision this replica has applied.
+    revision: AtomicU64,
+    /// One change or sync at a time: both read the shared registry, load
+    /// plugins and swap stages. Held on blocking threads only.
+    changing: Mutex<()>,
+    /// A sync is queued and not yet started.
+    sync_queued: AtomicBool,
 }
 
 impl PluginRegistry {
@@ -171,6 +189,14 @@ impl PluginRegistry {
                 Err(e) => tracing::error!(path = %path.display(), "plugin manifest refused, left out: {e}"),
             }
         }
+        let shared = match &config.shared {
+            None => None,
+            Some(shared) => {
+                let runtime = tokio::runtime::Handle::try_current()
+                    .map_err(|e| Error::internal(format!("the shared plugin registry needs the async runtime: {e}")))?;
+                Some(SharedRegistry::new(shared, runtime)?)
+            }
+        };
         let registry = PluginRegistry {
             engine,
             config: config.clone(),
@@ -178,8 +204,174 @@ impl PluginRegistry {
             blobs,
             manifests: manifests_dir,
             state: Mutex::new(State { manifests, bindings: BTreeMap::new() }),
+            shared,
+            revision: AtomicU64::new(0),
+            changing: Mutex::new(()),
+            sync_queued: AtomicBool::new(false),
         };
         Ok(registry)
+    }
+
+    /// The shared registry's revision this replica serves (0 without one).
+    pub fn revision(&self) -> u64 {
+        self.revision.load(Ordering::Acquire)
+    }
+
+    /// Waits until this replica has the shared registry's plugins and
+    /// manifests in its store, retrying while Redis does not answer: a new
+    /// replica starts with every active plugin, and is not ready before.
+    /// Blocking.
+    pub fn wait_for_shared(&self, stopping: impl Fn() -> bool) -> Result<()> {
+        if self.shared.is_none() {
+            return Ok(());
+        }
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.sync() {
+                Ok(_) => {
+                    tracing::info!(revision = self.revision(), "plugins in step with the shared registry");
+                    return Ok(());
+                }
+                // Redis not answering: wait for it, not ready meanwhile.
+                Err(error @ Error::Unavailable(_)) if !stopping() => {
+                    tracing::warn!("waiting for the shared plugin registry before serving: {error}");
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                Err(error @ Error::Unavailable(_)) => return Err(error),
+                // What it holds is bad (a corrupted blob): waiting would
+                // not help. The stages fall back as with a bad local
+                // store, and each later change retries.
+                Err(error) => {
+                    tracing::error!("starting without part of the shared plugin registry: {error}");
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Follows the shared registry from now on: each change another
+    /// replica makes is applied here (`sync` on a blocking thread, one at
+    /// a time, never more than one queued).
+    pub fn follow(self: &Arc<Self>) {
+        let Some(shared) = &self.shared else { return };
+        let registry: Weak<PluginRegistry> = Arc::downgrade(self);
+        shared.watch(move || {
+            let Some(registry) = registry.upgrade() else { return };
+            if registry.sync_queued.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            tokio::task::spawn_blocking(move || {
+                registry.sync_queued.store(false, Ordering::Release);
+                if let Err(error) = registry.sync() {
+                    tracing::warn!("plugins not in step with the shared registry: {error}");
+                }
+            });
+        });
+    }
+
+    /// Applies the shared registry's changes since the revision this
+    /// replica has: fetches missing blobs (checked against their hashes),
+    /// writes the manifests here, and swaps every stage whose active
+    /// version changed. Answers whether anything changed. Blocking.
+    pub fn sync(&self) -> Result<bool> {
+        let _one = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.sync_locked()
+    }
+
+    fn sync_locked(&self) -> Result<bool> {
+        let Some(shared) = &self.shared else { return Ok(false) };
+        let snapshot = shared.snapshot().inspect_err(|_| {
+            self.metrics.plugin_registry_sync_failures.inc();
+        })?;
+        if snapshot.revision == self.revision() {
+            return Ok(false);
+        }
+        let (mut failed, mut unreachable) = (Vec::new(), false);
+        for manifest in snapshot.manifests.values() {
+            if let Err(error) = self.apply_shared(shared, manifest) {
+                tracing::error!(plugin = %manifest.name, "shared plugin change not applied here: {error}");
+                unreachable |= matches!(error, Error::Unavailable(_));
+                failed.push(format!("{}: {error}", manifest.name));
+            }
+        }
+        if !failed.is_empty() {
+            self.metrics.plugin_registry_sync_failures.inc();
+            let message = format!(
+                "revision {} of the shared plugin registry could not be applied: {}",
+                snapshot.revision,
+                failed.join("; ")
+            );
+            return Err(if unreachable { Error::unavailable(message) } else { Error::internal(message) });
+        }
+        tracing::info!(from = self.revision(), to = snapshot.revision, "applied the shared plugin registry");
+        self.set_revision(snapshot.revision);
+        Ok(true)
+    }
+
+    fn set_revision(&self, revision: u64) {
+        self.revision.store(revision, Ordering::Release);
+        self.metrics.plugin_registry_revision.set(i64::try_from(revision).unwrap_or(i64::MAX));
+    }
+
+    /// Makes one plugin here as the shared registry has it.
+    fn apply_shared(&self, shared: &SharedRegistry, manifest: &Manifest) -> Result<()> {
+        check_name("name", &manifest.name)?;
+        let name = &manifest.name;
+        for version in &manifest.versions {
+            let path = self.blob_path(&version.sha256);
+            if self.read_blob_at(&path, &version.sha256).is_err() {
+                let bytes = shared.blob(&version.sha256)?;
+                write_atomically(&path, &bytes)
+                    .map_err(|e| Error::internal(format!("storing {}: {e}", path.display())))?;
+            }
+        }
+        let (local, slots) = {
+            let state = self.lock();
+            (state.manifests.get(name).cloned(), state.bindings.get(name).cloned().unwrap_or_default())
+        };
+        // A pipeline runs only its own team's uploads.
+        let slots: Slots = slots.into_iter().filter(|slot| slot.team() == manifest.team.as_deref()).collect();
+        let active = manifest.active.unwrap_or(FILE_VERSION);
+        let behind: Slots = slots.iter().filter(|slot| slot.running().0 != active).cloned().collect();
+        if local.as_ref() == Some(manifest) && behind.is_empty() {
+            return Ok(());
+        }
+        let mut loaded = Vec::with_capacity(behind.len());
+        if !behind.is_empty() {
+            let bytes = if active == FILE_VERSION {
+                self.file_of(name)?.1
+            } else {
+                let stored =
+                    manifest.versions.iter().find(|v| v.version == active).ok_or_else(|| {
+                        Error::internal(format!("its active version {active} is not among its versions"))
+                    })?;
+                self.read_blob(stored)?
+            };
+            loaded.push(Arc::new(self.validate(name, &bytes, &behind)?));
+            for _ in behind.iter().skip(1) {
+                loaded.push(Arc::new(self.load(name, &bytes)?));
+            }
+        }
+        self.write_manifest(manifest)?;
+        let mut state = self.lock();
+        state.manifests.insert(name.clone(), manifest.clone());
+        for (slot, plugin) in behind.iter().zip(loaded) {
+            plugin.accepted();
+            slot.swap(plugin, active)?;
+            tracing::info!(plugin = %name, version = active, pipeline = %slot.pipeline(), "swapped, as the shared registry says");
+        }
+        Ok(())
+    }
+
+    /// Records a change in the shared registry before it is applied here;
+    /// nothing without one. Fails (and nothing changes) when another
+    /// replica changed the registry since this one last synced.
+    fn commit_shared(&self, manifest: &Manifest, audit: serde_json::Value) -> Result<()> {
+        let Some(shared) = &self.shared else { return Ok(()) };
+        let revision = shared.commit(self.revision(), manifest, &audit)?;
+        self.set_revision(revision);
+        Ok(())
     }
 
     /// The registry's state. No plugin code ever runs while it is held
@@ -420,6 +612,8 @@ impl PluginRegistry {
     /// Validates and stores `bytes` as the next version of `name`.
     pub fn upload(&self, caller: &Caller, name: &str, bytes: &[u8]) -> Result<StoredVersion> {
         check_name("plugin name", name)?;
+        let _one = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.sync_locked()?;
         let (_, slots) = self.to_change(caller, name)?;
         let plugin = self.validate(name, bytes, &slots)?;
         let mut state = self.lock();
@@ -451,6 +645,13 @@ impl PluginRegistry {
             uploaded_by: caller.token_id.clone(),
         };
         manifest.versions.push(stored.clone());
+        if let Some(shared) = &self.shared {
+            shared.put_blob(&stored.sha256, bytes)?;
+        }
+        self.commit_shared(
+            &manifest,
+            audit_record(caller, "upload", name, Some(stored.version), None, &stored.sha256),
+        )?;
         self.write_manifest(&manifest)?;
         plugin.accepted();
         state.manifests.insert(name.to_string(), manifest);
@@ -461,6 +662,8 @@ impl PluginRegistry {
     /// Makes `version` of `name` the one every stage running it serves new
     /// requests with.
     pub fn activate(&self, caller: &Caller, name: &str, version: u32) -> Result<Manifest> {
+        let _one = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.sync_locked()?;
         let (manifest, slots) = self.to_change(caller, name)?;
         let manifest = self.or_file_only(name, manifest, &slots)?;
         let previous = manifest.active;
@@ -471,6 +674,8 @@ impl PluginRegistry {
 
     /// Returns `name` to the version active before the current one.
     pub fn rollback(&self, caller: &Caller, name: &str) -> Result<Manifest> {
+        let _one = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.sync_locked()?;
         let (manifest, slots) = self.to_change(caller, name)?;
         let mut manifest = self.or_file_only(name, manifest, &slots)?;
         let previous = manifest.active;
@@ -534,6 +739,8 @@ impl PluginRegistry {
         }
         let mut state = self.lock();
         self.authorize(&state, caller, &name)?;
+        let action = if remember { "activate" } else { "rollback" };
+        self.commit_shared(&manifest, audit_record(caller, action, &name, Some(version), previous, ""))?;
         self.write_manifest(&manifest)?;
         state.manifests.insert(name.clone(), manifest.clone());
         for (slot, plugin) in slots.iter().zip(loaded) {
@@ -547,6 +754,8 @@ impl PluginRegistry {
     /// Deletes an inactive version (and its blob, unless another version
     /// has the same bytes).
     pub fn delete(&self, caller: &Caller, name: &str, version: u32) -> Result<Manifest> {
+        let _one = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.sync_locked()?;
         let mut state = self.lock();
         self.authorize(&state, caller, name)?;
         let mut manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
@@ -567,6 +776,7 @@ impl PluginRegistry {
             .ok_or_else(|| Error::not_found(format!("plugin '{name}' has no version {version}")))?;
         let removed = manifest.versions.remove(at);
         manifest.history.retain(|&v| v != version);
+        self.commit_shared(&manifest, audit_record(caller, "delete", name, Some(version), None, &removed.sha256))?;
         self.write_manifest(&manifest)?;
         let shared = state
             .manifests
@@ -706,6 +916,30 @@ fn audit(caller: &Caller, action: &str, plugin: &str, version: Option<u32>, prev
         sha256,
         "plugin {action}"
     );
+}
+
+/// The change as the shared registry's audit list keeps it: when, who
+/// (token id and team, never the token), what, which versions, and the
+/// replica that made it.
+fn audit_record(
+    caller: &Caller,
+    action: &str,
+    plugin: &str,
+    version: Option<u32>,
+    previous: Option<u32>,
+    sha256: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "at": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        "action": action,
+        "plugin": plugin,
+        "version": version,
+        "previous": previous,
+        "sha256": sha256,
+        "token_id": caller.token_id,
+        "team": caller.team,
+        "replica": std::env::var("HOSTNAME").unwrap_or_default(),
+    })
 }
 
 /// Runs `work`, which runs plugin code, turning a panic in it into an

@@ -255,7 +255,10 @@ async fn list(State(state): State<RestState>, headers: HeaderMap) -> Response {
 /// What every pipeline's plugin stage runs now: plugin, version, what it
 /// declares, sha256.
 async fn pipelines(State(state): State<RestState>, headers: HeaderMap) -> Response {
-    call(&state, &headers, |registry, caller| Ok(json!({ "pipelines": registry.running(caller) }))).await
+    call(&state, &headers, |registry, caller| {
+        Ok(json!({ "pipelines": registry.running(caller), "registry_revision": registry.revision() }))
+    })
+    .await
 }
 
 async fn show(State(state): State<RestState>, Path(name): Path<String>, headers: HeaderMap) -> Response {
