@@ -54,6 +54,26 @@ pub struct VersionStateLabels {
     pub state: &'static str,
 }
 
+/// Labels of one upstream of a forwarded model.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabels {
+    /// The model here.
+    pub model: String,
+    /// `host:port`.
+    pub upstream: String,
+}
+
+/// Labels of an upstream's answers.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamCodeLabels {
+    /// The model here.
+    pub model: String,
+    /// `host:port`.
+    pub upstream: String,
+    /// The gRPC code of the answer (`OK`, `UNAVAILABLE`, …).
+    pub code: &'static str,
+}
+
 /// Labels of an outcome.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -241,6 +261,16 @@ pub struct Metrics {
     pub model_load_failures: Family<ModelNameLabels, Counter>,
     /// Loads by where their optimised graph came from (`hit`, `miss`, `off`).
     pub optimized_model_cache: Family<OutcomeLabels, Counter>,
+    /// Calls forwarded to an upstream, by the code it answered.
+    pub upstream_requests: Family<UpstreamCodeLabels, Counter>,
+    /// Time a forwarded call took.
+    pub upstream_seconds: Family<UpstreamLabels, Histogram, SecondsBuckets>,
+    /// Calls in flight to an upstream.
+    pub upstream_in_flight: Family<UpstreamLabels, Gauge>,
+    /// Times an upstream was ejected.
+    pub upstream_ejections: Family<UpstreamLabels, Counter>,
+    /// 1 while an upstream takes calls, 0 while it is ejected.
+    pub upstream_healthy: Family<UpstreamLabels, Gauge>,
     /// The shared plugin registry's revision this replica serves.
     pub plugin_registry_revision: Gauge,
     /// Syncs with the shared plugin registry that failed.
@@ -278,6 +308,11 @@ impl Metrics {
             model_warmup_seconds: Family::new_with_constructor(LoadSecondsBuckets),
             model_load_failures: Family::default(),
             optimized_model_cache: Family::default(),
+            upstream_requests: Family::default(),
+            upstream_seconds: Family::new_with_constructor(SecondsBuckets),
+            upstream_in_flight: Family::default(),
+            upstream_ejections: Family::default(),
+            upstream_healthy: Family::default(),
             plugin_registry_revision: Gauge::default(),
             plugin_registry_sync_failures: Counter::default(),
             registry: Registry::default(),
@@ -387,6 +422,31 @@ impl Metrics {
             "sluice_optimized_model_cache",
             "Version loads by where their optimised graph came from: hit, miss, off",
             metrics.optimized_model_cache.clone(),
+        );
+        registry.register(
+            "sluice_upstream_requests",
+            "Calls forwarded to an upstream TF Serving, by the code it answered",
+            metrics.upstream_requests.clone(),
+        );
+        registry.register(
+            "sluice_upstream_seconds",
+            "Time a call forwarded to an upstream took",
+            metrics.upstream_seconds.clone(),
+        );
+        registry.register(
+            "sluice_upstream_in_flight",
+            "Calls in flight to an upstream",
+            metrics.upstream_in_flight.clone(),
+        );
+        registry.register(
+            "sluice_upstream_ejections",
+            "Times an upstream was ejected after failing",
+            metrics.upstream_ejections.clone(),
+        );
+        registry.register(
+            "sluice_upstream_healthy",
+            "1 while an upstream takes calls, 0 while it is ejected",
+            metrics.upstream_healthy.clone(),
         );
         registry.register(
             "sluice_plugin_registry_revision",

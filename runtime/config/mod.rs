@@ -15,6 +15,7 @@ pub mod onnx;
 pub mod plugins;
 pub mod stage;
 pub mod tf_model_config;
+pub mod upstream;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ pub use self::lifecycle::{LifecycleConfig, ModelDefaults};
 pub use self::onnx::OnnxOptions;
 pub use self::plugins::{PluginLimits, PluginsConfig};
 pub use self::stage::{StageConfig, StageKind, StageRole};
+pub use self::upstream::UpstreamConfig;
 
 /// Everything the server is configured with.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -282,6 +284,8 @@ pub struct ModelConfig {
     /// The name clients put in `model_spec.name`.
     pub name: String,
     /// Directory holding one subdirectory per version: `BASE/VERSION/model.onnx`.
+    /// Empty for a model forwarded to an upstream.
+    #[serde(default)]
     pub base_path: PathBuf,
     /// Which versions to load.
     #[serde(default)]
@@ -298,6 +302,8 @@ pub struct ModelConfig {
     pub onnx: OnnxOptions,
     /// Dynamic batching; off when absent.
     pub batching: Option<BatchingParameters>,
+    /// Forward inference to TF Serving instead of running ONNX Runtime.
+    pub upstream: Option<UpstreamConfig>,
 }
 
 fn default_max_in_flight() -> usize {
@@ -315,6 +321,7 @@ impl ModelConfig {
             max_in_flight: default_max_in_flight(),
             onnx: OnnxOptions::default(),
             batching: None,
+            upstream: None,
         }
     }
 }
@@ -347,7 +354,7 @@ impl Config {
         let error = |message: String| ConfigError { source: source.to_string(), message };
         let mut config: Config = toml::from_str(text).map_err(|e| error(e.to_string().trim_end().to_string()))?;
         for model in &mut config.models {
-            if model.base_path.is_relative() {
+            if model.upstream.is_none() && model.base_path.is_relative() {
                 model.base_path = base.join(&model.base_path);
             }
         }
@@ -536,6 +543,24 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
         check_name(&format!("{key}.name"), &model.name)?;
         if !names.insert(model.name.as_str()) {
             return Err(invalid!("{key}.name = \"{}\": another model has the same name", model.name));
+        }
+        match (&model.upstream, model.base_path.as_os_str().is_empty()) {
+            (None, true) => {
+                return Err(invalid!(
+                    "{key} (\"{}\"): base_path is missing; give the model's directory, or [models.upstream] to \
+                     forward it to TF Serving",
+                    model.name
+                ))
+            }
+            (Some(_), false) => {
+                return Err(invalid!(
+                    "{key} (\"{}\"): base_path and upstream are both set; a model is loaded from its directory \
+                     or forwarded, not both",
+                    model.name
+                ))
+            }
+            (Some(upstream), true) => upstream.check(&format!("{key}.upstream"))?,
+            (None, false) => {}
         }
         if model.max_in_flight == 0 {
             return Err(invalid!("{key}.max_in_flight = 0: must be at least 1"));

@@ -1,5 +1,6 @@
 //! Inference: the [`Backend`] trait that runs a batch through a model, and
-//! its implementations ([`onnx`]: ONNX Runtime in-process).
+//! its implementations ([`onnx`]: ONNX Runtime in-process; [`tfserving`]:
+//! forwarded to TF Serving instances).
 //!
 //! A backend receives a [`Batch`] — one or more requests' inputs, already
 //! validated against its [`Signature`] — and returns the outputs for the
@@ -8,6 +9,7 @@
 //! async runtime only waits on.
 
 pub mod onnx;
+pub mod tfserving;
 
 use futures::future::BoxFuture;
 
@@ -24,6 +26,9 @@ pub struct Batch {
     /// `allowed_batch_sizes` asks for padding. 0 for a single request run
     /// exactly as sent: its inputs need not share a dimension 0 at all.
     pub padded_rows: usize,
+    /// When the last request of the batch stops waiting for it: a backend
+    /// that calls another server passes it on. `None`: no deadline.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 impl Batch {
@@ -31,7 +36,13 @@ impl Batch {
     /// Only the batcher, for models whose every input shares dimension 0,
     /// joins and pads.
     pub fn single(inputs: Vec<Tensor>) -> Batch {
-        Batch { requests: vec![inputs], padded_rows: 0 }
+        Batch { requests: vec![inputs], padded_rows: 0, deadline: None }
+    }
+
+    /// The same batch, due by `deadline`.
+    pub fn due(mut self, deadline: Option<tokio::time::Instant>) -> Batch {
+        self.deadline = deadline;
+        self
     }
 
     /// Total rows of real (not padding) data.

@@ -20,7 +20,9 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::infer::onnx::optimized::CacheOutcome;
 use crate::infer::onnx::OnnxBackend;
-use crate::infer::Backend;
+use crate::infer::tfserving::fleet::Fleet;
+use crate::infer::tfserving::TfServingBackend;
+use crate::infer::{Backend, Batch};
 use crate::metrics::Metrics;
 use crate::tensor::spec::Signature;
 
@@ -111,17 +113,21 @@ impl Loader {
     }
 
     /// Waits for a loading slot; `on_start` runs once it has one (the
-    /// version turns LOADING), then loads and warms up the version in
-    /// `dir` (holding `file`).
+    /// version turns LOADING), then loads and warms up the version from
+    /// `source`.
     pub async fn load(
         &self,
         config: &ModelConfig,
         version: i64,
-        file: PathBuf,
+        source: Source,
         on_start: impl FnOnce(),
     ) -> Result<Arc<ModelVersion>> {
         let _slot = self.slots.acquire().await.map_err(|_| Error::unavailable("the model loader is shut down"))?;
         on_start();
+        let file = match source {
+            Source::File(file) => file,
+            Source::Upstream(fleet) => return self.connect(config, version, fleet).await.map(Arc::new),
+        };
         let (config, settings, metrics) = (config.clone(), self.settings.clone(), self.metrics.clone());
         let runtime = tokio::runtime::Handle::current();
         let (done, result) = tokio::sync::oneshot::channel();
@@ -134,6 +140,44 @@ impl Loader {
         let loaded = result.await.map_err(|_| Error::internal("the loading thread panicked"))??;
         Ok(Arc::new(loaded))
     }
+}
+
+impl Loader {
+    /// A version served by upstreams: its signature read from them, then
+    /// warmed up through them (which also opens the connections).
+    async fn connect(&self, config: &ModelConfig, version: i64, fleet: Arc<Fleet>) -> Result<ModelVersion> {
+        let label = format!("model '{}' version {version}", config.name);
+        let started = Instant::now();
+        let backend = TfServingBackend::connect(fleet, version, &label).await?;
+        let loaded = ModelVersion::new(config.name.clone(), version, Arc::new(backend));
+        self.metrics.lifecycle(&config.name).load_seconds.observe(started.elapsed().as_secs_f64());
+        tracing::info!(model = %config.name, version, "upstream version connected");
+        if self.settings.warmup {
+            let started = Instant::now();
+            let requests = warmup::synthesised(loaded.signature(), &batch_sizes(config))
+                .map_err(|e| e.context(format_args!("warmup of {label}")))?;
+            let count = requests.len();
+            for (i, inputs) in requests.into_iter().enumerate() {
+                loaded
+                    .backend()
+                    .run(Batch::single(inputs))
+                    .await
+                    .map_err(|e| e.context(format_args!("warmup of {label}: request {i} failed")))?;
+            }
+            self.metrics.lifecycle(&config.name).warmup_seconds.observe(started.elapsed().as_secs_f64());
+            tracing::info!(model = %config.name, version, requests = count, from = "zeros, through the upstreams", "warmed up");
+        }
+        Ok(loaded)
+    }
+}
+
+/// Where a version comes from.
+#[derive(Clone)]
+pub enum Source {
+    /// Its `model.onnx` in the repository.
+    File(PathBuf),
+    /// The upstream TF Serving instances that serve it.
+    Upstream(Arc<Fleet>),
 }
 
 /// Loads one version and warms it up. Blocking: it parses and optimises
@@ -200,6 +244,14 @@ pub fn batch_sizes(config: &ModelConfig) -> Vec<usize> {
     }
 }
 
+/// Where a model's versions are, for messages.
+pub fn place_of(config: &ModelConfig) -> String {
+    match &config.upstream {
+        Some(upstream) => format!("the upstreams {:?}", upstream.endpoints),
+        None => config.base_path.display().to_string(),
+    }
+}
+
 /// Every version `config`'s policy selects, loaded and warmed up one after
 /// another: for the command-line tools, which need a model's signature and
 /// nothing that serves.
@@ -209,8 +261,18 @@ pub async fn load_selected(
     metrics: &Arc<Metrics>,
 ) -> Result<Vec<Arc<ModelVersion>>> {
     let context = |e: Error| e.context(format_args!("model '{}'", config.name));
-    let found = repository::discover(&config.base_path).map_err(context)?;
-    let chosen = repository::select(&found, &config.version_policy, &config.base_path).map_err(context)?;
+    let found: std::collections::BTreeMap<i64, Source> = match &config.upstream {
+        Some(upstream) => {
+            let fleet = Fleet::start(&config.name, upstream, metrics)?;
+            fleet.versions().await.map_err(context)?.into_iter().map(|v| (v, Source::Upstream(fleet.clone()))).collect()
+        }
+        None => repository::discover(&config.base_path)
+            .map_err(context)?
+            .into_iter()
+            .map(|(v, file)| (v, Source::File(file)))
+            .collect(),
+    };
+    let chosen = repository::select(&found, &config.version_policy, &place_of(config)).map_err(context)?;
     let defaults = crate::config::Config::default();
     let settings = LoadSettings {
         library: library.map(Path::to_path_buf),

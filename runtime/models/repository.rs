@@ -33,27 +33,16 @@ pub fn discover(base_path: &Path) -> Result<BTreeMap<i64, PathBuf>> {
     Ok(versions)
 }
 
-/// The versions to load under `policy`, from those found.
-pub fn select(
-    found: &BTreeMap<i64, PathBuf>,
-    policy: &VersionPolicy,
-    base_path: &Path,
-) -> Result<BTreeMap<i64, PathBuf>> {
+/// The versions to load under `policy`, from those found in `place` (a
+/// base path, or upstreams).
+pub fn select<V: Clone>(found: &BTreeMap<i64, V>, policy: &VersionPolicy, place: &str) -> Result<BTreeMap<i64, V>> {
     if found.is_empty() {
-        return Err(Error::not_found(format!(
-            "no versions under {}: expected {}/<version>/{MODEL_FILE}",
-            base_path.display(),
-            base_path.display()
-        )));
+        return Err(Error::not_found(format!("no versions under {place}: expected {place}/<version>/{MODEL_FILE}")));
     }
     if let VersionPolicy::Specific(wanted) = policy {
         if let Some(v) = wanted.iter().find(|v| !found.contains_key(v)) {
             let have: Vec<String> = found.keys().map(i64::to_string).collect();
-            return Err(Error::not_found(format!(
-                "version {v} is not under {} (found: {})",
-                base_path.display(),
-                have.join(", ")
-            )));
+            return Err(Error::not_found(format!("version {v} is not under {place} (found: {})", have.join(", "))));
         }
     }
     Ok(select_present(found, policy))
@@ -61,7 +50,7 @@ pub fn select(
 
 /// The versions `policy` wants among those present, for polling: a
 /// specific version not (yet) in the repository is skipped, not an error.
-pub fn select_present(found: &BTreeMap<i64, PathBuf>, policy: &VersionPolicy) -> BTreeMap<i64, PathBuf> {
+pub fn select_present<V: Clone>(found: &BTreeMap<i64, V>, policy: &VersionPolicy) -> BTreeMap<i64, V> {
     match policy {
         VersionPolicy::Specific(wanted) => {
             found.iter().filter(|(v, _)| wanted.contains(v)).map(|(v, p)| (*v, p.clone())).collect()
@@ -97,14 +86,16 @@ mod tests {
     fn policies_choose_versions() {
         let dir = layout(&["1", "2", "10"]);
         let found = discover(dir.path()).unwrap();
-        let keys = |p: VersionPolicy| select(&found, &p, dir.path()).unwrap().keys().copied().collect::<Vec<_>>();
+        let keys = |p: VersionPolicy| {
+            select(&found, &p, &dir.path().display().to_string()).unwrap().keys().copied().collect::<Vec<_>>()
+        };
         assert_eq!(keys(VersionPolicy::Latest(1)), vec![10]);
         assert_eq!(keys(VersionPolicy::Latest(2)), vec![2, 10]);
         assert_eq!(keys(VersionPolicy::All), vec![1, 2, 10]);
         assert_eq!(keys(VersionPolicy::Specific(vec![1])), vec![1]);
         let present = select_present(&found, &VersionPolicy::Specific(vec![2, 3]));
         assert_eq!(present.keys().copied().collect::<Vec<_>>(), vec![2]);
-        let err = select(&found, &VersionPolicy::Specific(vec![3]), dir.path()).unwrap_err();
+        let err = select(&found, &VersionPolicy::Specific(vec![3]), &dir.path().display().to_string()).unwrap_err();
         assert!(err.message().contains("version 3"), "{err}");
         assert!(err.message().contains("1, 2, 10"), "{err}");
     }
@@ -113,7 +104,10 @@ mod tests {
     fn empty_or_missing_base_path_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let found = discover(dir.path()).unwrap();
-        assert!(select(&found, &VersionPolicy::All, dir.path()).unwrap_err().message().contains("no versions"));
+        assert!(select(&found, &VersionPolicy::All, &dir.path().display().to_string())
+            .unwrap_err()
+            .message()
+            .contains("no versions"));
         assert!(discover(&dir.path().join("nope")).is_err());
     }
 }

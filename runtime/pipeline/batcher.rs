@@ -228,6 +228,8 @@ impl BatchFormer {
         let mut inputs = Vec::with_capacity(batch.len());
         let mut replies = Vec::with_capacity(batch.len());
         let mut rows = Vec::with_capacity(batch.len());
+        // The batch is worth running until its last request gives up.
+        let mut due = Some(None);
         for entry in batch {
             self.queue_metrics.depth.dec_by(entry.rows as i64);
             self.queue_metrics.wait.observe(now.duration_since(entry.enqueued).as_secs_f64());
@@ -240,6 +242,11 @@ impl BatchFormer {
                 let _ = entry.reply.send(Err(Error::deadline_exceeded("in the batch queue")));
                 continue;
             }
+            due = match (due, entry.deadline.instant()) {
+                (Some(None), Some(at)) => Some(Some(at)),
+                (Some(Some(latest)), Some(at)) => Some(Some(latest.max(at))),
+                _ => None,
+            };
             rows.push(entry.rows);
             inputs.push(entry.inputs);
             replies.push(entry.reply);
@@ -255,7 +262,8 @@ impl BatchFormer {
         let backend = self.backend.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let result = backend.run(Batch { requests: inputs, padded_rows: padded }).await;
+            let batch = Batch { requests: inputs, padded_rows: padded, deadline: due.flatten() };
+            let result = backend.run(batch).await;
             answer(result, &rows, replies, backend.signature());
         });
     }

@@ -60,7 +60,8 @@ impl InferenceStage {
             Some(batcher) => batcher.run(inputs, deadline).await,
             None => {
                 deadline.check("before inference")?;
-                deadline.run("during inference", self.version.backend().run(Batch::single(inputs))).await
+                let batch = Batch::single(inputs).due(deadline.instant());
+                deadline.run("during inference", self.version.backend().run(batch)).await
             }
         }
     }

@@ -14,7 +14,6 @@
 //! version in place. One change runs at a time.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -25,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::models::repository;
 use crate::models::status::VersionState;
-use crate::models::{LoadSettings, Loader, ModelVersion};
+use crate::models::{place_of, LoadSettings, Loader, ModelVersion, Source};
 
 /// How often a withdrawn version is checked for requests still on it.
 const DRAIN_POLL: Duration = Duration::from_millis(10);
@@ -81,7 +80,7 @@ impl ModelManager {
     pub(super) async fn reconcile(&self, model: &Arc<ServedModel>, strict: bool) -> Result<()> {
         let config = model.config();
         let context = |e: Error| e.context(format_args!("model '{}'", config.name));
-        let found = match repository::discover(&config.base_path) {
+        let found = match discover(model, &config).await {
             Ok(found) => found,
             Err(error) if !strict => {
                 tracing::warn!(model = %config.name, "repository poll failed: {error}");
@@ -90,23 +89,23 @@ impl ModelManager {
             Err(error) => return Err(context(error)),
         };
         let wanted = if strict {
-            repository::select(&found, &config.version_policy, &config.base_path).map_err(context)?
+            repository::select(&found, &config.version_policy, &place_of(&config)).map_err(context)?
         } else {
             repository::select_present(&found, &config.version_policy)
         };
         let serving = model.table();
         let mut complete = true;
-        for (&version, file) in &wanted {
+        for (&version, source) in &wanted {
             if serving.versions.contains_key(&version) {
                 continue;
             }
-            let stamp = stamp(file);
+            let stamp = stamp(source);
             let key = (config.name.clone(), version);
             if !strict && self.failed_before(&key) == Some(stamp) {
                 complete = false;
                 continue;
             }
-            match self.bring_in(model, &config, version, file.clone()).await {
+            match self.bring_in(model, &config, version, source.clone()).await {
                 Ok(()) => {
                     self.failed.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
                 }
@@ -144,11 +143,11 @@ impl ModelManager {
         model: &Arc<ServedModel>,
         config: &ModelConfig,
         version: i64,
-        file: PathBuf,
+        source: Source,
     ) -> Result<()> {
         model.status().set(version, VersionState::Start);
         let loaded =
-            self.loader.load(config, version, file, || model.status().set(version, VersionState::Loading)).await?;
+            self.loader.load(config, version, source, || model.status().set(version, VersionState::Loading)).await?;
         let pipelines = model.pipelines();
         let mut signatures = Vec::with_capacity(pipelines.len());
         for pipeline in &pipelines {
@@ -230,6 +229,24 @@ fn check_labels(model: &ServedModel, labels: &BTreeMap<String, i64>, strict: boo
     Ok(())
 }
 
-fn stamp(file: &std::path::Path) -> FileStamp {
-    std::fs::metadata(file).map_or((None, 0), |m| (m.modified().ok(), m.len()))
+/// What a version comes from changing: a file's time and size; for an
+/// upstream, a 30 s window, so a version that failed there is tried again
+/// every 30 s rather than at every poll.
+fn stamp(source: &Source) -> FileStamp {
+    match source {
+        Source::File(file) => std::fs::metadata(file).map_or((None, 0), |m| (m.modified().ok(), m.len())),
+        Source::Upstream(_) => {
+            let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            (None, now / 30)
+        }
+    }
+}
+
+/// The versions `model` could serve now: its repository's, or what its
+/// upstreams serve.
+async fn discover(model: &ServedModel, config: &ModelConfig) -> Result<BTreeMap<i64, Source>> {
+    Ok(match model.upstream() {
+        Some(fleet) => fleet.versions().await?.into_iter().map(|v| (v, Source::Upstream(fleet.clone()))).collect(),
+        None => repository::discover(&config.base_path)?.into_iter().map(|(v, file)| (v, Source::File(file))).collect(),
+    })
 }

@@ -444,7 +444,7 @@ impl Endpoints {
         manager: &ModelManager,
     ) -> Result<BTreeMap<String, Arc<ServedModel>>> {
         let loads = models.iter().map(|config| async move {
-            let model = ServedModel::new(config.clone(), manager.metrics().clone());
+            let model = ServedModel::new(config.clone(), manager.metrics().clone())?;
             manager.reconcile(&model, true).await?;
             Ok::<_, Error>((config.name.clone(), model))
         });
@@ -591,7 +591,7 @@ impl Endpoints {
                     outcome.kept.push(config.name.clone());
                 }
                 None => {
-                    let model = ServedModel::new(config.clone(), self.metrics.clone());
+                    let model = ServedModel::new(config.clone(), self.metrics.clone())?;
                     self.manager.reconcile(&model, true).await?;
                     added.insert(config.name.clone(), (model, config.max_in_flight));
                     outcome.added.push(config.name.clone());

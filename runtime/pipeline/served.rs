@@ -18,6 +18,7 @@ use super::inference::InferenceStage;
 use super::Pipeline;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::infer::tfserving::fleet::Fleet;
 use crate::metrics::Metrics;
 use crate::models::status::{ModelStatus, VersionState};
 use crate::models::{ModelVersion, VersionChoice};
@@ -78,18 +79,28 @@ pub struct ServedModel {
     /// a new version is checked against each before it serves. Weak: the
     /// pipelines own the model, not the other way round.
     pipelines: Mutex<Vec<Weak<Pipeline>>>,
+    /// The upstreams a forwarded model's versions are served by.
+    upstream: Option<Arc<Fleet>>,
 }
 
 impl ServedModel {
-    /// A model with no version serving yet.
-    pub fn new(config: ModelConfig, metrics: Arc<Metrics>) -> Arc<ServedModel> {
-        Arc::new(ServedModel {
+    /// A model with no version serving yet (connecting, lazily, to its
+    /// upstreams when it is forwarded).
+    pub fn new(config: ModelConfig, metrics: Arc<Metrics>) -> Result<Arc<ServedModel>> {
+        let upstream = config.upstream.as_ref().map(|u| Fleet::start(&config.name, u, &metrics)).transpose()?;
+        Ok(Arc::new(ServedModel {
+            upstream,
             status: ModelStatus::new(&config.name, metrics),
             name: config.name.as_str().into(),
             config: ArcSwap::from_pointee(config),
             table: ArcSwap::from_pointee(VersionTable::default()),
             pipelines: Mutex::new(Vec::new()),
-        })
+        }))
+    }
+
+    /// The upstreams serving a forwarded model.
+    pub fn upstream(&self) -> Option<&Arc<Fleet>> {
+        self.upstream.as_ref()
     }
 
     /// The model's name.

@@ -125,6 +125,27 @@ pub fn concat_rows(parts: &[Tensor]) -> Result<Tensor> {
     Ok(Tensor::from_parts_unchecked(first.dtype(), shape, data))
 }
 
+/// Joins a batch's parts along dimension 0 and appends zero rows (empty
+/// strings) up to `padded_rows`, as one tensor: a batch for a backend that
+/// takes tensors rather than ONNX Runtime values. One part already of the
+/// padded size is passed on as it is, without a copy.
+pub fn join_rows(parts: &[&Tensor], padded_rows: usize) -> Result<Tensor> {
+    let first = parts.first().ok_or_else(|| Error::internal("a batch of zero requests, this is a bug"))?;
+    if parts.len() == 1 && (padded_rows == 0 || first.rows() == padded_rows || first.shape().is_empty()) {
+        return Ok((*first).clone());
+    }
+    let owned: Vec<Tensor> = parts.iter().map(|t| (*t).clone()).collect();
+    let joined = concat_rows(&owned)?;
+    let rows = joined.rows();
+    if padded_rows <= rows {
+        return Ok(joined);
+    }
+    let mut padding_shape = joined.shape().to_vec();
+    padding_shape[0] = (padded_rows - rows) as i64;
+    let padding = Tensor::zeros(joined.dtype(), padding_shape)?;
+    concat_rows(&[joined, padding])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +169,17 @@ mod tests {
         assert_eq!(concat_rows(&pieces).unwrap(), t);
         let s = Tensor::from_strings(vec![3], vec!["a".into(), "b".into(), "c".into()]).unwrap();
         assert_eq!(concat_rows(&split_rows(&s, &[1, 2], "s").unwrap()).unwrap(), s);
+    }
+
+    #[test]
+    fn join_pads_with_zero_rows_and_passes_a_full_part_through() {
+        let a = Tensor::from_values(vec![1, 2], &[1.0f32, 2.0]);
+        let b = Tensor::from_values(vec![2, 2], &[3.0f32, 4.0, 5.0, 6.0]);
+        let joined = join_rows(&[&a, &b], 4).unwrap();
+        assert_eq!(joined.shape(), &[4, 2]);
+        assert_eq!(joined.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.0, 0.0]);
+        let same = join_rows(&[&b], 2).unwrap();
+        assert_eq!(same.bytes().unwrap().as_ptr(), b.bytes().unwrap().as_ptr());
     }
 
     #[test]

@@ -10,10 +10,19 @@
 
 use bytes::Bytes;
 
+use super::spec::{Signature, TensorSpec, PREDICT_METHOD};
 use super::{element_count, format_shape, tensor_bytes, DType, Tensor, TensorData};
 use crate::config::OutputEncoding;
 use crate::error::{Error, Result};
-use crate::proto::tensorflow::{tensor_shape_proto, TensorProto, TensorShapeProto};
+use crate::proto::tensorflow::{
+    tensor_info, tensor_shape_proto, SignatureDef, TensorInfo, TensorProto, TensorShapeProto,
+};
+
+/// The `metadata_field` (and key) of GetModelMetadata's signatures.
+pub const SIGNATURE_DEF_FIELD: &str = "signature_def";
+
+/// The `Any` type of GetModelMetadata's signatures.
+pub const SIGNATURE_DEF_MAP_TYPE: &str = "type.googleapis.com/tensorflow.serving.SignatureDefMap";
 
 /// Decodes the tensor a client sent as input `name`; a tensor that would
 /// take more than `max_bytes` in memory (a single typed value broadcast to
@@ -224,6 +233,57 @@ pub fn encode(tensor: &Tensor, encoding: OutputEncoding) -> TensorProto {
         DType::String => unreachable!("strings are encoded above, this is a bug"),
     }
     proto
+}
+
+/// A signature as TensorFlow's `SignatureDef`.
+pub fn signature_def(signature: &Signature) -> SignatureDef {
+    let info = |spec: &TensorSpec| {
+        (
+            spec.name.clone(),
+            TensorInfo {
+                encoding: Some(tensor_info::Encoding::Name(spec.name.clone())),
+                dtype: spec.dtype.to_tf(),
+                tensor_shape: Some(if spec.unknown_rank {
+                    TensorShapeProto { dim: Vec::new(), unknown_rank: true }
+                } else {
+                    encode_shape(&spec.shape)
+                }),
+            },
+        )
+    };
+    SignatureDef {
+        inputs: signature.inputs.iter().map(info).collect(),
+        outputs: signature.outputs.iter().map(info).collect(),
+        method_name: PREDICT_METHOD.to_string(),
+        defaults: std::collections::HashMap::new(),
+    }
+}
+
+/// The signature a TensorFlow `SignatureDef` describes (an upstream's
+/// metadata): dtypes, dimensions (-1 where free), unknown ranks. Inputs and
+/// outputs come in name order (a `SignatureDef` keeps them in maps).
+pub fn signature_of_def(def: &SignatureDef) -> Result<Signature> {
+    let specs = |role: &str, map: &std::collections::HashMap<String, TensorInfo>| -> Result<Vec<TensorSpec>> {
+        let mut specs = map
+            .iter()
+            .map(|(name, info)| {
+                let dtype = DType::from_tf(info.dtype)
+                    .map_err(|e| Error::invalid_argument(format!("{role} '{name}' has dtype {e}")))?;
+                let (shape, unknown_rank) = match &info.tensor_shape {
+                    None => (Vec::new(), true),
+                    Some(shape) if shape.unknown_rank => (Vec::new(), true),
+                    Some(shape) => (shape.dim.iter().map(|d| if d.size < 0 { -1 } else { d.size }).collect(), false),
+                };
+                Ok(TensorSpec { name: name.clone(), dtype, shape, unknown_rank })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(specs)
+    };
+    if def.inputs.is_empty() || def.outputs.is_empty() {
+        return Err(Error::invalid_argument("the signature has no inputs or no outputs"));
+    }
+    Ok(Signature { inputs: specs("input", &def.inputs)?, outputs: specs("output", &def.outputs)? })
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 pub use self::inference::InferenceApi;
 pub use self::model_service::ModelStatusApi;
-pub use self::prediction::{served_spec, signature_def, PredictionApi};
+pub use self::prediction::{served_spec, PredictionApi};
 use super::context::{RequestContext, ServingState, REQUEST_ID};
 use crate::error::{Error, Result};
 use crate::models::VersionChoice;

@@ -23,12 +23,8 @@ use crate::proto::tensorflow::serving::{
     model_spec, GetModelMetadataRequest, GetModelMetadataResponse, ModelSpec, PredictRequest, PredictResponse,
     SignatureDefMap,
 };
-use crate::proto::tensorflow::{tensor_info, SignatureDef, TensorInfo, TensorShapeProto};
-use crate::tensor::proto::{decode, encode, encode_shape};
-use crate::tensor::spec::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
-
-/// The metadata field TF Serving clients ask for.
-const SIGNATURE_DEF_FIELD: &str = "signature_def";
+use crate::tensor::proto::{decode, encode, signature_def, SIGNATURE_DEF_FIELD, SIGNATURE_DEF_MAP_TYPE};
+use crate::tensor::spec::DEFAULT_SIGNATURE;
 
 /// The `PredictionService` implementation.
 pub struct PredictionApi {
@@ -114,7 +110,7 @@ fn model_metadata(target: &Target, fields: &[String], signature_name: &str) -> R
         signature_def: HashMap::from([(DEFAULT_SIGNATURE.to_string(), signature_def(target.signature()))]),
     };
     let any = prost_types::Any {
-        type_url: "type.googleapis.com/tensorflow.serving.SignatureDefMap".to_string(),
+        type_url: SIGNATURE_DEF_MAP_TYPE.to_string(),
         value: prost::Message::encode_to_vec(&signatures),
     };
     // TF Serving echoes the signature name the request gave (often none).
@@ -124,28 +120,4 @@ fn model_metadata(target: &Target, fields: &[String], signature_name: &str) -> R
         model_spec: Some(model_spec),
         metadata: HashMap::from([(SIGNATURE_DEF_FIELD.to_string(), any)]),
     })
-}
-
-/// A signature as TensorFlow's `SignatureDef`.
-pub fn signature_def(signature: &Signature) -> SignatureDef {
-    let info = |spec: &TensorSpec| {
-        (
-            spec.name.clone(),
-            TensorInfo {
-                encoding: Some(tensor_info::Encoding::Name(spec.name.clone())),
-                dtype: spec.dtype.to_tf(),
-                tensor_shape: Some(if spec.unknown_rank {
-                    TensorShapeProto { dim: Vec::new(), unknown_rank: true }
-                } else {
-                    encode_shape(&spec.shape)
-                }),
-            },
-        )
-    };
-    SignatureDef {
-        inputs: signature.inputs.iter().map(info).collect(),
-        outputs: signature.outputs.iter().map(info).collect(),
-        method_name: PREDICT_METHOD.to_string(),
-        defaults: HashMap::new(),
-    }
 }
