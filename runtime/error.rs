@@ -30,6 +30,8 @@ pub enum Code {
     AlreadyExists,
     /// A change lost a race with another writer; retrying may succeed.
     Aborted,
+    /// The client sent its request too slowly.
+    RequestTimeout,
     /// The caller is known but may not do this.
     PermissionDenied,
     /// A bounded queue or a limit is full; the caller may retry later.
@@ -66,6 +68,7 @@ impl Code {
             Code::NotFound => tonic::Code::NotFound,
             Code::AlreadyExists => tonic::Code::AlreadyExists,
             Code::Aborted => tonic::Code::Aborted,
+            Code::RequestTimeout => tonic::Code::DeadlineExceeded,
             Code::PermissionDenied => tonic::Code::PermissionDenied,
             Code::ResourceExhausted => tonic::Code::ResourceExhausted,
             Code::FailedPrecondition => tonic::Code::FailedPrecondition,
@@ -89,6 +92,7 @@ impl Code {
             Code::PermissionDenied => S::FORBIDDEN,
             Code::NotFound => S::NOT_FOUND,
             Code::AlreadyExists | Code::Aborted => S::CONFLICT,
+            Code::RequestTimeout => S::REQUEST_TIMEOUT,
             Code::ResourceExhausted => S::TOO_MANY_REQUESTS,
             Code::Unimplemented => S::NOT_IMPLEMENTED,
             Code::Unavailable => S::SERVICE_UNAVAILABLE,
@@ -111,6 +115,7 @@ impl Code {
             Code::NotFound => "NOT_FOUND",
             Code::AlreadyExists => "ALREADY_EXISTS",
             Code::Aborted => "ABORTED",
+            Code::RequestTimeout => "DEADLINE_EXCEEDED",
             Code::PermissionDenied => "PERMISSION_DENIED",
             Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
             Code::FailedPrecondition => "FAILED_PRECONDITION",
@@ -280,6 +285,9 @@ pub enum Error {
     /// was changed, and a retry may succeed.
     #[error("{0}")]
     Aborted(String),
+    /// The client sent its request too slowly (a slow-loris body).
+    #[error("{0}")]
+    TooSlow(String),
     /// A request body or message over the size limit.
     #[error("{0}")]
     TooLarge(String),
@@ -422,6 +430,7 @@ impl Error {
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::Aborted(_) => Code::Aborted,
+            Error::TooSlow(_) => Code::RequestTimeout,
             Error::TooLarge(_) => Code::TooLarge,
             Error::Unprocessable(_) => Code::Unprocessable,
             Error::Plugin { fault, .. } => fault.code(),
@@ -460,6 +469,7 @@ impl Error {
             Error::Unauthenticated(m) => Error::Unauthenticated(with(m)),
             Error::PermissionDenied(m) => Error::PermissionDenied(with(m)),
             Error::Aborted(m) => Error::Aborted(with(m)),
+            Error::TooSlow(m) => Error::TooSlow(with(m)),
             Error::TooLarge(m) => Error::TooLarge(with(m)),
             Error::Unprocessable(m) => Error::Unprocessable(with(m)),
             Error::Plugin { fault, message, detail } => Error::Plugin { fault, message: with(message), detail },
@@ -497,6 +507,7 @@ mod tests {
             (Code::NotFound, 404),
             (Code::AlreadyExists, 409),
             (Code::Aborted, 409),
+            (Code::RequestTimeout, 408),
             (Code::ResourceExhausted, 429),
             (Code::Unimplemented, 501),
             (Code::Unavailable, 503),

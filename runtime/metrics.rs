@@ -74,6 +74,13 @@ pub struct UpstreamCodeLabels {
     pub code: &'static str,
 }
 
+/// Labels of a listening port.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PortLabels {
+    /// `grpc`, `http`, `admin` or `grpc_socket`.
+    pub port: &'static str,
+}
+
 /// Labels of an outcome.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -271,6 +278,10 @@ pub struct Metrics {
     pub upstream_ejections: Family<UpstreamLabels, Counter>,
     /// 1 while an upstream takes calls, 0 while it is ejected.
     pub upstream_healthy: Family<UpstreamLabels, Gauge>,
+    /// Connections open, by port.
+    pub connections_open: Family<PortLabels, Gauge>,
+    /// Connections closed at once because `max_connections` were open.
+    pub connections_refused: Family<PortLabels, Counter>,
     /// The shared plugin registry's revision this replica serves.
     pub plugin_registry_revision: Gauge,
     /// Syncs with the shared plugin registry that failed.
@@ -313,6 +324,8 @@ impl Metrics {
             upstream_in_flight: Family::default(),
             upstream_ejections: Family::default(),
             upstream_healthy: Family::default(),
+            connections_open: Family::default(),
+            connections_refused: Family::default(),
             plugin_registry_revision: Gauge::default(),
             plugin_registry_sync_failures: Counter::default(),
             registry: Registry::default(),
@@ -447,6 +460,12 @@ impl Metrics {
             "sluice_upstream_healthy",
             "1 while an upstream takes calls, 0 while it is ejected",
             metrics.upstream_healthy.clone(),
+        );
+        registry.register("sluice_connections_open", "Connections open, by port", metrics.connections_open.clone());
+        registry.register(
+            "sluice_connections_refused",
+            "Connections closed at once because server.max_connections were open",
+            metrics.connections_refused.clone(),
         );
         registry.register(
             "sluice_plugin_registry_revision",

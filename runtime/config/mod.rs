@@ -207,6 +207,19 @@ pub struct ServerConfig {
     /// Another path the Prometheus metrics answer on (TF Serving's
     /// `--monitoring_config_file` `prometheus_config { path }`).
     pub metrics_path: Option<String>,
+    /// Connections open at once, per port; more are closed at once.
+    pub max_connections: usize,
+    /// HTTP/2 streams (calls) open at once on one connection.
+    pub max_concurrent_streams: u32,
+    /// The largest request head (request line and headers), in bytes;
+    /// larger gets 431.
+    pub max_header_bytes: usize,
+    /// How long a client may take to send a request's headers, in
+    /// milliseconds; a slower one (a slow-loris) is cut off.
+    pub header_read_timeout_ms: u64,
+    /// How long a client may take to send a REST request's body, in
+    /// milliseconds; slower gets 408 and the connection closed.
+    pub body_read_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -223,6 +236,11 @@ impl Default for ServerConfig {
             grpc_socket_path: None,
             rest_api_timeout_ms: None,
             metrics_path: None,
+            max_connections: 10_000,
+            max_concurrent_streams: 1024,
+            max_header_bytes: 64 << 10,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
         }
     }
 }

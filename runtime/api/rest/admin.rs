@@ -148,8 +148,14 @@ async fn reload_models(State(state): State<RestState>, headers: HeaderMap, body:
         let admin = admin_of(&state)?;
         crate::api::reload::authorize(Some(admin), &headers)?;
         let serving = state.lifecycle.serving()?;
-        let bytes =
-            read_body(body, &headers, MAX_MODEL_CONFIG_BYTES, "the largest model config a reload takes").await?;
+        let bytes = read_body(
+            body,
+            &headers,
+            MAX_MODEL_CONFIG_BYTES,
+            "the largest model config a reload takes",
+            state.body_read_timeout,
+        )
+        .await?;
         let text = std::str::from_utf8(&bytes)
             .map_err(|e| Error::invalid_argument(format!("the model config is not UTF-8 text: {e}")))?;
         let config = Config::from_text(text, "the request body", std::path::Path::new("."))?;
@@ -216,7 +222,9 @@ async fn upload_as(
         let admin = admin_of(&state)?;
         // Who it is first: an unauthenticated caller's body is never read.
         let caller = admin.authenticate(&headers)?;
-        let bytes = read_body(body, &headers, admin.max_upload_bytes, "admin.max_upload_bytes").await?;
+        let bytes =
+            read_body(body, &headers, admin.max_upload_bytes, "admin.max_upload_bytes", state.body_read_timeout)
+                .await?;
         run(
             admin,
             caller,

@@ -56,6 +56,8 @@ pub struct RestState {
     pub request_timeout: Option<std::time::Duration>,
     /// Another path the metrics answer on (`--monitoring_config_file`).
     pub metrics_path: Option<String>,
+    /// How long a request body may take to arrive.
+    pub body_read_timeout: std::time::Duration,
 }
 
 /// The routes of the HTTP port.
@@ -222,7 +224,9 @@ async fn route(
         let endpoints = &serving.endpoints;
         let body = match parsed.call {
             Call::Predict => {
-                let bytes = read_body(body, headers, state.max_body_bytes, "server.max_message_bytes").await?;
+                let bytes =
+                    read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
+                        .await?;
                 json::predict(cx, endpoints, &parsed, &bytes, state.max_json_values).await
             }
             Call::Metadata => json::metadata_json(&cx.resolve(endpoints, parsed.choice, "")?),
@@ -255,9 +259,25 @@ pub(crate) async fn run_call(
 /// connection. Beyond this the connection is simply closed.
 const DRAIN_LIMIT: u64 = 64 << 20;
 
-/// The body, refused early when its declared length is over the limit and
-/// cut off when it grows past it.
-pub(crate) async fn read_body(body: Body, headers: &HeaderMap, limit: usize, key: &str) -> Result<Bytes> {
+/// The body, refused early when its declared length is over the limit,
+/// cut off when it grows past it, and given up on (408) when it takes
+/// longer than `server.body_read_timeout_ms` to arrive.
+pub(crate) async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    key: &str,
+    timeout: std::time::Duration,
+) -> Result<Bytes> {
+    tokio::time::timeout(timeout, read_body_now(body, headers, limit, key)).await.unwrap_or_else(|_| {
+        Err(Error::TooSlow(format!(
+            "the request body did not arrive within {} ms (server.body_read_timeout_ms)",
+            timeout.as_millis()
+        )))
+    })
+}
+
+async fn read_body_now(body: Body, headers: &HeaderMap, limit: usize, key: &str) -> Result<Bytes> {
     let too_large = |size: Option<u64>| {
         let size = size.map_or_else(|| format!("more than {limit}"), |s| s.to_string());
         Error::TooLarge(format!("the request body is {size} bytes; the limit is {limit} bytes ({key})"))

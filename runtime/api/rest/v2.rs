@@ -128,7 +128,9 @@ pub(super) async fn route(
             }
             Call::Infer(_, version) => {
                 let target = cx.resolve(endpoints, v2::version_choice(version)?, "")?;
-                let body = read_body(body, headers, state.max_body_bytes, "server.max_message_bytes").await?;
+                let body =
+                    read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
+                        .await?;
                 infer(&target, headers, body, cx.deadline, state.max_json_values).await
             }
             _ => Err(Error::internal("a v2 call without a model reached the model routes, this is a bug")),

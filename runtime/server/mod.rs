@@ -8,15 +8,17 @@
 //! the drain timeout), the gRPC port closes, then the HTTP port, and only
 //! then are the models released.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+mod connections;
+
+use self::connections::Limits;
 use crate::api::context::ServingState;
 use crate::api::grpc::{InferenceApi, ModelStatusApi, PredictionApi};
 use crate::api::health::Lifecycle;
@@ -102,21 +104,20 @@ pub async fn serve(
         admin: if admin_listener.is_some() { None } else { admin.clone() },
         request_timeout: config.server.rest_api_timeout_ms.map(Duration::from_millis),
         metrics_path: config.server.metrics_path.clone(),
+        body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
     };
     let (http_stop_tx, http_stop_rx) = watch::channel(false);
     let admin_server = admin_listener.map(|listener| {
         let state = RestState { admin: admin.clone(), ..rest_state.clone() };
-        tokio::spawn(
-            axum::serve(listener.tap_io(no_delay), rest::admin_router(state))
-                .with_graceful_shutdown(stopped(http_stop_rx.clone()))
-                .into_future(),
-        )
+        let limits = Limits::new(&config.server, &metrics, "admin");
+        tokio::spawn(connections::serve(listener, rest::admin_router(state), limits, http_stop_rx.clone()))
     });
-    let http = tokio::spawn(
-        axum::serve(http_listener.tap_io(no_delay), rest::router(rest_state))
-            .with_graceful_shutdown(stopped(http_stop_rx))
-            .into_future(),
-    );
+    let http = tokio::spawn(connections::serve(
+        http_listener,
+        rest::router(rest_state),
+        Limits::new(&config.server, &metrics, "http"),
+        http_stop_rx,
+    ));
     announce.http_open(addresses);
     tracing::info!(http = %addresses.http, "HTTP port open (health, metrics); loading models");
 
@@ -176,16 +177,16 @@ pub async fn serve(
             let listener = tokio::net::UnixListener::bind(path)
                 .map_err(|e| Error::unavailable(format!("cannot listen on the Unix socket {}: {e}", path.display())))?;
             tracing::info!(socket = %path.display(), "gRPC on a Unix socket too");
-            Some(tokio::spawn(
-                axum::serve(listener, grpc_routes.clone())
-                    .with_graceful_shutdown(stopped(stopping_rx.clone()))
-                    .into_future(),
-            ))
+            let limits = Limits::new(&config.server, &metrics, "grpc_socket");
+            Some(tokio::spawn(connections::serve(listener, grpc_routes.clone(), limits, stopping_rx.clone())))
         }
     };
-    let grpc = axum::serve(grpc_listener.tap_io(no_delay), grpc_routes)
-        .with_graceful_shutdown(stopped(stopping_rx.clone()))
-        .into_future();
+    let grpc = connections::serve(
+        grpc_listener,
+        grpc_routes,
+        Limits::new(&config.server, &metrics, "grpc"),
+        stopping_rx.clone(),
+    );
 
     if let Some(plugins) = &plugins {
         plugins.follow();
@@ -209,7 +210,7 @@ pub async fn serve(
     };
     tokio::pin!(drain_deadline);
     tokio::select! {
-        result = grpc => result.map_err(|e| Error::internal(format!("the gRPC server failed: {e}")))?,
+        () = grpc => {}
         () = &mut drain_deadline => tracing::warn!(timeout_secs = drain.as_secs(), "drain timeout reached; abandoning in-flight gRPC requests"),
     }
     // REST requests in flight finish too; the port stays open until now so
@@ -370,13 +371,6 @@ where
 /// Resolves once `rx` says stop.
 async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
-}
-
-/// Nagle's algorithm holds small responses for up to 40 ms on loopback.
-fn no_delay(tcp: &mut tokio::net::TcpStream) {
-    if let Err(e) = tcp.set_nodelay(true) {
-        tracing::warn!("cannot set TCP_NODELAY: {e}");
-    }
 }
 
 fn local_addr(listener: &TcpListener) -> Result<SocketAddr> {

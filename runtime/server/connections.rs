@@ -1,0 +1,145 @@
+//! Accepting connections, with the limits a hostile or broken client meets
+//! before any handler runs: at most `max_connections` open (more are
+//! closed at once), headers bounded in size and read within
+//! `header_read_timeout_ms` (a slow-loris client is cut off and holds
+//! nothing), at most `max_concurrent_streams` HTTP/2 streams per
+//! connection, and HTTP/2 keep-alive pings that close connections whose
+//! peer is gone. One loop serves every port (gRPC, REST, admin, the Unix
+//! socket), HTTP/1.1 and HTTP/2 alike.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{watch, Semaphore};
+
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
+
+/// The limits every connection is served under.
+#[derive(Clone)]
+pub struct Limits {
+    connections: Arc<Semaphore>,
+    max_concurrent_streams: u32,
+    max_header_bytes: usize,
+    header_read_timeout: Duration,
+    open: Gauge,
+    refused: Counter,
+}
+
+impl Limits {
+    /// The limits `config` sets, counted in `metrics` under `port` (one
+    /// connection budget per port, so a flood on one port leaves the
+    /// others their own).
+    pub fn new(config: &ServerConfig, metrics: &Metrics, port: &'static str) -> Limits {
+        Limits {
+            connections: Arc::new(Semaphore::new(config.max_connections)),
+            max_concurrent_streams: config.max_concurrent_streams,
+            max_header_bytes: config.max_header_bytes,
+            header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
+            open: metrics.connections_open.get_or_create_owned(&crate::metrics::PortLabels { port }),
+            refused: metrics.connections_refused.get_or_create_owned(&crate::metrics::PortLabels { port }),
+        }
+    }
+
+    fn builder(&self) -> Builder<TokioExecutor> {
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout)
+            // hyper answers 431 to headers that do not fit the buffer.
+            .max_buf_size(self.max_header_bytes.max(8192));
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(self.max_concurrent_streams)
+            .max_header_list_size(u32::try_from(self.max_header_bytes).unwrap_or(u32::MAX))
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .keep_alive_timeout(Duration::from_secs(20));
+        builder
+    }
+}
+
+/// Something connections are accepted from.
+pub trait Listener: Send + 'static {
+    /// A connection.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// The next connection; errors are logged and the loop goes on.
+    fn accept(&mut self) -> impl Future<Output = std::io::Result<Self::Io>> + Send;
+}
+
+impl Listener for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+
+    async fn accept(&mut self) -> std::io::Result<Self::Io> {
+        let (stream, _) = tokio::net::TcpListener::accept(self).await?;
+        // Nagle's algorithm holds small responses for up to 40 ms on loopback.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::warn!("cannot set TCP_NODELAY: {e}");
+        }
+        Ok(stream)
+    }
+}
+
+impl Listener for tokio::net::UnixListener {
+    type Io = tokio::net::UnixStream;
+
+    async fn accept(&mut self) -> std::io::Result<Self::Io> {
+        tokio::net::UnixListener::accept(self).await.map(|(stream, _)| stream)
+    }
+}
+
+/// Serves `router` on `listener` until `stop` says so; then stops
+/// accepting, lets the connections finish what they have (HTTP/2 gets a
+/// GOAWAY, idle HTTP/1.1 connections close), and resolves once they have.
+pub async fn serve(mut listener: impl Listener, router: axum::Router, limits: Limits, mut stop: watch::Receiver<bool>) {
+    let builder = limits.builder();
+    let graceful = GracefulShutdown::new();
+    let stopping = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    tokio::pin!(stopping);
+    loop {
+        let io = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(io) => io,
+                Err(e) => {
+                    // Out of file descriptors, say: back off instead of spinning.
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stopping => break,
+        };
+        let Ok(place) = limits.connections.clone().try_acquire_owned() else {
+            // Over the limit: closed at once, before a byte is read.
+            limits.refused.inc();
+            drop(io);
+            continue;
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned();
+        let connection = graceful.watch(connection);
+        let open = limits.open.clone();
+        open.inc();
+        tokio::spawn(async move {
+            // Errors here are the client's (reset, garbage, timeouts).
+            if let Err(e) = connection.await {
+                tracing::debug!("connection closed: {e}");
+            }
+            open.dec();
+            drop(place);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
