@@ -34,7 +34,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::shared::SharedRegistry;
-use super::store::{sha256_hex, write_atomically};
+use super::store::{remove_stale_temporaries, sha256_hex, write_atomically};
 use super::{Plugin, PluginEngine, PluginsConfig};
 use crate::config::check_name;
 use crate::error::{Error, Result};
@@ -173,6 +173,10 @@ impl PluginRegistry {
         for d in [&blobs, &manifests_dir] {
             std::fs::create_dir_all(d)
                 .map_err(|e| Error::internal(format!("cannot create the plugin store {}: {e}", d.display())))?;
+            let removed = remove_stale_temporaries(d);
+            if removed > 0 {
+                tracing::warn!(dir = %d.display(), removed, "removed files a write cut short (a crash) left behind");
+            }
         }
         let mut manifests = BTreeMap::new();
         let entries = std::fs::read_dir(&manifests_dir)

@@ -1,0 +1,164 @@
+//! What each fuzz target does with its input, shared by the `cargo fuzz`
+//! targets (`fuzz/fuzz_targets/`) and by the regression test that replays
+//! every committed corpus and crash file (`tests/fuzz_regressions.rs`).
+//!
+//! Each function takes untrusted bytes through one decoder or check the
+//! server runs on client, config, plugin or admin input. None may panic
+//! or allocate past its limit; where a round trip exists, it must hold.
+
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use prost::Message;
+use sluice::proto::tensorflow::serving::PredictionLog;
+use sluice::proto::tensorflow::TensorProto;
+use sluice::tensor::spec::{check_outputs, TensorSpec};
+use sluice::tensor::{DType, NamedTensor, Tensor};
+
+/// The most bytes one decoded tensor may take here, as
+/// `server.max_tensor_bytes` bounds it in the server.
+const LIMIT: usize = 1 << 20;
+
+/// Every target, by name, for the regression test.
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+    ("tensor_proto", tensor_proto),
+    ("rest_json", rest_json),
+    ("config_toml", config_toml),
+    ("tf_text_config", tf_text_config),
+    ("batching_parameters", batching_parameters),
+    ("v2_raw", v2_raw),
+    ("plugin_outputs", plugin_outputs),
+    ("admin_input", admin_input),
+    ("warmup_file", warmup_file),
+];
+
+/// A gRPC TensorProto: decoded as an input is; a tensor that decodes
+/// re-encodes to the same values.
+pub fn tensor_proto(data: &[u8]) {
+    let Ok(proto) = TensorProto::decode(data) else { return };
+    let Ok(tensor) = sluice::tensor::proto::decode("x", proto, LIMIT) else { return };
+    for encoding in [sluice::config::OutputEncoding::TypedFields, sluice::config::OutputEncoding::TensorContent] {
+        let again = sluice::tensor::proto::decode("x", sluice::tensor::proto::encode(&tensor, encoding), LIMIT)
+            .expect("a decoded tensor re-encodes and decodes");
+        assert_eq!(again, tensor, "round trip through {encoding:?}");
+    }
+}
+
+/// A REST JSON body: counted before parsing, non-finite numbers allowed as
+/// TF Serving writes them, then each value decoded as a tensor of every
+/// dtype.
+pub fn rest_json(data: &[u8]) {
+    if sluice::tensor::json::check_value_count(data, 10_000, "fuzz").is_err() {
+        return;
+    }
+    let body = sluice::tensor::json::accept_non_finite(data);
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(&body) else { return };
+    let candidates: Vec<&serde_json::Value> = match &value {
+        serde_json::Value::Object(map) => map.values().collect(),
+        other => vec![other],
+    };
+    for candidate in candidates {
+        for dtype in DType::ALL {
+            if let Ok(tensor) = sluice::tensor::json::tensor_from_json(candidate, dtype, "fuzz") {
+                let _ = sluice::tensor::json::tensor_to_json(&tensor);
+            }
+        }
+    }
+}
+
+/// A sluice TOML config.
+pub fn config_toml(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let _ = sluice::config::Config::from_toml(text, "fuzz.toml", std::path::Path::new("/fuzz"));
+}
+
+/// TF Serving's text-format ModelServerConfig and MonitoringConfig.
+pub fn tf_text_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let _ = sluice::config::tf_model_config::parse(text, std::path::Path::new("/fuzz"));
+    let _ = sluice::config::tf_model_config::prometheus_path(text);
+    let _ = sluice::config::Config::from_text(text, "fuzz", std::path::Path::new("/fuzz"));
+}
+
+/// TF Serving's batching parameters file.
+pub fn batching_parameters(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    if let Ok(params) = sluice::config::BatchingParameters::from_text_format(text) {
+        if params.check("fuzz").is_ok() {
+            for rows in [0, 1, params.max_batch_size] {
+                assert!(params.padded_size(rows) >= rows, "padding never shrinks a batch");
+            }
+        }
+    }
+}
+
+/// A KServe v2 raw input: a datatype, a shape and raw bytes.
+pub fn v2_raw(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else { return };
+    let dtype = DType::ALL[usize::from(selector) % DType::ALL.len()];
+    let (shape, raw) = shape_and_rest(rest);
+    if let Ok(tensor) = sluice::tensor::v2::decode_raw(dtype, shape, Bytes::copy_from_slice(raw), LIMIT, "fuzz") {
+        let encoded = sluice::tensor::v2::encode_raw(&tensor);
+        let again = sluice::tensor::v2::decode_raw(dtype, tensor.shape().to_vec(), encoded, LIMIT, "fuzz")
+            .expect("a decoded tensor re-encodes");
+        assert_eq!(again, tensor);
+    }
+}
+
+/// What a plugin returns: tensors of any dtype, shape and bytes, checked
+/// against what it declared, as the host checks them.
+pub fn plugin_outputs(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else { return };
+    let dtype = DType::ALL[usize::from(selector) % DType::ALL.len()];
+    let (shape, bytes) = shape_and_rest(rest);
+    let tensor = if dtype == DType::String {
+        let strings: Vec<Bytes> = bytes.split(|&b| b == 0).map(Bytes::copy_from_slice).collect();
+        Tensor::from_strings(shape.clone(), strings)
+    } else {
+        Tensor::from_bytes(dtype, shape.clone(), Bytes::copy_from_slice(bytes))
+    };
+    let Ok(tensor) = tensor else { return };
+    let declared = [
+        TensorSpec { name: "y".into(), dtype, shape: vec![-1, 4], unknown_rank: false },
+        TensorSpec { name: "y".into(), dtype: DType::F32, shape: vec![-1], unknown_rank: false },
+        TensorSpec { name: "y".into(), dtype, shape: Vec::new(), unknown_rank: true },
+    ];
+    for spec in declared {
+        let _ = check_outputs(&"fuzz", std::slice::from_ref(&spec), &[NamedTensor::new("y", tensor.clone())]);
+    }
+}
+
+/// The admin API's names and the manifests in the plugin store.
+pub fn admin_input(data: &[u8]) {
+    if let Ok(name) = std::str::from_utf8(data) {
+        if sluice::config::check_name("fuzz", name).is_ok() {
+            assert!(!name.contains('/') && !name.starts_with('.'), "a checked name is safe as a file name");
+        }
+    }
+    let _ = serde_json::from_slice::<sluice::plugin::registry::Manifest>(data);
+}
+
+/// A TF Serving warmup file: TFRecord framing of PredictionLog records.
+pub fn warmup_file(data: &[u8]) {
+    let Ok(records) = sluice::models::warmup::tfrecord::records(data) else { return };
+    for record in records {
+        let _ = PredictionLog::decode(record);
+    }
+    let framed = sluice::models::warmup::tfrecord::write(
+        &sluice::models::warmup::tfrecord::records(data)
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.to_vec())
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(framed, data, "records re-frame to the same file");
+}
+
+/// A shape (first byte: rank up to 4; then one byte per dimension) and
+/// the bytes after it.
+fn shape_and_rest(data: &[u8]) -> (Vec<i64>, &[u8]) {
+    let Some((&rank, rest)) = data.split_first() else { return (Vec::new(), data) };
+    let rank = usize::from(rank % 5).min(rest.len());
+    let shape = rest[..rank].iter().map(|&d| i64::from(d) - 1).collect();
+    (shape, &rest[rank..])
+}
