@@ -19,8 +19,11 @@ use sluice::tensor::{DType, NamedTensor, Tensor};
 /// `server.max_tensor_bytes` bounds it in the server.
 const LIMIT: usize = 1 << 20;
 
+/// One target: what it does with its input.
+pub type Target = fn(&[u8]);
+
 /// Every target, by name, for the regression test.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("tensor_proto", tensor_proto),
     ("rest_json", rest_json),
     ("config_toml", config_toml),

@@ -181,6 +181,18 @@ impl Fleet {
         if let Some(version) = self.config.version {
             return Ok(vec![version]);
         }
+        if let Some(label) = &self.config.version_label {
+            // GetModelMetadata resolves a label as Predict does and says
+            // which version it named; GetModelStatus takes no label.
+            let metadata = self.metadata_of(self.spec(None)).await?;
+            return match metadata.model_spec.and_then(|s| s.version_choice) {
+                Some(model_spec::VersionChoice::Version(v)) => Ok(vec![v]),
+                _ => Err(Error::unavailable(format!(
+                    "{} did not say which version label '{label}' names",
+                    self.describe()
+                ))),
+            };
+        }
         let spec = self.spec(None);
         let request = GetModelStatusRequest { model_spec: Some(spec) };
         let deadline = Instant::now() + Duration::from_millis(self.config.timeout_ms);
@@ -202,8 +214,12 @@ impl Fleet {
 
     /// The signature of `version` upstream (GetModelMetadata).
     pub async fn metadata(&self, version: i64) -> Result<GetModelMetadataResponse> {
+        self.metadata_of(self.spec(Some(version))).await
+    }
+
+    async fn metadata_of(&self, spec: ModelSpec) -> Result<GetModelMetadataResponse> {
         let request = GetModelMetadataRequest {
-            model_spec: Some(self.spec(Some(version))),
+            model_spec: Some(spec),
             metadata_field: vec![crate::tensor::proto::SIGNATURE_DEF_FIELD.to_string()],
         };
         let deadline = Instant::now() + Duration::from_millis(self.config.timeout_ms);
@@ -289,8 +305,10 @@ impl Fleet {
                     upstream.succeeded();
                     return Ok(response.into_inner());
                 }
-                Ok(Err(status)) => status,
-                Err(_) => {
+                // tonic enforces the timeout it sends as grpc-timeout too,
+                // and calls its own expiry CANCELLED: it is the deadline.
+                Ok(Err(status)) if !is_client_timeout(&status) => status,
+                Ok(Err(_)) | Err(_) => {
                     upstream.record("DEADLINE_EXCEEDED", started.elapsed());
                     return Err(Error::deadline_exceeded(&format!(
                         "waiting for upstream {} ({what}, model '{}')",
@@ -372,6 +390,11 @@ impl Fleet {
             _ => Error::Internal(message),
         }
     }
+}
+
+/// True when tonic gave up on the call at the timeout it was given.
+fn is_client_timeout(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired"
 }
 
 /// True when the call provably never reached the upstream: no connection
