@@ -247,8 +247,8 @@ async fn a_replica_is_not_ready_until_it_has_the_shared_plugins() {
         .current_dir(root());
     let mut b = ServerProcess::spawn(command, "sluice-b", "sluice: serving HTTP on ", Duration::from_secs(60), true)
         .unwrap_or_else(|e| panic!("{e}"));
-    let http: std::net::SocketAddr =
-        b.stdout_after("sluice: serving HTTP on ").expect("HTTP address").parse().expect("addr");
+    // The address of the line `spawn` waited for.
+    let http = b.addr;
     eventually("B waiting for the shared registry", || {
         let log = b.log();
         log.iter().find(|l| l.contains("waiting for the shared plugin registry")).cloned().ok_or(format!("{log:?}"))
