@@ -22,7 +22,7 @@ use crate::infer::onnx::optimized::CacheOutcome;
 use crate::infer::onnx::OnnxBackend;
 use crate::infer::tfserving::fleet::Fleet;
 use crate::infer::tfserving::TfServingBackend;
-use crate::infer::{Backend, Batch};
+use crate::infer::Backend;
 use crate::metrics::Metrics;
 use crate::tensor::spec::Signature;
 
@@ -153,19 +153,8 @@ impl Loader {
         self.metrics.lifecycle(&config.name).load_seconds.observe(started.elapsed().as_secs_f64());
         tracing::info!(model = %config.name, version, "upstream version connected");
         if self.settings.warmup {
-            let started = Instant::now();
-            let requests = warmup::synthesised(loaded.signature(), &batch_sizes(config))
-                .map_err(|e| e.context(format_args!("warmup of {label}")))?;
-            let count = requests.len();
-            for (i, inputs) in requests.into_iter().enumerate() {
-                loaded
-                    .backend()
-                    .run(Batch::single(inputs))
-                    .await
-                    .map_err(|e| e.context(format_args!("warmup of {label}: request {i} failed")))?;
-            }
-            self.metrics.lifecycle(&config.name).warmup_seconds.observe(started.elapsed().as_secs_f64());
-            tracing::info!(model = %config.name, version, requests = count, from = "zeros, through the upstreams", "warmed up");
+            // Through the upstreams, which also opens the connections.
+            warm_up(&loaded, config, None, self.settings.max_tensor_bytes, &self.metrics).await?;
         }
         Ok(loaded)
     }
@@ -212,22 +201,36 @@ pub fn load_version(
     tracing::info!(model = %config.name, version, elapsed_ms = load_seconds * 1e3, optimized_model_cache = cache, "loaded");
     if settings.warmup {
         let dir = file.parent().unwrap_or(Path::new("."));
-        let started = Instant::now();
-        let (requests, source) = warmup::requests(&loaded, dir, &batch_sizes(config), settings.max_tensor_bytes)
-            .map_err(|e| e.context(format_args!("warmup of {label}")))?;
-        let count = requests.len();
-        warmup::run(&loaded, requests, runtime).map_err(|e| e.context(format_args!("warmup of {label}")))?;
-        metrics.lifecycle(&config.name).warmup_seconds.observe(started.elapsed().as_secs_f64());
-        tracing::info!(
-            model = %config.name,
-            version,
-            requests = count,
-            from = %source,
-            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-            "warmed up"
-        );
+        runtime.block_on(warm_up(&loaded, config, Some(dir), settings.max_tensor_bytes, metrics))?;
     }
     Ok(loaded)
+}
+
+/// Runs `loaded`'s warmup requests (its directory's TF Serving warmup
+/// file, or zeros at each batch size it runs), timed and logged.
+async fn warm_up(
+    loaded: &ModelVersion,
+    config: &ModelConfig,
+    version_dir: Option<&Path>,
+    max_tensor_bytes: usize,
+    metrics: &Metrics,
+) -> Result<()> {
+    let context = |e: Error| e.context(format_args!("warmup of {loaded}"));
+    let started = Instant::now();
+    let (requests, source) =
+        warmup::requests(loaded, version_dir, &batch_sizes(config), max_tensor_bytes).map_err(context)?;
+    let count = requests.len();
+    warmup::run(loaded, requests).await.map_err(context)?;
+    metrics.lifecycle(&config.name).warmup_seconds.observe(started.elapsed().as_secs_f64());
+    tracing::info!(
+        model = %config.name,
+        version = loaded.version(),
+        requests = count,
+        from = %source,
+        elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+        "warmed up"
+    );
+    Ok(())
 }
 
 /// The batch sizes a version runs: the allowed ones when batching pads to

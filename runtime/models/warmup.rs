@@ -31,17 +31,17 @@ pub const MAX_RECORDS: usize = 1000;
 /// than read into memory.
 const MAX_FILE_BYTES: u64 = 256 << 20;
 
-/// The requests to warm `version` up with: its warmup file's when
-/// `version_dir` has one, else zeros at each of `batch_sizes`. Answers
-/// where they came from too, for the log.
+/// The requests to warm `version` up with: its warmup file's when its
+/// directory (none for a version served by upstreams) has one, else zeros
+/// at each of `batch_sizes`. Answers where they came from too, for the log.
 pub fn requests(
     version: &ModelVersion,
-    version_dir: &Path,
+    version_dir: Option<&Path>,
     batch_sizes: &[usize],
     max_tensor_bytes: usize,
 ) -> Result<(Vec<Vec<Tensor>>, String)> {
-    let file = version_dir.join(WARMUP_FILE);
-    if file.is_file() {
+    let file = version_dir.map(|dir| dir.join(WARMUP_FILE)).filter(|file| file.is_file());
+    if let Some(file) = file {
         let requests = from_file(&file, version.signature(), max_tensor_bytes)
             .map_err(|e| e.context(format_args!("warmup file {}", file.display())))?;
         return Ok((requests, file.display().to_string()));
@@ -50,10 +50,12 @@ pub fn requests(
 }
 
 /// Runs each request through `version`; the first failure fails it.
-pub fn run(version: &ModelVersion, requests: Vec<Vec<Tensor>>, runtime: &tokio::runtime::Handle) -> Result<()> {
+pub async fn run(version: &ModelVersion, requests: Vec<Vec<Tensor>>) -> Result<()> {
     for (i, inputs) in requests.into_iter().enumerate() {
-        runtime
-            .block_on(version.backend().run(Batch::single(inputs)))
+        version
+            .backend()
+            .run(Batch::single(inputs))
+            .await
             .map_err(|e| e.context(format_args!("warmup request {i} failed")))?;
     }
     Ok(())

@@ -31,8 +31,9 @@ use crate::tensor::Tensor;
 pub struct TfServingBackend {
     fleet: Arc<Fleet>,
     version: i64,
-    signature: Signature,
-    label: String,
+    // Shared with each call's future, not copied into it.
+    signature: Arc<Signature>,
+    label: Arc<str>,
 }
 
 impl TfServingBackend {
@@ -71,7 +72,7 @@ impl TfServingBackend {
         })?;
         let signature = signature_of_def(def)
             .map_err(|e| e.context(format_args!("{label}: {}: signature '{name}'", fleet.describe())))?;
-        Ok(TfServingBackend { fleet, version, signature, label: label.to_string() })
+        Ok(TfServingBackend { fleet, version, signature: Arc::new(signature), label: label.into() })
     }
 }
 
