@@ -122,11 +122,7 @@ preprocess = {{ plugin = "features", workers = 2 }}
 }
 
 async fn admin(server: &Server, method: Method, path: &str, token: Option<&str>, body: Vec<u8>) -> (StatusCode, Value) {
-    let mut client = RestClient::new(&server.http.to_string()).expect("client");
-    let authorization = token.map(|t| format!("Bearer {t}"));
-    let headers: Vec<(&str, &str)> = authorization.iter().map(|a| ("authorization", a.as_str())).collect();
-    let response = client.call(method, path, &headers, Bytes::from(body)).await.expect("admin call");
-    (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
+    server.admin(method, path, token, body).await
 }
 
 async fn ok(server: &Server, method: Method, path: &str, token: &str, body: Vec<u8>) -> Value {

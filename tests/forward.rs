@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use sluice::proto::tensorflow::serving::{GetModelMetadataRequest, GetModelStatusRequest};
+use sluice::proto::tensorflow::serving::GetModelMetadataRequest;
 use tonic::Code;
 
 fn free_port() -> u16 {
@@ -68,14 +68,8 @@ async fn forwarded_answers_equal_the_upstreams_own_and_batches_travel_as_one_cal
     let server = front(&[port], "batching = { max_batch_size = 16, batch_timeout_micros = 20000 }", "");
 
     // The upstream's version, signature and answers, as its own.
-    let status = server
-        .model_client()
-        .await
-        .get_model_status(GetModelStatusRequest { model_spec: spec("mlp", None) })
-        .await
-        .expect("status")
-        .into_inner();
-    assert_eq!(status.model_version_status.iter().map(|s| (s.version, s.state)).collect::<Vec<_>>(), vec![(2, 30)]);
+    let status = server.model_status("mlp").await;
+    assert_eq!(status.iter().map(|s| (s.version, s.state)).collect::<Vec<_>>(), vec![(2, 30)]);
     let mut client = server.predict_client().await;
     let metadata = client
         .get_model_metadata(GetModelMetadataRequest {
@@ -255,14 +249,8 @@ async fn an_upstream_version_that_does_not_fit_the_pipeline_stays_out_with_the_r
     copy("2", &example_model("cnn", 1));
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let error = loop {
-        let status = server
-            .model_client()
-            .await
-            .get_model_status(GetModelStatusRequest { model_spec: spec("mlp", None) })
-            .await
-            .expect("status")
-            .into_inner();
-        if let Some(two) = status.model_version_status.iter().find(|s| s.version == 2 && s.state == 50) {
+        let status = server.model_status("mlp").await;
+        if let Some(two) = status.iter().find(|s| s.version == 2 && s.state == 50) {
             break two.status.clone().expect("status").error_message;
         }
         assert!(std::time::Instant::now() < deadline, "version 2 never failed: {status:?}");

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::*;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
-use sluice::proto::tensorflow::serving::{GetModelStatusRequest, PredictRequest};
+use sluice::proto::tensorflow::serving::PredictRequest;
 use tonic::Code;
 
 /// A TensorFlow upstream serving the MLP's SavedModels (versions 1 and 2).
@@ -83,14 +83,7 @@ async fn tensorflow_answer(upstream: &ServerProcess, x: &[f32], rows: i64) -> Ve
 async fn forwarded_answers_are_tensorflows_own() {
     let upstream = tensorflow(&[]);
     let server = front(&upstream, "version_policy = \"all\"", "", "");
-    let status = server
-        .model_client()
-        .await
-        .get_model_status(GetModelStatusRequest { model_spec: spec("mlp", None) })
-        .await
-        .expect("status")
-        .into_inner();
-    let mut versions: Vec<(i64, i32)> = status.model_version_status.iter().map(|s| (s.version, s.state)).collect();
+    let mut versions: Vec<(i64, i32)> = server.model_status("mlp").await.iter().map(|s| (s.version, s.state)).collect();
     versions.sort_unstable();
     assert_eq!(versions, vec![(1, 30), (2, 30)], "TensorFlow's versions, AVAILABLE here");
 

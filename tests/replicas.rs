@@ -81,11 +81,7 @@ preprocess = {{ plugin = "features", workers = 2 }}
 }
 
 async fn admin(server: &Server, method: Method, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
-    let mut client = RestClient::new(&server.http.to_string()).expect("client");
-    let authorization = format!("Bearer {OPS}");
-    let response =
-        client.call(method, path, &[("authorization", authorization.as_str())], Bytes::from(body)).await.expect("call");
-    (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
+    server.admin(method, path, Some(OPS), body).await
 }
 
 /// (registry revision, version the `scored` stage runs, its sha256).

@@ -74,15 +74,9 @@ fn serve_polled(repository: &Repository) -> Server {
 
 /// (version, state, error message) of each version GetModelStatus reports.
 async fn statuses(server: &Server, model: &str) -> Vec<(i64, String, String)> {
-    let response = server
-        .model_client()
+    server
+        .model_status(model)
         .await
-        .get_model_status(GetModelStatusRequest { model_spec: spec(model, None) })
-        .await
-        .expect("GetModelStatus")
-        .into_inner();
-    response
-        .model_version_status
         .into_iter()
         .map(|s| {
             let state = match s.state {

@@ -16,7 +16,9 @@ pub use self::process::ServerProcess;
 use bytes::Bytes;
 use sluice::proto::tensorflow::serving::model_service_client::ModelServiceClient;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
-use sluice::proto::tensorflow::serving::{model_spec, ModelSpec, PredictRequest};
+use sluice::proto::tensorflow::serving::{
+    model_spec, GetModelStatusRequest, ModelSpec, ModelVersionStatus, PredictRequest,
+};
 use sluice::proto::tensorflow::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
 use tonic::transport::Channel;
 
@@ -92,6 +94,33 @@ impl Server {
     /// A new ModelService client.
     pub async fn model_client(&self) -> ModelServiceClient<Channel> {
         ModelServiceClient::connect(self.grpc_url()).await.expect("connect")
+    }
+
+    /// GetModelStatus of every version of `model`.
+    pub async fn model_status(&self, model: &str) -> Vec<ModelVersionStatus> {
+        self.model_client()
+            .await
+            .get_model_status(GetModelStatusRequest { model_spec: spec(model, None) })
+            .await
+            .expect("GetModelStatus")
+            .into_inner()
+            .model_version_status
+    }
+
+    /// Calls the admin API with `token` (none: no Authorization header);
+    /// answers the status and the JSON body (null when it is not JSON).
+    pub async fn admin(
+        &self,
+        method: http::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Vec<u8>,
+    ) -> (http::StatusCode, serde_json::Value) {
+        let mut client = sluice::cli::bench::client::RestClient::new(&self.http.to_string()).expect("client");
+        let authorization = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = authorization.iter().map(|a| ("authorization", a.as_str())).collect();
+        let response = client.call(method, path, &headers, Bytes::from(body)).await.expect("admin call");
+        (response.status, serde_json::from_slice(&response.body).unwrap_or(serde_json::Value::Null))
     }
 
     /// The process id, for sending signals.
