@@ -23,6 +23,9 @@ mod process;
 #[allow(dead_code)]
 #[path = "../tests/common/redis.rs"]
 mod redis_server;
+mod support;
+
+use support::arg;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -50,11 +53,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 const IN_FLIGHT: usize = 64;
 const KEYS_PER_REQUEST: usize = 16;
 const ENTITIES: usize = 1000;
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
@@ -414,9 +412,9 @@ async fn pipeline_cost(config_path: &Path, requests: usize, rounds: usize) {
 }
 
 fn main() {
-    let seconds = arg("--seconds", 5) as u64;
-    let requests = arg("--requests", 3000);
-    let rounds = arg("--rounds", 6);
+    let seconds: u64 = arg("--seconds").unwrap_or(5);
+    let requests: usize = arg("--requests").unwrap_or(3000);
+    let rounds: usize = arg("--rounds").unwrap_or(6);
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("temp dir");
     let config = write_tables(dir.path(), &redis.url());

@@ -15,6 +15,9 @@
 #[allow(dead_code)]
 #[path = "../tests/common/process.rs"]
 mod process;
+mod support;
+
+use support::arg;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -37,11 +40,6 @@ use tonic::transport::Channel;
 const GRPC_IN_FLIGHT: usize = 32;
 const CONNECTIONS: usize = 4;
 const REST_IN_FLIGHT: usize = 8;
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn floats(rows: usize) -> Vec<f32> {
     (0..rows * 64).map(|i| (i as f32 * 0.37).sin()).collect()
@@ -216,8 +214,8 @@ async fn rest(addr: String, seconds: u64, rounds: u64) {
 }
 
 fn main() {
-    let seconds = arg("--seconds", 4);
-    let rounds = arg("--rounds", 4);
+    let seconds: u64 = arg("--seconds").unwrap_or(4);
+    let rounds: u64 = arg("--rounds").unwrap_or(4);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut sluice = Command::new(env!("CARGO_BIN_EXE_sluice"));
     sluice

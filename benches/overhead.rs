@@ -17,6 +17,9 @@
 #[allow(dead_code)]
 #[path = "../tests/common/process.rs"]
 mod process;
+mod support;
+
+use support::arg;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -28,11 +31,6 @@ use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
 use sluice::proto::tensorflow::{DataType, TensorProto};
 use sluice::tensor::proto::encode_shape;
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -42,8 +40,8 @@ fn micros(d: Duration) -> f64 {
 }
 
 fn main() {
-    let requests = arg("--requests", 2000);
-    let rounds = arg("--rounds", 10);
+    let requests: usize = arg("--requests").unwrap_or(2000);
+    let rounds: usize = arg("--rounds").unwrap_or(10);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let model_dir = root.join("examples/models/mlp");
     let ready = Duration::from_secs(120);

@@ -11,25 +11,18 @@
 #[allow(dead_code)]
 #[path = "../tests/common/process.rs"]
 mod process;
+mod support;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use process::ServerProcess;
 use sluice::cli::bench::client::RestClient;
-use sluice::cli::bench::inputs::{input_specs, random_pool};
-use sluice::cli::bench::load::{self, LoadPlan};
+use sluice::cli::bench::load::LoadPlan;
 use sluice::cli::bench::stats::Summary;
-use sluice::proto::tensorflow::serving::ModelSpec;
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
-}
+use support::{arg, pool, run, sluice};
 
 fn main() {
-    let duration = Duration::from_secs(arg("--duration").and_then(|d| d.parse().ok()).unwrap_or(60));
+    let duration = Duration::from_secs(arg("--duration").unwrap_or(60));
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("sluice.toml");
@@ -43,21 +36,11 @@ fn main() {
         ),
     )
     .expect("config");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    command
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
-        .arg("--model_config_file")
-        .arg(&config);
-    let server = ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true)
-        .expect("sluice");
+    let server = sluice(&config, &[]);
     let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
     let target = server.url();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let pool = runtime.block_on(async {
-        let spec = ModelSpec { name: "cnn".into(), ..Default::default() };
-        let specs = input_specs(&target, &spec).await.expect("metadata");
-        random_pool(&specs, &spec, 1, &Default::default(), 16, 7).expect("pool")
-    });
+    let pool = pool(&runtime, &target, "cnn");
     let plan = |rps: Option<f64>, concurrency: usize, duration: Duration| LoadPlan {
         target: target.clone(),
         connections: 8,
@@ -69,11 +52,7 @@ fn main() {
         progress: false,
         rest_path: None,
     };
-    let run = |what: &str, plan: LoadPlan| -> Summary {
-        let summary = runtime.block_on(load::run(&plan, pool.requests.clone(), pool.rows)).expect("load");
-        eprintln!("{what}\n  {}", summary.text().replace('\n', "\n  "));
-        summary
-    };
+    let run = |what: &str, plan: LoadPlan| -> Summary { run(&runtime, &plan, &pool, what) };
     let capacity = run("capacity: closed loop, 32 streams", plan(None, 32, Duration::from_secs(10)));
     let rss_before = server.rss_bytes().expect("rss");
     let rate = capacity.requests_per_second * 2.0;

@@ -14,22 +14,16 @@
 #[allow(dead_code)]
 #[path = "../tests/common/process.rs"]
 mod process;
+mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use process::ServerProcess;
-use sluice::cli::bench::inputs::{input_specs, random_pool};
-use sluice::cli::bench::load::{self, LoadPlan};
+use sluice::cli::bench::load::LoadPlan;
 use sluice::cli::bench::stats::Summary;
 use sluice::proto::tensorflow::serving::model_service_client::ModelServiceClient;
 use sluice::proto::tensorflow::serving::{GetModelStatusRequest, ModelSpec};
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
-}
+use support::{arg, pool, run, sluice};
 
 /// The two CNNs versions alternate between (same shape, other weights).
 fn cnn_file(root: &Path, n: i64) -> PathBuf {
@@ -92,20 +86,10 @@ fn measure(
     );
     let config_path = dir.path().join("sluice.toml");
     std::fs::write(&config_path, config).expect("config");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    command
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
-        .args(["--file_system_poll_wait_seconds", "1", "--model_config_file"])
-        .arg(&config_path);
-    let server = ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true)
-        .expect("sluice");
+    let server = sluice(&config_path, &["--file_system_poll_wait_seconds", "1"]);
     let target = server.url();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let pool = runtime.block_on(async {
-        let spec = ModelSpec { name: "cnn".into(), ..Default::default() };
-        let specs = input_specs(&target, &spec).await.expect("metadata");
-        random_pool(&specs, &spec, 1, &Default::default(), 16, 7).expect("pool")
-    });
+    let pool = pool(&runtime, &target, "cnn");
     let plan = LoadPlan {
         target: target.clone(),
         connections: 4,
@@ -117,11 +101,7 @@ fn measure(
         progress: false,
         rest_path: None,
     };
-    let run = |what: &str| -> Summary {
-        let summary = runtime.block_on(load::run(&plan, pool.requests.clone(), pool.rows)).expect("load");
-        eprintln!("{label}, {what}\n  {}", summary.text().replace('\n', "\n  "));
-        summary
-    };
+    let run = |what: &str| -> Summary { run(&runtime, &plan, &pool, &format!("{label}, {what}")) };
     let steady = run("steady");
     // Switches start after the warm-up, spread over the measured time.
     let switcher = {
@@ -164,8 +144,8 @@ fn measure(
 }
 
 fn main() {
-    let duration = Duration::from_secs(arg("--duration").and_then(|d| d.parse().ok()).unwrap_or(10));
-    let switches: i64 = arg("--switches").and_then(|d| d.parse().ok()).unwrap_or(3);
+    let duration = Duration::from_secs(arg("--duration").unwrap_or(10));
+    let switches: i64 = arg("--switches").unwrap_or(3);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let (cached, memory) = measure(&root, "optimised-graph cache on (default)", true, duration, switches);
     let (uncached, _) = measure(&root, "cache off", false, duration, switches);

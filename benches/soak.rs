@@ -20,29 +20,24 @@ mod process;
 #[allow(dead_code)]
 #[path = "../tests/common/redis.rs"]
 mod redis;
+mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Method;
-use process::ServerProcess;
 use sluice::cli::bench::client::RestClient;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use sluice::proto::tensorflow::serving::{model_spec, ModelSpec, PredictRequest};
 use sluice::proto::tensorflow::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
+use support::{arg, sluice};
 
 const TOKEN: &str = "soak-token";
 const INPUTS: usize = 8;
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
-}
 
 fn input(i: usize) -> Vec<f32> {
     (0..64).map(|j| ((i * 64 + j) as f32 * 0.37).sin()).collect()
@@ -114,7 +109,7 @@ fn sample(pid: u32) -> (u64, usize, u64) {
 }
 
 fn main() {
-    let duration = Duration::from_secs(arg("--duration").and_then(|d| d.parse().ok()).unwrap_or(600));
+    let duration = Duration::from_secs(arg("--duration").unwrap_or(600));
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
     let repository = dir.path().join("mlp");
@@ -169,13 +164,7 @@ features = [{{ feature = "x", tensor = "x", default = 0.0 }}]
         ),
     )
     .expect("config");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    command
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
-        .args(["--file_system_poll_wait_seconds", "1", "--model_config_file"])
-        .arg(&config);
-    let server = ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true)
-        .expect("sluice");
+    let server = sluice(&config, &["--file_system_poll_wait_seconds", "1"]);
     let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
     let target = server.url();
     let pid = server.pid();

@@ -11,26 +11,19 @@
 #[allow(dead_code)]
 #[path = "../tests/common/process.rs"]
 mod process;
+mod support;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Method;
-use process::ServerProcess;
 use sluice::cli::bench::client::RestClient;
-use sluice::cli::bench::inputs::{input_specs, random_pool};
-use sluice::cli::bench::load::{self, LoadPlan};
+use sluice::cli::bench::load::LoadPlan;
 use sluice::cli::bench::stats::Summary;
-use sluice::proto::tensorflow::serving::ModelSpec;
+use support::{arg, pool, run, sluice};
 
 const TOKEN: &str = "bench-token";
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
-}
 
 async fn admin(http: &str, method: Method, path: &str, body: Vec<u8>) {
     let mut client = RestClient::new(http).expect("client");
@@ -41,7 +34,7 @@ async fn admin(http: &str, method: Method, path: &str, body: Vec<u8>) {
 }
 
 fn main() {
-    let duration = Duration::from_secs(arg("--duration").and_then(|d| d.parse().ok()).unwrap_or(10));
+    let duration = Duration::from_secs(arg("--duration").unwrap_or(10));
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let built = root.join("target/plugins");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -73,13 +66,7 @@ preprocess = {{ plugin = "features", workers = 2 }}
     );
     let config_path = dir.path().join("sluice.toml");
     std::fs::write(&config_path, config).expect("config");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    command
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
-        .arg("--model_config_file")
-        .arg(&config_path);
-    let server = ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true)
-        .expect("sluice");
+    let server = sluice(&config_path, &[]);
     let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
@@ -99,11 +86,7 @@ preprocess = {{ plugin = "features", workers = 2 }}
         .await;
     });
     let target = server.url();
-    let pool = runtime.block_on(async {
-        let spec = ModelSpec { name: "scored".into(), ..Default::default() };
-        let specs = input_specs(&target, &spec).await.expect("metadata");
-        random_pool(&specs, &spec, 1, &Default::default(), 16, 7).expect("pool")
-    });
+    let pool = pool(&runtime, &target, "scored");
     let plan = LoadPlan {
         target: target.clone(),
         connections: 4,
@@ -115,11 +98,7 @@ preprocess = {{ plugin = "features", workers = 2 }}
         progress: false,
         rest_path: None,
     };
-    let run = |label: &str| -> Summary {
-        let summary = runtime.block_on(load::run(&plan, pool.requests.clone(), pool.rows)).expect("load");
-        eprintln!("{label}\n  {}", summary.text().replace('\n', "\n  "));
-        summary
-    };
+    let run = |label: &str| -> Summary { run(&runtime, &plan, &pool, label) };
     let steady = run("steady: 16 streams, no swaps");
     // Swaps start after the warm-up, spread over the measured time.
     let swapper = {

@@ -15,6 +15,9 @@
 #[allow(dead_code)]
 #[path = "../tests/common/process.rs"]
 mod process;
+mod support;
+
+use support::arg;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,11 +29,6 @@ use sluice::cli::bench::inputs::{input_specs, random_pool, rest_bodies, RequestP
 use sluice::cli::bench::load::{self, LoadPlan};
 use sluice::cli::bench::stats::Summary;
 use sluice::proto::tensorflow::serving::ModelSpec;
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
-}
 
 /// The server's sessions, and the raw baseline's threads.
 const SESSIONS: usize = 2;
@@ -210,8 +208,8 @@ impl Bench {
 }
 
 fn main() {
-    let duration = Duration::from_secs(arg("--duration").and_then(|d| d.parse().ok()).unwrap_or(8));
-    let only = arg("--only").unwrap_or_else(|| "cnn,mlp,rest,pipeline,plugin,latency,overload".to_string());
+    let duration = Duration::from_secs(arg("--duration").unwrap_or(8));
+    let only: String = arg("--only").unwrap_or_else(|| "cnn,mlp,rest,pipeline,plugin,latency,overload".to_string());
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
     let config_path = dir.path().join("bench.toml");
