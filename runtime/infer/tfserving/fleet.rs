@@ -322,7 +322,7 @@ impl Fleet {
                 tried.push(i);
                 continue;
             }
-            if status.code() == tonic::Code::Unavailable {
+            if lost_upstream(&status) {
                 upstream.failed(status.message(), self.config.eject_after_failures);
             }
             return Err(self.answer(what, &upstream.address, status));
@@ -381,15 +381,22 @@ impl Fleet {
             tonic::Code::FailedPrecondition => Error::FailedPrecondition(message),
             tonic::Code::ResourceExhausted => Error::LimitExceeded(message),
             tonic::Code::DeadlineExceeded => Error::deadline_exceeded(&message),
-            tonic::Code::Unavailable => Error::Unavailable(message),
+            _ if lost_upstream(&status) => Error::Unavailable(message),
             tonic::Code::Unimplemented => Error::Unimplemented(message),
-            tonic::Code::Cancelled => Error::Cancelled(message),
             tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
                 Error::Internal(format!("{message} (sluice is not allowed to call it)"))
             }
             _ => Error::Internal(message),
         }
     }
+}
+
+/// True when the upstream could not answer: UNAVAILABLE, or CANCELLED,
+/// which is what the client stack says when the connection drops under a
+/// call (the upstream died mid-call). The client did not cancel anything;
+/// for it the upstream is unavailable, and it counts toward ejection.
+fn lost_upstream(status: &tonic::Status) -> bool {
+    matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Cancelled)
 }
 
 /// True when tonic gave up on the call at the timeout it was given.
