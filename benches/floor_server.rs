@@ -6,14 +6,19 @@
 //! queues, inference). Its latency is the transport floor and its
 //! throughput the ceiling that sluice's figures are measured against.
 //!
+//! With `--raw` it is leaner still: an echo server that neither decodes
+//! the request nor encodes the response (fixed bytes, encoded once), so
+//! what is left is HTTP/2 and gRPC framing alone.
+//!
 //! ```text
-//! floor-server --port 9000 --rows 1 --cols 10
+//! floor-server --port 9000 --rows 1 --cols 10 [--raw]
 //! ```
 
 use std::sync::Arc;
 
 use clap::Parser;
 use sluice::api::grpc::served_spec;
+use sluice::cli::bench::client::{RawCodec, PREDICT_PATH};
 use sluice::config::OutputEncoding;
 use sluice::proto::tensorflow::serving::prediction_service_server::{PredictionService, PredictionServiceServer};
 use sluice::proto::tensorflow::serving::{
@@ -47,6 +52,54 @@ struct Args {
     /// Name the response's model_spec carries.
     #[arg(long, default_value = "mlp")]
     model: String,
+    /// Answer fixed bytes without decoding the request or encoding the
+    /// response.
+    #[arg(long)]
+    raw: bool,
+}
+
+/// The `--raw` floor: Predict answered with bytes encoded once.
+#[derive(Clone)]
+struct RawFloor {
+    response: bytes::Bytes,
+}
+
+impl tonic::server::UnaryService<bytes::Bytes> for RawFloor {
+    type Response = bytes::Bytes;
+    type Future = std::future::Ready<Result<Response<bytes::Bytes>, Status>>;
+
+    fn call(&mut self, _request: Request<bytes::Bytes>) -> Self::Future {
+        std::future::ready(Ok(Response::new(self.response.clone())))
+    }
+}
+
+impl<B> tower::Service<http::Request<B>> for RawFloor
+where
+    B: tonic::codegen::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let floor = self.clone();
+        Box::pin(async move {
+            if request.uri().path() != PREDICT_PATH {
+                return Ok(Status::unimplemented("floor-server --raw answers Predict only").into_http());
+            }
+            let mut grpc = tonic::server::Grpc::new(RawCodec);
+            Ok(grpc.unary(floor, request).await)
+        })
+    }
+}
+
+impl tonic::server::NamedService for RawFloor {
+    const NAME: &'static str = "tensorflow.serving.PredictionService";
 }
 
 struct Floor {
@@ -83,6 +136,16 @@ async fn main() -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     println!("floor-server: serving gRPC on {addr}");
+    if args.raw {
+        let response = bytes::Bytes::from(prost::Message::encode_to_vec(&response));
+        tonic::transport::Server::builder()
+            .add_service(RawFloor { response })
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        return Ok(());
+    }
     tonic::transport::Server::builder()
         .add_service(
             PredictionServiceServer::new(Floor { response: Arc::new(response) })

@@ -124,7 +124,8 @@ struct ServeArgs {
     model_config_file: Option<PathBuf>,
 
     /// Batch requests to every model that has no batching of its own in the
-    /// config file, with --batching_parameters_file or the defaults.
+    /// config file: as --batching_parameters_file says, or, without one,
+    /// in auto mode (batch sizes and waits learned to a 10 ms target).
     /// (`--enable_batching` or `--enable_batching=true`, as TF Serving.)
     #[arg(long = "enable_batching", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     enable_batching: bool,
@@ -298,7 +299,8 @@ impl ServeArgs {
         if self.enable_batching {
             let params = match &self.batching_parameters_file {
                 Some(path) => BatchingParameters::from_file(path).map_err(anyhow::Error::msg)?,
-                None => BatchingParameters::default(),
+                // No parameters to tune: the batcher learns them.
+                None => BatchingParameters::auto(),
             };
             config.lifecycle.model_defaults.batching = Some(params);
         }

@@ -4,6 +4,7 @@
 //! Components take their handles once, when they are built (`Family` lookups
 //! hash and lock), and update them on the hot path with atomics only.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -37,6 +38,20 @@ pub struct ModelLabels {
     /// Version number.
     pub version: String,
 }
+
+/// Labels of one point of a model version's latency curve.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CurveLabels {
+    /// Model name.
+    pub model: String,
+    /// Version number.
+    pub version: String,
+    /// Rows in the batch, padding included.
+    pub batch_size: String,
+}
+
+/// A gauge of seconds or rates.
+pub type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Labels of a model.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -282,6 +297,16 @@ pub struct Metrics {
     pub connections_open: Family<PortLabels, Gauge>,
     /// Connections closed at once because `max_connections` were open.
     pub connections_refused: Family<PortLabels, Counter>,
+    /// Auto batching: the rows a batch waits for now.
+    pub batch_auto_want_rows: Family<ModelLabels, Gauge>,
+    /// Auto batching: the largest batch within the latency target now.
+    pub batch_auto_cap_rows: Family<ModelLabels, Gauge>,
+    /// Auto batching: how long the last batch planned to wait.
+    pub batch_auto_wait_seconds: Family<ModelLabels, FloatGauge>,
+    /// Auto batching: rows arriving per second.
+    pub batch_arrival_rate: Family<ModelLabels, FloatGauge>,
+    /// Auto batching: the learned seconds per batch, by batch size.
+    pub batch_latency_estimate: Family<CurveLabels, FloatGauge>,
     /// The shared plugin registry's revision this replica serves.
     pub plugin_registry_revision: Gauge,
     /// Syncs with the shared plugin registry that failed.
@@ -326,6 +351,11 @@ impl Metrics {
             upstream_healthy: Family::default(),
             connections_open: Family::default(),
             connections_refused: Family::default(),
+            batch_auto_want_rows: Family::default(),
+            batch_auto_cap_rows: Family::default(),
+            batch_auto_wait_seconds: Family::default(),
+            batch_arrival_rate: Family::default(),
+            batch_latency_estimate: Family::default(),
             plugin_registry_revision: Gauge::default(),
             plugin_registry_sync_failures: Counter::default(),
             registry: Registry::default(),
@@ -477,7 +507,45 @@ impl Metrics {
             "Syncs with the shared plugin registry that failed",
             metrics.plugin_registry_sync_failures.clone(),
         );
+        registry.register(
+            "sluice_batch_auto_want_rows",
+            "Auto batching: the rows a batch of a model version waits for now (1: no waiting)",
+            metrics.batch_auto_want_rows.clone(),
+        );
+        registry.register(
+            "sluice_batch_auto_cap_rows",
+            "Auto batching: the largest batch of a model version that runs within the latency target",
+            metrics.batch_auto_cap_rows.clone(),
+        );
+        registry.register(
+            "sluice_batch_auto_wait_seconds",
+            "Auto batching: how long the last batch planned to wait for more rows",
+            metrics.batch_auto_wait_seconds.clone(),
+        );
+        registry.register(
+            "sluice_batch_arrival_rows_per_second",
+            "Auto batching: rows arriving at a model version per second (moving average)",
+            metrics.batch_arrival_rate.clone(),
+        );
+        registry.register(
+            "sluice_batch_latency_estimate_seconds",
+            "Auto batching: the learned seconds a model version takes per batch, by batch size",
+            metrics.batch_latency_estimate.clone(),
+        );
         Arc::new(Metrics { registry, ..metrics })
+    }
+
+    /// The auto batching handles of one model version.
+    pub fn batch_plan(&self, model: &str, version: i64) -> BatchPlanMetrics {
+        let labels = ModelLabels { model: model.to_string(), version: version.to_string() };
+        BatchPlanMetrics {
+            want_rows: self.batch_auto_want_rows.get_or_create_owned(&labels),
+            cap_rows: self.batch_auto_cap_rows.get_or_create_owned(&labels),
+            wait_seconds: self.batch_auto_wait_seconds.get_or_create_owned(&labels),
+            arrival_rate: self.batch_arrival_rate.get_or_create_owned(&labels),
+            curve: self.batch_latency_estimate.clone(),
+            labels,
+        }
     }
 
     /// The lifecycle metrics of model `model`.
@@ -700,6 +768,36 @@ pub struct ModelMetrics {
     pub batch_rows: Histogram,
     /// Padding rows added.
     pub padding_rows: Counter,
+}
+
+/// The auto batcher's choices for one model version, resolved once.
+#[derive(Clone)]
+pub struct BatchPlanMetrics {
+    /// Rows a batch waits for.
+    pub want_rows: Gauge,
+    /// The largest batch within the target.
+    pub cap_rows: Gauge,
+    /// The last planned wait.
+    pub wait_seconds: FloatGauge,
+    /// Rows arriving per second.
+    pub arrival_rate: FloatGauge,
+    curve: Family<CurveLabels, FloatGauge>,
+    labels: ModelLabels,
+}
+
+impl BatchPlanMetrics {
+    /// Publishes the learned latency at each measured batch size (off the
+    /// request path: a family lookup per point).
+    pub fn publish_curve(&self, points: &[(usize, f64)]) {
+        for &(batch_size, seconds) in points {
+            let labels = CurveLabels {
+                model: self.labels.model.clone(),
+                version: self.labels.version.clone(),
+                batch_size: batch_size.to_string(),
+            };
+            self.curve.get_or_create(&labels).set(seconds);
+        }
+    }
 }
 
 /// sluice's series that TF Serving users know under another name: the

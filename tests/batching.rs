@@ -291,3 +291,39 @@ fn a_bad_batching_parameters_file_is_refused_with_the_key_and_allowed_keys_named
         }
     }
 }
+
+#[tokio::test]
+async fn enable_batching_without_a_file_batches_in_auto_mode_row_for_row() {
+    let server = std::sync::Arc::new(Server::start(&[
+        "--model_name",
+        "mlp",
+        "--model_base_path",
+        "examples/models/mlp",
+        "--enable_batching",
+    ]));
+    let mut total_rows = 0.0;
+    for wave in 0..4u64 {
+        let mut tasks = Vec::new();
+        for i in 0..48u64 {
+            let rows = 1 + (i % 5) as i64;
+            total_rows += rows as f64;
+            let server = server.clone();
+            // Each answer is compared with ONNX Runtime's on the request alone.
+            tasks.push(tokio::spawn(async move { mlp_answer(&server, rows, wave * 100 + i).await }));
+        }
+        for task in tasks {
+            task.await.expect("task").expect("predict");
+        }
+    }
+    let metrics = server.metrics().await;
+    let series = r#"{model="mlp",version="2"}"#;
+    assert_eq!(metric_value(&metrics, &format!("sluice_batch_rows_sum{series}")), total_rows, "{metrics}");
+    // The plan and the learned curve are exported: warmup measured the
+    // model at 1, 2, 4, … 32 rows (auto mode's default largest batch).
+    assert!(metric_value(&metrics, &format!("sluice_batch_auto_cap_rows{series}")) >= 1.0, "{metrics}");
+    assert!(metrics.contains(&format!("sluice_batch_arrival_rows_per_second{series}")), "{metrics}");
+    for size in [1, 2, 4, 8, 16, 32] {
+        let point = format!(r#"sluice_batch_latency_estimate_seconds{{model="mlp",version="2",batch_size="{size}"}}"#);
+        assert!(metric_value(&metrics, &point) > 0.0, "{point} missing: {metrics}");
+    }
+}

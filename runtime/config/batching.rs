@@ -1,6 +1,7 @@
 //! Batching parameters, as TF Serving names them, read from TOML or from
 //! TF Serving's own `--batching_parameters_file` (protobuf text format), so
-//! a TF Serving user can bring their file unchanged.
+//! a TF Serving user can bring their file unchanged; and sluice's auto
+//! mode, which needs no parameter but a latency target.
 
 use std::path::Path;
 
@@ -9,15 +10,35 @@ use serde::Deserialize;
 use crate::error::{ConfigError, Invalid};
 use crate::invalid;
 
+/// How a batch's size and wait are chosen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchingMode {
+    /// As TF Serving: wait up to `batch_timeout_micros` for up to
+    /// `max_batch_size` rows.
+    #[default]
+    Fixed,
+    /// Learned: the batcher measures the model at each batch size and the
+    /// arrival rate, and chooses each batch's size and wait so that
+    /// queueing plus inference stays within `latency_target_ms`.
+    Auto,
+}
+
 /// How requests to one model version are batched.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchingParameters {
-    /// Most rows in one batch; larger requests are split.
+    /// Fixed (TF Serving's parameters) or auto.
+    pub mode: BatchingMode,
+    /// Auto mode: what a request may spend waiting for its batch and
+    /// running in it, in milliseconds. Default 10.
+    pub latency_target_ms: Option<u64>,
+    /// Most rows in one batch; larger requests are split. In auto mode,
+    /// the most the batcher may choose.
     pub max_batch_size: usize,
-    /// How long the first request of a batch waits for others, when a
-    /// batch thread is free. 0: take what is there.
-    pub batch_timeout_micros: u64,
+    /// Fixed mode: how long the first request of a batch waits for others,
+    /// when a batch thread is free. 0: take what is there. Default 1000.
+    pub batch_timeout_micros: Option<u64>,
     /// Batches' worth of rows that may wait; beyond that, requests are
     /// refused with RESOURCE_EXHAUSTED.
     pub max_enqueued_batches: usize,
@@ -31,8 +52,10 @@ pub struct BatchingParameters {
 impl Default for BatchingParameters {
     fn default() -> Self {
         BatchingParameters {
+            mode: BatchingMode::Fixed,
+            latency_target_ms: None,
             max_batch_size: 32,
-            batch_timeout_micros: 1000,
+            batch_timeout_micros: None,
             max_enqueued_batches: 16,
             num_batch_threads: 0,
             allowed_batch_sizes: Vec::new(),
@@ -48,9 +71,54 @@ const KEYS: &[&str] =
 /// load as they are.
 const IGNORED_KEYS: &[&str] = &["thread_pool_name", "pad_variable_length_inputs", "enable_large_batch_splitting"];
 
+/// Fixed mode's wait when none is given, as TF Serving's default.
+const DEFAULT_TIMEOUT_MICROS: u64 = 1000;
+
+/// Auto mode's latency target when none is given.
+const DEFAULT_LATENCY_TARGET_MS: u64 = 10;
+
+/// The longest latency target accepted: beyond it a client has long given up.
+const MAX_LATENCY_TARGET_MS: u64 = 60_000;
+
 impl BatchingParameters {
+    /// Auto mode with its defaults: what `--enable_batching` gives
+    /// without a parameters file.
+    pub fn auto() -> BatchingParameters {
+        BatchingParameters { mode: BatchingMode::Auto, ..BatchingParameters::default() }
+    }
+
+    /// Fixed mode: how long a batch's first request waits for others.
+    pub fn timeout_micros(&self) -> u64 {
+        self.batch_timeout_micros.unwrap_or(DEFAULT_TIMEOUT_MICROS)
+    }
+
+    /// Auto mode: the latency target.
+    pub fn latency_target(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.latency_target_ms.unwrap_or(DEFAULT_LATENCY_TARGET_MS))
+    }
+
     /// Checks ranges and the allowed sizes; `key` prefixes the messages.
     pub fn check(&self, key: &str) -> Result<(), Invalid> {
+        match (self.mode, self.batch_timeout_micros, self.latency_target_ms) {
+            (BatchingMode::Auto, Some(micros), _) => {
+                return Err(invalid!(
+                    "{key}.batch_timeout_micros = {micros}: mode = \"auto\" chooses each batch's wait itself; \
+                     leave batch_timeout_micros out, or set mode = \"fixed\""
+                ));
+            }
+            (BatchingMode::Fixed, _, Some(ms)) => {
+                return Err(invalid!(
+                    "{key}.latency_target_ms = {ms}: only mode = \"auto\" batches to a latency target; \
+                     set mode = \"auto\" (and leave batch_timeout_micros out)"
+                ));
+            }
+            (BatchingMode::Auto, None, Some(ms)) if ms == 0 || ms > MAX_LATENCY_TARGET_MS => {
+                return Err(invalid!(
+                    "{key}.latency_target_ms = {ms}: must be between 1 and {MAX_LATENCY_TARGET_MS} milliseconds"
+                ));
+            }
+            _ => {}
+        }
         if self.max_batch_size == 0 {
             return Err(invalid!("{key}.max_batch_size = 0: must be at least 1"));
         }
@@ -129,7 +197,9 @@ impl BatchingParameters {
             };
             match key.as_str() {
                 "max_batch_size" => params.max_batch_size = number("a positive integer")? as usize,
-                "batch_timeout_micros" => params.batch_timeout_micros = number("microseconds, an integer >= 0")?,
+                "batch_timeout_micros" => {
+                    params.batch_timeout_micros = Some(number("microseconds, an integer >= 0")?);
+                }
                 "max_enqueued_batches" => params.max_enqueued_batches = number("a positive integer")? as usize,
                 "num_batch_threads" => params.num_batch_threads = number("an integer >= 0")? as usize,
                 "allowed_batch_sizes" => allowed.push(number("a positive integer")? as usize),
@@ -270,8 +340,10 @@ mod tests {
         assert_eq!(
             params,
             BatchingParameters {
+                mode: BatchingMode::Fixed,
+                latency_target_ms: None,
                 max_batch_size: 64,
-                batch_timeout_micros: 500,
+                batch_timeout_micros: Some(500),
                 max_enqueued_batches: 100,
                 num_batch_threads: 4,
                 allowed_batch_sizes: vec![16, 32, 64],
@@ -293,6 +365,25 @@ mod tests {
         assert!(err.0.contains("positive integer"), "{err}");
         let err = BatchingParameters::from_text_format("max_batch_size { size: 3 }").unwrap_err();
         assert!(err.0.contains("value: N"), "{err}");
+    }
+
+    #[test]
+    fn auto_mode_takes_a_target_and_no_timeout() {
+        let auto: BatchingParameters = toml::from_str("mode = \"auto\"\nlatency_target_ms = 25").unwrap();
+        assert_eq!(auto.mode, BatchingMode::Auto);
+        assert!(auto.check("b").is_ok());
+        assert_eq!(auto.latency_target(), std::time::Duration::from_millis(25));
+        assert_eq!(BatchingParameters::auto().latency_target(), std::time::Duration::from_millis(10));
+        let both: BatchingParameters = toml::from_str("mode = \"auto\"\nbatch_timeout_micros = 500").unwrap();
+        let err = both.check("models.cnn.batching").unwrap_err();
+        assert!(err.0.contains("models.cnn.batching.batch_timeout_micros = 500"), "{err}");
+        assert!(err.0.contains("mode = \"auto\" chooses"), "{err}");
+        let fixed: BatchingParameters = toml::from_str("latency_target_ms = 5").unwrap();
+        assert!(fixed.check("b").unwrap_err().0.contains("only mode = \"auto\""));
+        let zero: BatchingParameters = toml::from_str("mode = \"auto\"\nlatency_target_ms = 0").unwrap();
+        assert!(zero.check("b").unwrap_err().0.contains("between 1 and 60000"));
+        let err = toml::from_str::<BatchingParameters>("mode = \"fast\"").unwrap_err().to_string();
+        assert!(err.contains("fixed") && err.contains("auto"), "{err}");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use serde::Deserialize;
 pub use crate::error::{ConfigError, Invalid};
 use crate::invalid;
 
-pub use self::batching::BatchingParameters;
+pub use self::batching::{BatchingMode, BatchingParameters};
 pub use self::features::{FeatureFetchConfig, FeaturesConfig};
 pub use self::lifecycle::{LifecycleConfig, ModelDefaults};
 pub use self::onnx::OnnxOptions;

@@ -6,8 +6,10 @@
 //! validated against its [`Signature`] — and returns the outputs for the
 //! whole batch; the batcher in `pipeline/` splits them per request. Backends
 //! do their blocking work on threads of their own, so `run` is a future the
-//! async runtime only waits on.
+//! async runtime only waits on. [`latency`] keeps what each batch size
+//! costs a model version, for the auto batcher.
 
+pub mod latency;
 pub mod onnx;
 pub mod tfserving;
 
@@ -51,6 +53,10 @@ impl Batch {
     }
 }
 
+/// What to do with a batch's outputs, called once on whichever thread
+/// finished the batch.
+pub type Completion = Box<dyn FnOnce(Result<Vec<Tensor>>) + Send>;
+
 /// Something that runs batches through one version of a model.
 pub trait Backend: Send + Sync + 'static {
     /// The model's inputs and outputs.
@@ -60,4 +66,14 @@ pub trait Backend: Send + Sync + 'static {
     /// whole (padded) batch. Waits for a free worker when all are busy: the
     /// queues in front of the backend are where requests are refused.
     fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>>;
+
+    /// Runs a batch and hands its outputs to `done`. A backend with threads
+    /// of its own calls `done` on the thread that ran the batch, so the
+    /// batch's requests are woken straight from there, with no task in
+    /// between. This default runs `run` on the async runtime. Call it from
+    /// within the runtime.
+    fn submit(&self, batch: Batch, done: Completion) {
+        let running = self.run(batch);
+        tokio::spawn(async move { done(running.await) });
+    }
 }

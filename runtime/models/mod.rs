@@ -16,8 +16,9 @@ use std::time::Instant;
 
 use tokio::sync::Semaphore;
 
-use crate::config::ModelConfig;
+use crate::config::{BatchingMode, ModelConfig};
 use crate::error::{Error, Result};
+use crate::infer::latency::LatencyCurve;
 use crate::infer::onnx::optimized::CacheOutcome;
 use crate::infer::onnx::OnnxBackend;
 use crate::infer::tfserving::fleet::Fleet;
@@ -43,6 +44,8 @@ pub struct ModelVersion {
     model: Arc<str>,
     version: i64,
     backend: Arc<dyn Backend>,
+    /// What its runs cost at each batch size, for the auto batcher.
+    latency: LatencyCurve,
 }
 
 impl fmt::Display for ModelVersion {
@@ -54,7 +57,7 @@ impl fmt::Display for ModelVersion {
 impl ModelVersion {
     /// Wraps a loaded backend.
     pub fn new(model: impl Into<Arc<str>>, version: i64, backend: Arc<dyn Backend>) -> ModelVersion {
-        ModelVersion { model: model.into(), version, backend }
+        ModelVersion { model: model.into(), version, backend, latency: LatencyCurve::new() }
     }
 
     /// The model's name.
@@ -80,6 +83,12 @@ impl ModelVersion {
     /// The backend that runs this version.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    /// What its runs have cost at each batch size: seeded by warmup,
+    /// updated by the batcher after every batch.
+    pub fn latency(&self) -> &LatencyCurve {
+        &self.latency
     }
 }
 
@@ -234,11 +243,22 @@ async fn warm_up(
 }
 
 /// The batch sizes a version runs: the allowed ones when batching pads to
-/// them, else 1 and the largest batch; 1 when it does not batch.
+/// them; under auto batching, 1, 2, 4, … up to the largest batch, which
+/// seeds the curve the batcher plans with; else 1 and the largest batch;
+/// 1 when it does not batch.
 pub fn batch_sizes(config: &ModelConfig) -> Vec<usize> {
     match &config.batching {
         None => vec![1],
         Some(params) if !params.allowed_batch_sizes.is_empty() => params.allowed_batch_sizes.clone(),
+        Some(params) if params.mode == BatchingMode::Auto => {
+            let max = params.max_batch_size.max(1);
+            let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |&n| n.checked_mul(2))
+                .take_while(|&n| n < max)
+                .chain(std::iter::once(max))
+                .collect();
+            sizes.dedup();
+            sizes
+        }
         Some(params) => {
             let mut sizes = vec![1, params.max_batch_size.max(1)];
             sizes.dedup();

@@ -42,12 +42,13 @@ impl InferenceStage {
             let (model, number) = (version.model(), version.version());
             let threads = if params.num_batch_threads == 0 { config.onnx.sessions } else { params.num_batch_threads };
             Batcher::start(
-                version.backend().clone(),
+                version.clone(),
                 params.clone(),
                 threads,
                 format!("the batch queue of model '{model}' version {number}"),
                 metrics.queue(&format!("{model}/{number}/batch")),
                 metrics.model(model, number),
+                metrics.batch_plan(model, number),
             )
         });
         InferenceStage { version, batcher }

@@ -7,6 +7,7 @@
 //! knee. Requests come from a JSON file or are made up from the model's
 //! signature; they are encoded once and sent as bytes ([`client`]).
 
+pub mod batching;
 pub mod client;
 pub mod inputs;
 pub mod load;
@@ -99,6 +100,11 @@ pub struct BenchArgs {
     /// Step mode: write an HTML report with the throughput/latency chart.
     #[arg(long)]
     pub report: Option<PathBuf>,
+    /// The server's metrics (`http://127.0.0.1:8501/metrics`), read at the
+    /// end of the run to show what its auto batcher chose. Default: the
+    /// --rest address's, when given.
+    #[arg(long)]
+    pub metrics: Option<String>,
 }
 
 /// `NAME=1x224x224x3`.
@@ -166,12 +172,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         timeout: args.timeout,
         progress: !args.json,
     };
+    let metrics_url = args.metrics.clone().or_else(|| args.rest.as_ref().map(|rest| format!("{rest}/metrics")));
     if !args.step {
         let summary = load::run(&plan, pool.requests, pool.rows).await?;
+        let batching = auto_batching(metrics_url.as_deref(), &args.model).await;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&summary).map_err(anyhow::Error::new)?);
+            let mut out = serde_json::to_value(&summary).map_err(anyhow::Error::new)?;
+            if let Some(fields) = out.as_object_mut() {
+                fields.insert("auto_batching".into(), serde_json::to_value(&batching).map_err(anyhow::Error::new)?);
+            }
+            println!("{}", serde_json::to_string_pretty(&out).map_err(anyhow::Error::new)?);
         } else {
-            print!("{}", summary.text());
+            print!("{}{}", summary.text(), batching::text(&batching));
         }
         return Ok(());
     }
@@ -206,8 +218,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         rate *= 1.0 + args.step_percent / 100.0;
     }
     let knee = steps.iter().rev().find(|s| s.within_limits);
+    let batching = auto_batching(metrics_url.as_deref(), &args.model).await;
     if args.json {
-        let out = serde_json::json!({ "steps": steps, "knee": knee });
+        let out = serde_json::json!({ "steps": steps, "knee": knee, "auto_batching": batching });
         println!("{}", serde_json::to_string_pretty(&out).map_err(anyhow::Error::new)?);
     } else {
         match knee {
@@ -217,6 +230,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             ),
             None => println!("knee: even the first step crossed a limit; start lower"),
         }
+        print!("{}", batching::text(&batching));
     }
     if let Some(path) = &args.report {
         let title = format!("sluice bench: {} at {}", args.model, args.target);
@@ -227,6 +241,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The auto batchers of `model`, when the metrics can be read; a run's
+/// figures stand without them, so a failure is only reported.
+async fn auto_batching(metrics_url: Option<&str>, model: &str) -> Vec<batching::AutoBatching> {
+    let Some(url) = metrics_url else { return Vec::new() };
+    batching::fetch(url, model).await.unwrap_or_else(|error| {
+        eprintln!("sluice bench: could not read the server's metrics at {url}: {error}");
+        Vec::new()
+    })
 }
 
 #[cfg(test)]

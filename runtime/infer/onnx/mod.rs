@@ -21,7 +21,7 @@ use ort::session::{Session, SessionInputValue};
 use ort::value::ValueType;
 use tokio::sync::oneshot;
 
-use super::{Backend, Batch};
+use super::{Backend, Batch, Completion};
 use crate::config::onnx::{ExecutionProvider, OnnxOptions};
 use crate::error::{Error, Result};
 use crate::metrics::ModelMetrics;
@@ -32,7 +32,30 @@ use self::optimized::CacheOutcome;
 
 struct Job {
     batch: Batch,
-    reply: oneshot::Sender<Result<Vec<Tensor>>>,
+    reply: Reply,
+}
+
+/// Where a batch's outputs go.
+enum Reply {
+    /// To a task awaiting them (`run`).
+    Waiting(oneshot::Sender<Result<Vec<Tensor>>>),
+    /// To a completion called on the inference thread (`submit`).
+    Done(Completion),
+}
+
+impl Reply {
+    fn abandoned(&self) -> bool {
+        matches!(self, Reply::Waiting(sender) if sender.is_closed())
+    }
+
+    fn send(self, result: Result<Vec<Tensor>>) {
+        match self {
+            Reply::Waiting(sender) => {
+                let _ = sender.send(result);
+            }
+            Reply::Done(done) => done(result),
+        }
+    }
 }
 
 /// One model version in ONNX Runtime.
@@ -132,12 +155,32 @@ impl Backend for OnnxBackend {
         let jobs = self.jobs.clone();
         Box::pin(async move {
             let (reply, answer) = oneshot::channel();
-            jobs.send(Job { batch, reply })
-                .await
-                .map_err(|_| Error::unavailable("the model version is being unloaded"))?;
+            jobs.send(Job { batch, reply: Reply::Waiting(reply) }).await.map_err(|_| unloading())?;
             answer.await.map_err(|_| Error::internal("the inference thread stopped before answering"))?
         })
     }
+
+    fn submit(&self, batch: Batch, done: Completion) {
+        let job = Job { batch, reply: Reply::Done(done) };
+        match self.jobs.try_send(job) {
+            Ok(()) => {}
+            // More batches in flight than sessions (num_batch_threads above
+            // sessions): wait for a place off the caller's path.
+            Err(async_channel::TrySendError::Full(job)) => {
+                let jobs = self.jobs.clone();
+                tokio::spawn(async move {
+                    if let Err(async_channel::SendError(job)) = jobs.send(job).await {
+                        job.reply.send(Err(unloading()));
+                    }
+                });
+            }
+            Err(async_channel::TrySendError::Closed(job)) => job.reply.send(Err(unloading())),
+        }
+    }
+}
+
+fn unloading() -> Error {
+    Error::unavailable("the model version is being unloaded")
 }
 
 fn build_session(
@@ -245,7 +288,7 @@ fn signature_of(session: &Session) -> Result<Signature> {
 
 fn inference_thread(mut session: Session, queue: async_channel::Receiver<Job>, metrics: ModelMetrics) {
     while let Ok(job) = queue.recv_blocking() {
-        if job.reply.is_closed() {
+        if job.reply.abandoned() {
             // Everyone waiting for this batch has gone (cancelled or timed out).
             continue;
         }
@@ -254,7 +297,7 @@ fn inference_thread(mut session: Session, queue: async_channel::Receiver<Job>, m
             .unwrap_or_else(|_| Err(Error::internal("ONNX Runtime panicked while running the model")));
         metrics.runs.inc();
         metrics.seconds.observe(started.elapsed().as_secs_f64());
-        let _ = job.reply.send(result);
+        job.reply.send(result);
     }
 }
 

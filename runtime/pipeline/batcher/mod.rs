@@ -1,0 +1,693 @@
+//! The dynamic batcher of one model version.
+//!
+//! One task owns the queue of waiting requests and forms batches as its
+//! [`plan`] says: a batch closes when it holds the rows the plan wants, or
+//! when the plan's close time comes (fixed mode: `max_batch_size` rows or
+//! `batch_timeout_micros` after its first request, as TF Serving; auto
+//! mode: sizes and waits learned to a latency target). It then waits for
+//! one of `num_batch_threads` slots, takes in whatever arrived meanwhile up
+//! to the plan's cap (so under load batches fill up by themselves), drops
+//! requests whose client left or whose deadline passed, pads to the next
+//! allowed batch size, and submits the batch to the backend. The thread
+//! that runs the batch splits its outputs and wakes each request with its
+//! own rows: no task sits between the model and the requests.
+//!
+//! A request that arrives at an empty queue when the plan would not wait
+//! and a slot is free skips the batching task: it runs as a batch of its
+//! own from the request's task, with one hand-off to the model's thread
+//! and one back, as an unbatched model would.
+//!
+//! The queue is bounded in rows (`max_enqueued_batches × max_batch_size`):
+//! a request that does not fit is refused at once with RESOURCE_EXHAUSTED.
+//! A request larger than `max_batch_size` is split into parts that travel
+//! as separate requests and are joined again in order.
+
+pub mod plan;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+// Tokio's clock: the system's, and a test's paused clock when one pauses it.
+use tokio::time::Instant;
+
+use self::plan::{Plan, Policy};
+use super::deadline::Deadline;
+use crate::config::BatchingParameters;
+use crate::error::{Error, Result};
+use crate::infer::{Batch, Completion};
+use crate::metrics::{BatchPlanMetrics, ModelMetrics, QueueMetrics};
+use crate::models::ModelVersion;
+use crate::tensor::batch::{concat_rows, split_rows};
+use crate::tensor::spec::Signature;
+use crate::tensor::Tensor;
+
+/// A request (or part of one) waiting for a batch.
+struct Entry {
+    inputs: Vec<Tensor>,
+    rows: usize,
+    deadline: Deadline,
+    enqueued: Instant,
+    reply: oneshot::Sender<Result<Vec<Tensor>>>,
+    /// Its rows' place in the queue, freed when the batch leaves the queue.
+    _place: OwnedSemaphorePermit,
+}
+
+/// The entrance to one model version's batch queue.
+pub struct Batcher {
+    entries: mpsc::Sender<Entry>,
+    queued_rows: Arc<Semaphore>,
+    capacity_rows: usize,
+    max_batch_size: usize,
+    name: String,
+    queue_metrics: QueueMetrics,
+    shared: Arc<Shared>,
+}
+
+/// What the requests' side and the batching task share.
+struct Shared {
+    version: Arc<ModelVersion>,
+    params: BatchingParameters,
+    policy: Policy,
+    /// One per batch that may run at once.
+    slots: Arc<Semaphore>,
+    model_metrics: ModelMetrics,
+    /// Present in auto mode.
+    plan_metrics: Option<BatchPlanMetrics>,
+    /// When the learned curve was last published to the metrics.
+    curve_published: Mutex<Option<Instant>>,
+}
+
+/// How often the learned curve is copied to the metrics.
+const CURVE_PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
+
+impl Batcher {
+    /// Starts the batching task for `version`. `name` names the queue in
+    /// errors ("the batch queue of model 'cnn' version 1"); `threads` is the
+    /// number of batches that may run at once.
+    pub fn start(
+        version: Arc<ModelVersion>,
+        params: BatchingParameters,
+        threads: usize,
+        name: String,
+        queue_metrics: QueueMetrics,
+        model_metrics: ModelMetrics,
+        plan_metrics: BatchPlanMetrics,
+    ) -> Batcher {
+        let capacity_rows = params.max_enqueued_batches.saturating_mul(params.max_batch_size);
+        let max_batch_size = params.max_batch_size;
+        // Each entry holds at least one row, so the row bound bounds entries too.
+        let (entries, queue) = mpsc::channel(capacity_rows.max(1));
+        let policy = Policy::new(&params, threads);
+        let plan_metrics = matches!(policy, Policy::Auto(_)).then_some(plan_metrics);
+        let shared = Arc::new(Shared {
+            version,
+            params,
+            policy,
+            slots: Arc::new(Semaphore::new(threads.max(1))),
+            model_metrics,
+            plan_metrics,
+            curve_published: Mutex::new(None),
+        });
+        if let Some(metrics) = &shared.plan_metrics {
+            metrics.publish_curve(shared.version.latency().snapshot().points());
+        }
+        let former = BatchFormer { queue, shared: shared.clone(), carry: None, queue_metrics: queue_metrics.clone() };
+        tokio::spawn(former.run());
+        Batcher {
+            entries,
+            queued_rows: Arc::new(Semaphore::new(capacity_rows)),
+            capacity_rows,
+            max_batch_size,
+            name,
+            queue_metrics,
+            shared,
+        }
+    }
+
+    /// Runs one request's inputs (signature order, validated) through the
+    /// model in a batch with others, and returns its own outputs.
+    pub async fn run(&self, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
+        if deadline.expired() {
+            self.queue_metrics.expired.inc();
+            return Err(Error::deadline_exceeded(&format!("before {}", self.name)));
+        }
+        let rows = inputs.first().map_or(1, Tensor::rows);
+        let now = Instant::now();
+        self.shared.policy.arrived(now, rows);
+        if rows <= self.max_batch_size && self.queued_rows() == 0 {
+            // Nothing waits: when the plan would not wait either, and a
+            // slot is free, this request is a batch of its own.
+            let plan = self.shared.plan(now, now, rows);
+            if plan.close_at <= now {
+                if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
+                    return self.shared.run_alone(inputs, rows, deadline, slot).await;
+                }
+            }
+        }
+        let places = u32::try_from(rows).ok().and_then(|n| self.queued_rows.clone().try_acquire_many_owned(n).ok());
+        let Some(mut places) = places else {
+            self.queue_metrics.full.inc();
+            if rows > self.capacity_rows {
+                return Err(Error::resource_exhausted(format!(
+                    "the request has {rows} rows, more than {} can hold ({} rows)",
+                    self.name, self.capacity_rows
+                )));
+            }
+            return Err(Error::queue_full(&self.name, self.capacity_rows));
+        };
+        if rows <= self.max_batch_size {
+            return self.enqueue(inputs, rows, deadline, places)?.await.unwrap_or_else(|_| Err(self.stopped()));
+        }
+        // Larger than a batch: split into parts of at most max_batch_size rows.
+        let mut sizes = vec![self.max_batch_size; rows / self.max_batch_size];
+        if !rows.is_multiple_of(self.max_batch_size) {
+            sizes.push(rows % self.max_batch_size);
+        }
+        let mut parts: Vec<Vec<Tensor>> = vec![Vec::with_capacity(inputs.len()); sizes.len()];
+        for (i, input) in inputs.iter().enumerate() {
+            for (part, piece) in split_rows(input, &sizes, &format!("input {i}"))?.into_iter().enumerate() {
+                parts[part].push(piece);
+            }
+        }
+        let mut answers = Vec::with_capacity(sizes.len());
+        for (part, &n) in parts.into_iter().zip(&sizes) {
+            let place = places.split(n).ok_or_else(|| Error::internal("row permits do not add up, this is a bug"))?;
+            answers.push(self.enqueue(part, n, deadline, place)?);
+        }
+        let mut outputs: Vec<Vec<Tensor>> = Vec::with_capacity(answers.len());
+        for answer in answers {
+            outputs.push(answer.await.unwrap_or_else(|_| Err(self.stopped()))?);
+        }
+        let count = outputs.first().map_or(0, Vec::len);
+        (0..count).map(|o| concat_rows(&outputs.iter().map(|part| part[o].clone()).collect::<Vec<_>>())).collect()
+    }
+
+    fn enqueue(
+        &self,
+        inputs: Vec<Tensor>,
+        rows: usize,
+        deadline: Deadline,
+        place: OwnedSemaphorePermit,
+    ) -> Result<oneshot::Receiver<Result<Vec<Tensor>>>> {
+        let (reply, answer) = oneshot::channel();
+        let entry = Entry { inputs, rows, deadline, enqueued: Instant::now(), reply, _place: place };
+        self.entries.try_send(entry).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => {
+                self.queue_metrics.full.inc();
+                Error::queue_full(&self.name, self.capacity_rows)
+            }
+            mpsc::error::TrySendError::Closed(_) => self.stopped(),
+        })?;
+        self.queue_metrics.depth.inc_by(rows as i64);
+        Ok(answer)
+    }
+
+    fn stopped(&self) -> Error {
+        Error::unavailable(format!("{} has stopped (the model version is unloading)", self.name))
+    }
+
+    /// Rows waiting now.
+    pub fn queued_rows(&self) -> usize {
+        self.capacity_rows - self.queued_rows.available_permits()
+    }
+}
+
+impl Shared {
+    /// The plan for a batch of `rows` rows whose oldest arrived at
+    /// `oldest`, shown in the metrics in auto mode.
+    fn plan(&self, now: Instant, oldest: Instant, rows: usize) -> Plan {
+        let plan = self.policy.plan(self.version.latency(), now, oldest, rows);
+        if let Some(metrics) = &self.plan_metrics {
+            metrics.want_rows.set(plan.want as i64);
+            metrics.cap_rows.set(plan.cap as i64);
+            metrics.wait_seconds.set(plan.close_at.saturating_duration_since(now).as_secs_f64());
+            if let Policy::Auto(auto) = &self.policy {
+                metrics.arrival_rate.set(auto.rate(now));
+            }
+        }
+        plan
+    }
+
+    /// A batch of `padded` rows took `elapsed`: the curve learns it.
+    fn ran(&self, padded: usize, elapsed: Duration) {
+        let curve = self.version.latency();
+        curve.record(padded, elapsed.as_secs_f64());
+        let Some(metrics) = &self.plan_metrics else { return };
+        let now = Instant::now();
+        let mut published = self.curve_published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if published.is_none_or(|at| now.saturating_duration_since(at) >= CURVE_PUBLISH_INTERVAL) {
+            *published = Some(now);
+            drop(published);
+            metrics.publish_curve(curve.snapshot().points());
+        }
+    }
+
+    fn signature(&self) -> &Signature {
+        self.version.signature()
+    }
+
+    /// Runs one request as a batch of its own, from its own task.
+    async fn run_alone(
+        &self,
+        inputs: Vec<Tensor>,
+        rows: usize,
+        deadline: Deadline,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<Vec<Tensor>> {
+        let padded = self.params.padded_size(rows);
+        self.model_metrics.batch_rows.observe(rows as f64);
+        self.model_metrics.padding_rows.inc_by((padded - rows) as u64);
+        let batch = Batch { requests: vec![inputs], padded_rows: padded, deadline: deadline.instant() };
+        let started = Instant::now();
+        let result = deadline.run("during inference", self.version.backend().run(batch)).await;
+        drop(slot);
+        let outputs = result?;
+        self.ran(padded, started.elapsed());
+        if padded == rows {
+            return Ok(outputs);
+        }
+        let mut own = Vec::with_capacity(outputs.len());
+        for (o, output) in outputs.iter().enumerate() {
+            let name = self.signature().outputs.get(o).map_or("?", |s| s.name.as_str());
+            own.extend(split_rows(output, &[rows], name)?);
+        }
+        Ok(own)
+    }
+
+    /// Sends the live part of a batch to the backend; the thread that runs
+    /// it sends each request its rows.
+    fn dispatch(self: &Arc<Self>, batch: Vec<Entry>, slot: OwnedSemaphorePermit, queue_metrics: &QueueMetrics) {
+        let now = Instant::now();
+        let mut inputs = Vec::with_capacity(batch.len());
+        let mut replies = Vec::with_capacity(batch.len());
+        let mut rows = Vec::with_capacity(batch.len());
+        // The batch is worth running until its last request gives up.
+        let mut due = Some(None);
+        for entry in batch {
+            queue_metrics.depth.dec_by(entry.rows as i64);
+            queue_metrics.wait.observe(now.duration_since(entry.enqueued).as_secs_f64());
+            if entry.reply.is_closed() {
+                queue_metrics.cancelled.inc();
+                continue;
+            }
+            if entry.deadline.expired() {
+                queue_metrics.expired.inc();
+                let _ = entry.reply.send(Err(Error::deadline_exceeded("in the batch queue")));
+                continue;
+            }
+            due = match (due, entry.deadline.instant()) {
+                (Some(None), Some(at)) => Some(Some(at)),
+                (Some(Some(latest)), Some(at)) => Some(Some(latest.max(at))),
+                _ => None,
+            };
+            rows.push(entry.rows);
+            inputs.push(entry.inputs);
+            replies.push(entry.reply);
+            // The entry's place in the queue is freed here, as it leaves.
+        }
+        if inputs.is_empty() {
+            return;
+        }
+        let total: usize = rows.iter().sum();
+        let padded = self.params.padded_size(total);
+        self.model_metrics.batch_rows.observe(total as f64);
+        self.model_metrics.padding_rows.inc_by((padded - total) as u64);
+        let shared = self.clone();
+        let done: Completion = Box::new(move |result| {
+            let _slot = slot;
+            if result.is_ok() {
+                shared.ran(padded, now.elapsed());
+            }
+            answer(result, &rows, replies, shared.signature());
+        });
+        let batch = Batch { requests: inputs, padded_rows: padded, deadline: due.flatten() };
+        self.version.backend().submit(batch, done);
+    }
+}
+
+/// The task that owns the waiting requests and forms batches.
+struct BatchFormer {
+    queue: mpsc::Receiver<Entry>,
+    shared: Arc<Shared>,
+    /// A request that did not fit in the last batch; it opens the next.
+    carry: Option<Entry>,
+    queue_metrics: QueueMetrics,
+}
+
+impl BatchFormer {
+    async fn run(mut self) {
+        loop {
+            let first = match self.carry.take() {
+                Some(entry) => entry,
+                None => match self.queue.recv().await {
+                    Some(entry) => entry,
+                    None => return,
+                },
+            };
+            let oldest = first.enqueued;
+            let mut rows = first.rows;
+            let mut batch = vec![first];
+            while self.carry.is_none() {
+                let plan = self.shared.plan(Instant::now(), oldest, rows);
+                if rows >= plan.want.min(plan.cap) {
+                    break;
+                }
+                tokio::select! {
+                    biased;
+                    next = self.queue.recv() => match next {
+                        Some(entry) => self.add(&mut batch, &mut rows, entry, plan.cap),
+                        None => break,
+                    },
+                    () = tokio::time::sleep_until(plan.close_at) => break,
+                }
+            }
+            let Ok(slot) = self.shared.slots.clone().acquire_owned().await else { return };
+            // While waiting for a slot more requests may have come: take
+            // them, up to what the target allows now that the batch is older.
+            let cap = self.shared.plan(Instant::now(), oldest, rows).cap;
+            while rows < cap && self.carry.is_none() {
+                match self.queue.try_recv() {
+                    Ok(entry) => self.add(&mut batch, &mut rows, entry, cap),
+                    Err(_) => break,
+                }
+            }
+            self.shared.dispatch(batch, slot, &self.queue_metrics);
+        }
+    }
+
+    fn add(&mut self, batch: &mut Vec<Entry>, rows: &mut usize, entry: Entry, cap: usize) {
+        if *rows + entry.rows <= cap {
+            *rows += entry.rows;
+            batch.push(entry);
+        } else {
+            self.carry = Some(entry);
+        }
+    }
+}
+
+/// Splits a batch's outputs and sends each request its rows, dropping the
+/// padding; an error goes to every request of the batch.
+fn answer(
+    result: Result<Vec<Tensor>>,
+    rows: &[usize],
+    replies: Vec<oneshot::Sender<Result<Vec<Tensor>>>>,
+    signature: &Signature,
+) {
+    let split = result.and_then(|outputs| {
+        let mut per_request: Vec<Vec<Tensor>> = vec![Vec::with_capacity(outputs.len()); rows.len()];
+        for (o, output) in outputs.iter().enumerate() {
+            let name = signature.outputs.get(o).map_or("?", |s| s.name.as_str());
+            for (r, piece) in split_rows(output, rows, name)?.into_iter().enumerate() {
+                per_request[r].push(piece);
+            }
+        }
+        Ok(per_request)
+    });
+    match split {
+        Ok(per_request) => {
+            for (reply, outputs) in replies.into_iter().zip(per_request) {
+                let _ = reply.send(Ok(outputs));
+            }
+        }
+        Err(error) => {
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::future::BoxFuture;
+
+    use super::*;
+    use crate::error::Code;
+    use crate::infer::Backend;
+    use crate::metrics::Metrics;
+    use crate::tensor::spec::{Signature, TensorSpec};
+    use crate::tensor::DType;
+
+    /// A model that doubles its one input and records every batch it ran:
+    /// the rows of each request and the padded size. A slow one takes
+    /// (on tokio's clock) a fixed time per batch plus a time per row.
+    struct Doubler {
+        signature: Signature,
+        batches: Mutex<Vec<(Vec<usize>, usize)>>,
+        speed: Option<(Duration, Duration)>,
+    }
+
+    impl Doubler {
+        fn slow(fixed: Duration, per_row: Duration) -> Arc<Doubler> {
+            let mut doubler = Arc::into_inner(Doubler::new()).expect("one owner");
+            doubler.speed = Some((fixed, per_row));
+            Arc::new(doubler)
+        }
+
+        fn new() -> Arc<Doubler> {
+            let spec = |name: &str| TensorSpec {
+                name: name.into(),
+                dtype: DType::F32,
+                shape: vec![-1, 2],
+                unknown_rank: false,
+            };
+            Arc::new(Doubler {
+                signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] },
+                batches: Mutex::new(Vec::new()),
+                speed: None,
+            })
+        }
+    }
+
+    impl Backend for Doubler {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>> {
+            let rows: Vec<usize> = batch.requests.iter().map(|r| r[0].rows()).collect();
+            self.batches.lock().expect("batches").push((rows, batch.padded_rows));
+            let mut values: Vec<f32> = batch.requests.iter().flat_map(|r| r[0].to_vec::<f32>().expect("f32")).collect();
+            values.iter_mut().for_each(|v| *v *= 2.0);
+            values.resize(batch.padded_rows * 2, 0.0);
+            let out = Tensor::from_values(vec![batch.padded_rows as i64, 2], &values);
+            let takes = self.speed.map(|(fixed, per_row)| fixed + per_row * batch.padded_rows as u32);
+            Box::pin(async move {
+                if let Some(takes) = takes {
+                    tokio::time::sleep(takes).await;
+                }
+                Ok(vec![out])
+            })
+        }
+    }
+
+    fn batcher(backend: &Arc<Doubler>, params: BatchingParameters) -> Batcher {
+        batcher_of(Arc::new(ModelVersion::new("m", 1, backend.clone())), params)
+    }
+
+    fn batcher_of(version: Arc<ModelVersion>, params: BatchingParameters) -> Batcher {
+        let metrics = Metrics::new();
+        Batcher::start(
+            version,
+            params,
+            1,
+            "the batch queue of model 'm'".into(),
+            metrics.queue("m"),
+            metrics.model("m", 1),
+            metrics.batch_plan("m", 1),
+        )
+    }
+
+    fn rows(first: f32, n: usize) -> Vec<Tensor> {
+        let values: Vec<f32> = (0..n * 2).map(|i| first + i as f32).collect();
+        vec![Tensor::from_values(vec![n as i64, 2], &values)]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_within_the_timeout_share_a_padded_batch_and_get_their_own_rows() {
+        let backend = Doubler::new();
+        let params = BatchingParameters {
+            max_batch_size: 8,
+            batch_timeout_micros: Some(1000),
+            allowed_batch_sizes: vec![4, 8],
+            ..BatchingParameters::default()
+        };
+        let batcher = batcher(&backend, params);
+        let (a, b) =
+            tokio::join!(batcher.run(rows(0.0, 1), Deadline::NONE), batcher.run(rows(10.0, 2), Deadline::NONE));
+        assert_eq!(a.unwrap()[0].to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
+        assert_eq!(b.unwrap()[0].to_vec::<f32>().unwrap(), vec![20.0, 22.0, 24.0, 26.0]);
+        // One batch of 3 rows, padded to the next allowed size.
+        assert_eq!(*backend.batches.lock().unwrap(), vec![(vec![1, 2], 4)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_request_waits_for_the_timeout_then_runs_alone() {
+        let backend = Doubler::new();
+        let params =
+            BatchingParameters { max_batch_size: 8, batch_timeout_micros: Some(5000), ..BatchingParameters::default() };
+        let batcher = Arc::new(batcher(&backend, params));
+        let started = tokio::time::Instant::now();
+        let out = batcher.run(rows(1.0, 1), Deadline::NONE).await.unwrap();
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+        // Alone, it waited for the batch timeout (paused time advances
+        // straight to it), then ran.
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_micros(5000) && waited < Duration::from_micros(5100), "{waited:?}");
+        assert_eq!(*backend.batches.lock().unwrap(), vec![(vec![1], 1)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_larger_than_a_batch_is_split_and_joined_in_order() {
+        let backend = Doubler::new();
+        let params =
+            BatchingParameters { max_batch_size: 2, batch_timeout_micros: Some(0), ..BatchingParameters::default() };
+        let batcher = batcher(&backend, params);
+        let out = batcher.run(rows(0.0, 5), Deadline::NONE).await.unwrap();
+        let want: Vec<f32> = (0..10).map(|i| 2.0 * i as f32).collect();
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), want);
+        assert_eq!(out[0].shape(), &[5, 2]);
+        let seen: Vec<usize> = backend.batches.lock().unwrap().iter().flat_map(|(r, _)| r.clone()).collect();
+        assert_eq!(seen, vec![2, 2, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn more_rows_than_the_queue_holds_are_refused_at_once() {
+        let backend = Doubler::new();
+        let params = BatchingParameters { max_batch_size: 2, max_enqueued_batches: 2, ..BatchingParameters::default() };
+        let batcher = batcher(&backend, params);
+        let err = batcher.run(rows(0.0, 5), Deadline::NONE).await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted);
+        assert!(err.message().contains("5 rows"), "{err}");
+        assert!(backend.batches.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_whose_deadline_passes_in_the_queue_is_dropped_before_the_model() {
+        let backend = Doubler::new();
+        let params = BatchingParameters {
+            max_batch_size: 8,
+            batch_timeout_micros: Some(10_000),
+            ..BatchingParameters::default()
+        };
+        let batcher = batcher(&backend, params);
+        let deadline = Deadline::after(Duration::from_millis(2));
+        let err = batcher.run(rows(0.0, 1), deadline).await.unwrap_err();
+        assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
+        assert!(backend.batches.lock().unwrap().is_empty());
+    }
+
+    /// Sends one-row requests `gap` apart for `span` and checks every
+    /// answer is the request's own rows doubled; answers each answered
+    /// request's latency. Refusals must be RESOURCE_EXHAUSTED, and only
+    /// `overload` allows them.
+    async fn steady_load(batcher: &Arc<Batcher>, gap: Duration, span: Duration) -> Vec<Duration> {
+        load(batcher, gap, span, false).await
+    }
+
+    async fn load(batcher: &Arc<Batcher>, gap: Duration, span: Duration, overload: bool) -> Vec<Duration> {
+        let mut running = Vec::new();
+        let end = Instant::now() + span;
+        let mut i = 0usize;
+        while Instant::now() < end {
+            let batcher = batcher.clone();
+            let first = (i * 2) as f32;
+            running.push(tokio::spawn(async move {
+                let sent = Instant::now();
+                match batcher.run(rows(first, 1), Deadline::NONE).await {
+                    Ok(out) => {
+                        assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![first * 2.0, first * 2.0 + 2.0]);
+                        Some(sent.elapsed())
+                    }
+                    Err(refused) if overload && refused.code() == Code::ResourceExhausted => None,
+                    Err(error) => panic!("request {first}: {error}"),
+                }
+            }));
+            i += 1;
+            tokio::time::sleep(gap).await;
+        }
+        let mut latencies = Vec::with_capacity(running.len());
+        for task in running {
+            latencies.extend(task.await.expect("request task"));
+        }
+        latencies
+    }
+
+    /// Auto mode (target 100 ms) over a model taking 10 ms + 1 ms per row,
+    /// warmed up. (Tokio's timer counts whole milliseconds, so the test
+    /// model is slow enough for its clock.)
+    fn auto_batcher(backend: &Arc<Doubler>) -> Arc<Batcher> {
+        let version = Arc::new(ModelVersion::new("m", 1, backend.clone()));
+        for n in [1usize, 2, 4, 8, 16, 32, 64] {
+            version.latency().seed(n, 1e-2 + 1e-3 * n as f64);
+        }
+        let params =
+            BatchingParameters { latency_target_ms: Some(100), max_batch_size: 64, ..BatchingParameters::auto() };
+        Arc::new(batcher_of(version, params))
+    }
+
+    fn batch_sizes(backend: &Doubler) -> Vec<usize> {
+        backend.batches.lock().unwrap().iter().map(|(rows, _)| rows.iter().sum()).collect()
+    }
+
+    fn model() -> Arc<Doubler> {
+        Doubler::slow(Duration::from_millis(10), Duration::from_millis(1))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn auto_mode_runs_sparse_requests_at_once_and_alone() {
+        let backend = model();
+        let batcher = auto_batcher(&backend);
+        let latencies = steady_load(&batcher, Duration::from_millis(500), Duration::from_secs(10)).await;
+        assert_eq!(latencies.len(), 20);
+        // No waiting: each took the model's 11 ms.
+        assert!(latencies.iter().all(|l| *l < Duration::from_millis(13)), "{latencies:?}");
+        assert!(batch_sizes(&backend).iter().all(|&n| n == 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn auto_mode_batches_steady_load_within_the_target_with_every_row_in_place() {
+        let backend = model();
+        let batcher = auto_batcher(&backend);
+        // 250 rows/s: more than batch-1 runs keep up with (91/s), far less
+        // than the 900/s the target allows at 90 rows.
+        let latencies = steady_load(&batcher, Duration::from_millis(4), Duration::from_secs(10)).await;
+        let sizes = batch_sizes(&backend);
+        assert_eq!(sizes.iter().sum::<usize>(), latencies.len());
+        let late = &sizes[sizes.len() / 2..];
+        let mean = late.iter().sum::<usize>() as f64 / late.len() as f64;
+        assert!(mean >= 4.0, "batches did not grow: {late:?}");
+        let mut sorted = latencies[latencies.len() / 2..].to_vec();
+        sorted.sort();
+        let p99 = sorted[sorted.len() * 99 / 100];
+        assert!(p99 <= Duration::from_millis(100), "p99 {p99:?} over the 100 ms target; batches {late:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn auto_mode_shrinks_batches_when_the_model_slows_down() {
+        let fast = model();
+        let batcher = auto_batcher(&fast);
+        // Overload: 1000 rows/s, beyond the model within the target;
+        // batches reach the most the target allows (64, the maximum).
+        load(&batcher, Duration::from_millis(1), Duration::from_secs(3), true).await;
+        let big = batch_sizes(&fast).into_iter().max().unwrap_or(0);
+        assert!(big >= 40, "{big}");
+        // The same version's runs now take 4 ms per row: the batcher
+        // learns it from the runs alone.
+        let version = batcher.shared.version.clone();
+        let slow = Doubler::slow(Duration::from_millis(10), Duration::from_millis(4));
+        let slowed = Arc::new(ModelVersion::new("m", 1, slow.clone()));
+        for (n, seconds) in version.latency().snapshot().points() {
+            slowed.latency().seed(*n, *seconds);
+        }
+        let params =
+            BatchingParameters { latency_target_ms: Some(100), max_batch_size: 64, ..BatchingParameters::auto() };
+        let batcher = Arc::new(batcher_of(slowed, params));
+        load(&batcher, Duration::from_millis(1), Duration::from_secs(3), true).await;
+        let sizes = batch_sizes(&slow);
+        let late = &sizes[sizes.len() / 2..];
+        // 10 ms + 4 ms per row within 100 ms: at most 22 rows.
+        assert!(late.iter().all(|&n| n <= 22), "{late:?}");
+    }
+}

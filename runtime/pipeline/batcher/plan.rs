@@ -1,0 +1,370 @@
+//! How each batch is formed: how many rows it waits for, the most it may
+//! take, and when it closes whatever it holds. Fixed mode follows TF
+//! Serving's parameters; auto mode ([`AutoPolicy`]) learns them.
+//!
+//! Auto mode plans from two measurements: the model version's latency at
+//! each batch size (its [`LatencyCurve`]: seeded by warmup, updated after
+//! every batch) and the rate at which rows arrive (a moving average over
+//! a quarter of a second). For each batch:
+//!
+//! - **cap**: the largest batch whose run still ends within the latency
+//!   target for the batch's oldest request. Under overload, batches are
+//!   this large: the most throughput the target allows.
+//! - **want**: the smallest batch that keeps up with the arrivals with
+//!   room to spare (`threads × want / latency(want) ≥ 1.5 × rate`). The
+//!   batch closes as soon as it holds that many rows. With sparse traffic
+//!   this is one row, so nothing waits; as traffic grows, batches grow
+//!   with it until the cap binds.
+//! - **close**: when `want` is not there yet, the batch waits about twice
+//!   the time the arrival rate needs to bring the missing rows, never
+//!   past the moment its oldest request would miss the target.
+//!
+//! Every choice is a pure function of the curve, the rate and the clock
+//! (tokio's, so tests run it on paused time).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::{BatchingMode, BatchingParameters};
+use crate::infer::latency::{CurveSnapshot, LatencyCurve};
+
+/// How one batch is formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// The batch closes once it holds this many rows.
+    pub want: usize,
+    /// The most rows it may take, when more are waiting as it leaves.
+    pub cap: usize,
+    /// It closes at this instant whatever it holds.
+    pub close_at: Instant,
+}
+
+/// The policy of one batcher.
+pub enum Policy {
+    /// TF Serving's: up to `max_batch_size` rows, waiting `timeout`.
+    Fixed { max_batch_size: usize, timeout: Duration },
+    /// Learned from the model's latency and the arrival rate.
+    Auto(AutoPolicy),
+}
+
+impl Policy {
+    /// The policy `params` describe, for a batcher running `threads`
+    /// batches at once.
+    pub fn new(params: &BatchingParameters, threads: usize) -> Policy {
+        match params.mode {
+            BatchingMode::Fixed => Policy::Fixed {
+                max_batch_size: params.max_batch_size,
+                timeout: Duration::from_micros(params.timeout_micros()),
+            },
+            BatchingMode::Auto => Policy::Auto(AutoPolicy::new(params, threads)),
+        }
+    }
+
+    /// `rows` rows arrived at `now`.
+    pub fn arrived(&self, now: Instant, rows: usize) {
+        if let Policy::Auto(auto) = self {
+            auto.arrived(now, rows);
+        }
+    }
+
+    /// The plan for a batch that holds `rows` rows, the oldest of which
+    /// arrived at `oldest`.
+    pub fn plan(&self, curve: &LatencyCurve, now: Instant, oldest: Instant, rows: usize) -> Plan {
+        match self {
+            Policy::Fixed { max_batch_size, timeout } => {
+                Plan { want: *max_batch_size, cap: *max_batch_size, close_at: oldest + *timeout }
+            }
+            Policy::Auto(auto) => auto.plan(&curve.snapshot(), now, oldest, rows),
+        }
+    }
+}
+
+/// Room kept between the throughput a batch size gives and the arrival
+/// rate: bursts above the average do not build a queue at once.
+const HEADROOM: f64 = 1.5;
+
+/// How long a batch waits for its missing rows, in units of the time the
+/// arrival rate needs to bring them.
+const FILL_SLACK: f64 = 2.0;
+
+/// The shortest span the arrival rate is measured over.
+const RATE_WINDOW: Duration = Duration::from_millis(10);
+
+/// The arrival rate's memory: a step in load is 95 % seen after three.
+const RATE_TIME_CONSTANT: Duration = Duration::from_millis(250);
+
+/// Auto mode: batch sizes and waits chosen to a latency target.
+pub struct AutoPolicy {
+    target: Duration,
+    max_batch_size: usize,
+    threads: usize,
+    allowed_batch_sizes: Vec<usize>,
+    arrivals: Mutex<ArrivalRate>,
+}
+
+impl AutoPolicy {
+    /// The policy for `params` (auto mode) with `threads` batches at once.
+    pub fn new(params: &BatchingParameters, threads: usize) -> AutoPolicy {
+        AutoPolicy {
+            target: params.latency_target(),
+            max_batch_size: params.max_batch_size.max(1),
+            threads: threads.max(1),
+            allowed_batch_sizes: params.allowed_batch_sizes.clone(),
+            arrivals: Mutex::new(ArrivalRate::default()),
+        }
+    }
+
+    /// `rows` rows arrived at `now`.
+    pub fn arrived(&self, now: Instant, rows: usize) {
+        self.arrivals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).record(now, rows);
+    }
+
+    /// Rows per second arriving, as measured at `now`.
+    pub fn rate(&self, now: Instant) -> f64 {
+        self.arrivals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).rate(now)
+    }
+
+    /// The latency target.
+    pub fn target(&self) -> Duration {
+        self.target
+    }
+
+    /// Seconds a batch of `rows` rows is expected to take (at its padded
+    /// size).
+    fn cost(&self, curve: &CurveSnapshot, rows: usize) -> Option<f64> {
+        let padded = self.allowed_batch_sizes.iter().copied().find(|&s| s >= rows).unwrap_or(rows);
+        curve.estimate(padded)
+    }
+
+    /// The plan for a batch holding `rows` rows whose oldest arrived at
+    /// `oldest` (see the module's documentation).
+    pub fn plan(&self, curve: &CurveSnapshot, now: Instant, oldest: Instant, rows: usize) -> Plan {
+        let rows = rows.clamp(1, self.max_batch_size);
+        let rate = self.rate(now);
+        let close_now = |cap: usize| Plan { want: rows, cap, close_at: now };
+        if curve.is_empty() {
+            // Nothing measured yet: run what is there and learn from it.
+            return close_now(self.max_batch_size);
+        }
+        let budget = self.target.saturating_sub(now.saturating_duration_since(oldest)).as_secs_f64();
+        let within_budget = |n: usize| self.cost(curve, n).is_some_and(|s| s <= budget);
+        // The cost grows with the size (the curve is monotone), so the
+        // largest size within the budget is found by bisection.
+        let cap = largest(1, self.max_batch_size, within_budget).unwrap_or(1).max(rows);
+        if rate <= 0.0 {
+            return close_now(cap);
+        }
+        let needed = HEADROOM * rate / self.threads as f64;
+        let keeps_up = |n: usize| self.cost(curve, n).is_some_and(|s| s <= 0.0 || n as f64 / s >= needed);
+        let want = smallest(1, cap, keeps_up).unwrap_or(cap);
+        if rows >= want {
+            return Plan { want, cap, close_at: now };
+        }
+        let fill = Duration::from_secs_f64(((want - rows) as f64 / rate * FILL_SLACK).min(budget));
+        let run = Duration::from_secs_f64(self.cost(curve, want).unwrap_or(0.0));
+        let latest = oldest + self.target.saturating_sub(run);
+        Plan { want, cap, close_at: (now + fill).min(latest).max(now) }
+    }
+}
+
+/// The largest `n` in `low..=high` for which `ok` holds, when `ok` holds
+/// for every size below any size where it holds.
+fn largest(low: usize, high: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
+    if low > high || !ok(low) {
+        return None;
+    }
+    let (mut yes, mut no) = (low, high + 1);
+    while no - yes > 1 {
+        let mid = yes + (no - yes) / 2;
+        if ok(mid) {
+            yes = mid;
+        } else {
+            no = mid;
+        }
+    }
+    Some(yes)
+}
+
+/// The smallest `n` in `low..=high` for which `ok` holds, when `ok` holds
+/// for every size above any size where it holds.
+fn smallest(low: usize, high: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
+    if low > high || !ok(high) {
+        return None;
+    }
+    let (mut no, mut yes) = (low, high);
+    if ok(low) {
+        return Some(low);
+    }
+    while yes - no > 1 {
+        let mid = no + (yes - no) / 2;
+        if ok(mid) {
+            yes = mid;
+        } else {
+            no = mid;
+        }
+    }
+    Some(yes)
+}
+
+/// Rows per second, as a moving average with a time constant of
+/// [`RATE_TIME_CONSTANT`], folded in windows of at least [`RATE_WINDOW`].
+#[derive(Debug, Default)]
+struct ArrivalRate {
+    window_start: Option<Instant>,
+    window_rows: u64,
+    rate: f64,
+}
+
+impl ArrivalRate {
+    fn record(&mut self, now: Instant, rows: usize) {
+        self.fold(now);
+        self.window_rows = self.window_rows.saturating_add(rows as u64);
+    }
+
+    fn rate(&mut self, now: Instant) -> f64 {
+        self.fold(now);
+        self.rate
+    }
+
+    fn fold(&mut self, now: Instant) {
+        let Some(start) = self.window_start else {
+            self.window_start = Some(now);
+            return;
+        };
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed < RATE_WINDOW {
+            return;
+        }
+        let seconds = elapsed.as_secs_f64();
+        let sample = self.window_rows as f64 / seconds;
+        let weight = 1.0 - (-seconds / RATE_TIME_CONSTANT.as_secs_f64()).exp();
+        self.rate += weight * (sample - self.rate);
+        self.window_start = Some(now);
+        self.window_rows = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model that takes `fixed_ms` + `per_row_ms` per row, measured at
+    /// a few sizes.
+    fn curve(fixed_ms: f64, per_row_ms: f64) -> CurveSnapshot {
+        let points: Vec<(usize, f64)> =
+            [1, 2, 4, 8, 16, 32, 64, 128].iter().map(|&n| (n, (fixed_ms + per_row_ms * n as f64) / 1e3)).collect();
+        CurveSnapshot::from_points(&points)
+    }
+
+    fn policy(target_ms: u64, max_batch_size: usize, threads: usize) -> AutoPolicy {
+        let params =
+            BatchingParameters { latency_target_ms: Some(target_ms), max_batch_size, ..BatchingParameters::auto() };
+        AutoPolicy::new(&params, threads)
+    }
+
+    /// Feeds `rate` rows per second, one row at a time, for `span`.
+    async fn feed(policy: &AutoPolicy, rate: f64, span: Duration) {
+        let gap = Duration::from_secs_f64(1.0 / rate);
+        let end = Instant::now() + span;
+        while Instant::now() < end {
+            policy.arrived(Instant::now(), 1);
+            tokio::time::advance(gap).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sparse_traffic_never_waits() {
+        let policy = policy(10, 32, 1);
+        let curve = curve(1.0, 0.1);
+        feed(&policy, 20.0, Duration::from_secs(2)).await;
+        let now = Instant::now();
+        let plan = policy.plan(&curve, now, now, 1);
+        assert_eq!(plan.want, 1, "{plan:?}");
+        assert_eq!(plan.close_at, now, "{plan:?}");
+        // Nothing measured yet: nothing waits either.
+        let plan = policy.plan(&CurveSnapshot::default(), now, now, 1);
+        assert_eq!(plan.close_at, now);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_grow_with_load_until_the_target_binds() {
+        let policy = policy(10, 64, 1);
+        let curve = curve(1.0, 0.1);
+        let mut last = 0;
+        for rate in [2000.0, 4000.0, 6000.0] {
+            feed(&policy, rate, Duration::from_secs(1)).await;
+            let now = Instant::now();
+            let plan = policy.plan(&curve, now, now, 1);
+            assert!(plan.want > last, "at {rate} rows/s: {plan:?} (before: {last})");
+            // It keeps up: want rows per run of the model, with headroom.
+            let seconds = (1.0 + 0.1 * plan.want as f64) / 1e3;
+            assert!(plan.want as f64 / seconds >= HEADROOM * rate * 0.9, "at {rate}: {plan:?}");
+            assert!(plan.close_at > now && plan.close_at <= now + Duration::from_millis(10), "{plan:?}");
+            last = plan.want;
+        }
+        // 1 ms + 0.1 ms/row within 10 ms: at most 90 rows, capped at 64.
+        assert_eq!(policy.plan(&curve, Instant::now(), Instant::now(), 1).cap, 64);
+        // Beyond what the model can do within the target (9000 rows/s at
+        // 90 rows): the biggest batch the target allows, and no more.
+        let policy = self::policy(10, 256, 1);
+        feed(&policy, 20_000.0, Duration::from_secs(1)).await;
+        let now = Instant::now();
+        let plan = policy.plan(&curve, now, now, 1);
+        assert_eq!((plan.want, plan.cap), (90, 90), "{plan:?}");
+        // A batch whose oldest request has waited 4 ms may run 6 ms: 50 rows.
+        let plan = policy.plan(&curve, now, now - Duration::from_millis(4), 1);
+        assert_eq!(plan.cap, 50, "{plan:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_in_load_is_followed_within_a_second() {
+        let policy = policy(10, 64, 1);
+        let curve = curve(1.0, 0.1);
+        feed(&policy, 200.0, Duration::from_secs(2)).await;
+        let before = policy.plan(&curve, Instant::now(), Instant::now(), 1).want;
+        assert_eq!(before, 1);
+        feed(&policy, 5000.0, Duration::from_millis(750)).await;
+        let rate = policy.rate(Instant::now());
+        assert!(rate > 0.9 * 5000.0, "{rate}");
+        let after = policy.plan(&curve, Instant::now(), Instant::now(), 1).want;
+        assert!(after >= 10, "{after}");
+        // And back down.
+        feed(&policy, 200.0, Duration::from_millis(1500)).await;
+        assert_eq!(policy.plan(&curve, Instant::now(), Instant::now(), 1).want, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slower_model_gets_smaller_batches() {
+        let policy = policy(10, 64, 1);
+        feed(&policy, 20_000.0, Duration::from_secs(1)).await;
+        let now = Instant::now();
+        let fast = policy.plan(&curve(1.0, 0.1), now, now, 1);
+        let slow = policy.plan(&curve(1.0, 0.4), now, now, 1);
+        assert_eq!(fast.cap, 64);
+        // 1 ms + 0.4 ms/row within 10 ms: 22 rows.
+        assert_eq!(slow.cap, 22, "{slow:?}");
+        // The learned curve moves as runs slow down.
+        let learned = LatencyCurve::new();
+        for &n in &[1usize, 8, 32] {
+            learned.seed(n, (1.0 + 0.1 * n as f64) / 1e3);
+        }
+        assert_eq!(policy.plan(&learned.snapshot(), now, now, 1).cap, 64);
+        for _ in 0..30 {
+            learned.record(32, 13.8e-3);
+        }
+        let shrunk = policy.plan(&learned.snapshot(), now, now, 1);
+        assert!(shrunk.cap < 32, "{shrunk:?}");
+    }
+
+    #[test]
+    fn bisections_find_the_edges() {
+        assert_eq!(largest(1, 100, |n| n <= 37), Some(37));
+        assert_eq!(largest(1, 100, |_| true), Some(100));
+        assert_eq!(largest(1, 100, |_| false), None);
+        assert_eq!(smallest(1, 100, |n| n >= 37), Some(37));
+        assert_eq!(smallest(1, 100, |_| true), Some(1));
+        assert_eq!(smallest(1, 100, |_| false), None);
+    }
+}
