@@ -2,12 +2,14 @@
 //! run: the MLP at batch 1, one request in flight, over loopback.
 //!
 //! - sluice: the release binary serving the MLP;
-//! - floor: `floor-server`, a bare tonic server answering the same request
-//!   with a fixed response of the same shape (the transport's cost);
+//! - floor: `floor-server --raw`, a bare tonic echo server answering fixed
+//!   bytes of the same response shape, decoding and encoding nothing (the
+//!   transport's cost, and nothing more);
 //! - raw: `Session::run` on the same model, in process.
 //!
-//! The same client and the same request bytes go to both servers, in
-//! alternating rounds so that drift on a noisy machine hits both alike.
+//! The same lean client (`sluice bench`'s: pre-encoded request bytes sent
+//! as they are, answers not decoded) and the same bytes go to both
+//! servers, in alternating rounds so that drift on a noisy machine hits both alike.
 //! Overhead = p50(sluice) − p50(floor) − p50(raw).
 //!
 //! ```text
@@ -26,7 +28,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use process::ServerProcess;
-use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
+use sluice::cli::bench::client::RawPredictClient;
 use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
 use sluice::proto::tensorflow::{DataType, TensorProto};
 use sluice::tensor::proto::encode_shape;
@@ -56,7 +58,7 @@ fn main() {
         .current_dir(&root);
     let sluice = ServerProcess::spawn(sluice, "sluice", "sluice: serving gRPC on ", ready, true).expect("sluice");
     let mut floor = Command::new(env!("CARGO_BIN_EXE_floor-server"));
-    floor.args(["--rows", "1", "--cols", "10"]);
+    floor.args(["--rows", "1", "--cols", "10", "--raw"]);
     let floor = ServerProcess::spawn(floor, "floor", "floor-server: serving gRPC on ", ready, true).expect("floor");
 
     let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -75,14 +77,15 @@ fn main() {
         .collect(),
         output_filter: vec![],
     };
+    let request = bytes::Bytes::from(prost::Message::encode_to_vec(&request));
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let (sluice_times, floor_times, round_gaps) = runtime.block_on(async {
-        let mut to_sluice = PredictionServiceClient::connect(sluice.url()).await.expect("connect sluice");
-        let mut to_floor = PredictionServiceClient::connect(floor.url()).await.expect("connect floor");
+        let mut to_sluice = RawPredictClient::connect(&sluice.url()).await.expect("connect sluice");
+        let mut to_floor = RawPredictClient::connect(&floor.url()).await.expect("connect floor");
         for _ in 0..1000 {
-            to_sluice.predict(request.clone()).await.expect("sluice predict");
-            to_floor.predict(request.clone()).await.expect("floor predict");
+            to_sluice.predict(request.clone(), None).await.expect("sluice predict");
+            to_floor.predict(request.clone(), None).await.expect("floor predict");
         }
         let mut sluice_times = Vec::with_capacity(requests * rounds);
         let mut floor_times = Vec::with_capacity(requests * rounds);
@@ -91,10 +94,10 @@ fn main() {
             let (mut s, mut f) = (Vec::with_capacity(requests), Vec::with_capacity(requests));
             for _ in 0..requests {
                 let started = Instant::now();
-                to_sluice.predict(request.clone()).await.expect("sluice predict");
+                to_sluice.predict(request.clone(), None).await.expect("sluice predict");
                 s.push(started.elapsed());
                 let started = Instant::now();
-                to_floor.predict(request.clone()).await.expect("floor predict");
+                to_floor.predict(request.clone(), None).await.expect("floor predict");
                 f.push(started.elapsed());
             }
             s.sort();
@@ -128,7 +131,7 @@ fn main() {
 
     let mut rows = Vec::new();
     for (name, mut times) in
-        [("sluice", sluice_times), ("floor (bare tonic)", floor_times), ("raw session.run", raw_times)]
+        [("sluice", sluice_times), ("floor (tonic echo, fixed bytes)", floor_times), ("raw session.run", raw_times)]
     {
         times.sort();
         rows.push((name, percentile(&times, 0.5), percentile(&times, 0.9), percentile(&times, 0.99)));
@@ -144,7 +147,7 @@ fn main() {
     }
     let overhead = micros(rows[0].1) - micros(rows[1].1) - micros(rows[2].1);
     let median_gap = round_gaps[round_gaps.len() / 2];
-    println!("\noverhead = p50 sluice − p50 floor − p50 raw = {overhead:.1} µs (target ≤ 50 µs)");
+    println!("\noverhead = p50 sluice − p50 floor − p50 raw = {overhead:.1} µs (target ≤ 30 µs)");
     println!(
         "per round (sluice and floor interleaved request by request), p50 sluice − p50 floor: median {median_gap:.1} µs, \
          range {:.1} to {:.1} µs; minus raw: {:.1} µs",

@@ -55,6 +55,12 @@ base_path = "{cnn}"
 onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
 batching = {{ max_batch_size = 32, batch_timeout_micros = 2000, max_enqueued_batches = 64 }}
 
+[[models]]
+name = "cnn_auto"
+base_path = "{cnn}"
+onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
+batching = {{ mode = "auto", max_batch_size = 32, max_enqueued_batches = 64 }}
+
 # Overload: a model whose capacity in requests per second is low enough
 # for the load generator on the same two cores to offer twice as much.
 [[models]]
@@ -73,6 +79,12 @@ name = "mlp_batched"
 base_path = "{mlp}"
 onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
 batching = {{ max_batch_size = 64, batch_timeout_micros = 500 }}
+
+[[models]]
+name = "mlp_auto"
+base_path = "{mlp}"
+onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
+batching = {{ mode = "auto", max_batch_size = 64 }}
 
 [[pipelines]]
 name = "cnn_pixels_pipelined"
@@ -238,6 +250,8 @@ fn main() {
         eprintln!("sluice CNN, batch-1 requests, 64 streams, dynamic batching to 32");
         let ones = bench.pool(&target, "cnn_batched", &[], 1);
         let batched = bench.load(&target, &ones, 64, None);
+        eprintln!("sluice CNN, batch-1 requests, 64 streams, auto batching (at most 32)");
+        let auto = bench.load(&target, &bench.pool(&target, "cnn_auto", &[], 1), 64, None);
         eprintln!("sluice CNN, batch-1 requests, 64 streams, no batching");
         let unbatched = bench.load(&target, &bench.pool(&target, "cnn", &[], 1), 64, None);
         eprintln!("sluice CNN, batch-32 requests, 4 streams, no batching");
@@ -249,6 +263,13 @@ fn main() {
             format!("raw ORT batch 32: {raw:.0} rows/s"),
             batched.rows_per_second / raw,
             "≥ 0.7×",
+        );
+        bench.row(
+            "CNN batch-1 × 64 streams, auto batching",
+            rows(&auto),
+            format!("raw ORT batch 32: {raw:.0} rows/s"),
+            auto.rows_per_second / raw,
+            "≥ 0.6×",
         );
         bench.row(
             "CNN batch-1 × 64 streams, batched to 32",
@@ -272,13 +293,21 @@ fn main() {
         floor_command.args(["--rows", "1", "--cols", "10"]);
         let floor =
             ServerProcess::spawn(floor_command, "floor", "floor-server: serving gRPC on ", ready, true).expect("floor");
+        let mut echo_command = Command::new(env!("CARGO_BIN_EXE_floor-server"));
+        echo_command.args(["--rows", "1", "--cols", "10", "--raw"]);
+        let echo =
+            ServerProcess::spawn(echo_command, "echo", "floor-server: serving gRPC on ", ready, true).expect("echo");
         let pool = bench.pool(&target, "mlp", &[], 1);
         eprintln!("floor server, MLP-shaped batch-1 requests, 64 streams");
         let floor_summary = bench.load(&floor.url(), &pool, 64, None);
+        eprintln!("echo floor (fixed bytes, nothing decoded or encoded), 64 streams");
+        let echo_summary = bench.load(&echo.url(), &pool, 64, None);
         eprintln!("sluice MLP, batch-1 requests, 64 streams, no batching");
         let mlp = bench.load(&target, &pool, 64, None);
         eprintln!("sluice MLP, batch-1 requests, 64 streams, dynamic batching to 64");
         let mlp_batched = bench.load(&target, &bench.pool(&target, "mlp_batched", &[], 1), 64, None);
+        eprintln!("sluice MLP, batch-1 requests, 64 streams, auto batching (at most 64)");
+        let mlp_auto = bench.load(&target, &bench.pool(&target, "mlp_auto", &[], 1), 64, None);
         let rps = |s: &Summary| format!("{:.0} req/s", s.requests_per_second);
         let floor_text = format!("floor: {}", rps(&floor_summary));
         bench.row(
@@ -291,9 +320,26 @@ fn main() {
         bench.row(
             "MLP batch-1 × 64 streams, batched to 64",
             rps(&mlp_batched),
-            floor_text,
+            floor_text.clone(),
             mlp_batched.requests_per_second / floor_summary.requests_per_second,
             "≥ 0.7×",
+        );
+        let echo_text = format!("echo floor: {}", rps(&echo_summary));
+        for (what, summary) in [("no batching", &mlp), ("batched to 64", &mlp_batched), ("auto batching", &mlp_auto)] {
+            bench.row(
+                &format!("MLP batch-1 × 64 streams, {what}"),
+                rps(summary),
+                echo_text.clone(),
+                summary.requests_per_second / echo_summary.requests_per_second,
+                "≥ 0.85×",
+            );
+        }
+        bench.row(
+            "floor (tonic, decodes and encodes) × 64 streams",
+            rps(&floor_summary),
+            echo_text,
+            floor_summary.requests_per_second / echo_summary.requests_per_second,
+            "report",
         );
     }
 

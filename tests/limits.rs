@@ -121,3 +121,95 @@ async fn oversized_headers_get_431_and_connections_past_the_limit_are_closed() {
     let metrics = server.metrics().await;
     assert!(metric_value(&metrics, r#"sluice_connections_refused_total{port="http"}"#) >= 1.0, "{metrics}");
 }
+
+/// One HTTP/2 frame: (type, flags, stream id, payload).
+type Frame = (u8, u8, u32, Vec<u8>);
+
+fn write_frame(stream: &mut TcpStream, kind: u8, flags: u8, id: u32, payload: &[u8]) {
+    let len = payload.len() as u32;
+    let mut frame = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    frame.extend_from_slice(&id.to_be_bytes());
+    frame.extend_from_slice(payload);
+    stream.write_all(&frame).expect("write frame");
+}
+
+fn read_frame(stream: &mut TcpStream) -> Frame {
+    let mut head = [0u8; 9];
+    stream.read_exact(&mut head).expect("frame header");
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).expect("frame payload");
+    (head[3], head[4], u32::from_be_bytes([head[5] & 0x7f, head[6], head[7], head[8]]), payload)
+}
+
+/// A Predict call's request headers in HPACK, without Huffman coding or
+/// the dynamic table, so the test needs no HTTP/2 library.
+fn predict_headers() -> Vec<u8> {
+    let literal = |out: &mut Vec<u8>, name_index: u8, value: &str| {
+        out.push(name_index);
+        out.push(value.len() as u8);
+        out.extend_from_slice(value.as_bytes());
+    };
+    let mut block = vec![0x83, 0x86]; // :method POST, :scheme http (static table)
+    literal(&mut block, 0x04, "/tensorflow.serving.PredictionService/Predict"); // :path
+    literal(&mut block, 0x01, "localhost"); // :authority
+    block.extend_from_slice(&[0x0f, 0x10]); // content-type (static index 31) …
+    block.push(16);
+    block.extend_from_slice(b"application/grpc");
+    block.extend_from_slice(&[0x00, 2]); // te: trailers, a new name
+    block.extend_from_slice(b"te");
+    block.push(8);
+    block.extend_from_slice(b"trailers");
+    block
+}
+
+#[tokio::test]
+async fn streams_past_max_concurrent_streams_are_refused_and_the_connection_keeps_its_calls() {
+    let server = Server::with_config(
+        "[server]\nmax_concurrent_streams = 2\n\
+         [[models]]\nname = \"mlp\"\nbase_path = \"$ROOT/examples/models/mlp\"\n",
+    );
+    let mut h2 = connect(server.grpc);
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").expect("preface");
+    write_frame(&mut h2, 0x4, 0, 0, &[]);
+    // The server's SETTINGS carry the limit: SETTINGS_MAX_CONCURRENT_STREAMS (3) = 2.
+    let (kind, flags, _, settings) = read_frame(&mut h2);
+    assert_eq!((kind, flags & 1), (0x4, 0), "the server's first frame is its SETTINGS");
+    let advertised = settings
+        .chunks(6)
+        .find(|s| u16::from_be_bytes([s[0], s[1]]) == 3)
+        .map(|s| u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
+    assert_eq!(advertised, Some(2), "settings {settings:?}");
+    write_frame(&mut h2, 0x4, 0x1, 0, &[]);
+    // Three calls opened and left waiting for their bodies: two fit, the
+    // third is refused (RST_STREAM, REFUSED_STREAM = 7) without a reply.
+    for id in [1, 3, 5] {
+        write_frame(&mut h2, 0x1, 0x4, id, &predict_headers());
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        assert!(Instant::now() < deadline, "no RST_STREAM for the third stream");
+        let (kind, _, id, payload) = read_frame(&mut h2);
+        match kind {
+            0x3 => break (id, u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])),
+            0x7 => panic!("the server closed the whole connection (GOAWAY {payload:?})"),
+            _ => continue,
+        }
+    };
+    assert_eq!(refused, (5, 7), "(stream, error code)");
+    // The first two are still open: finishing one with an empty message
+    // (a 5-byte gRPC frame of length 0) gets it an answer on this connection.
+    write_frame(&mut h2, 0x0, 0x1, 1, &[0, 0, 0, 0, 0]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "no answer on stream 1");
+        let (kind, _, id, _) = read_frame(&mut h2);
+        if kind == 0x1 && id == 1 {
+            break;
+        }
+        assert!(!(kind == 0x3 && id == 1), "stream 1 was reset");
+    }
+    let mut client = server.predict_client().await;
+    let x = values(5, 64);
+    client.predict(predict_request("mlp", vec![("x", f32_content(&[1, 64], &x))])).await.expect("served");
+}

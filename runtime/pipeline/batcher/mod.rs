@@ -364,15 +364,27 @@ impl BatchFormer {
             }
             let Ok(slot) = self.shared.slots.clone().acquire_owned().await else { return };
             // While waiting for a slot more requests may have come: take
-            // them, up to what the target allows now that the batch is older.
-            let cap = self.shared.plan(Instant::now(), oldest, rows).cap;
-            while rows < cap && self.carry.is_none() {
-                match self.queue.try_recv() {
-                    Ok(entry) => self.add(&mut batch, &mut rows, entry, cap),
-                    Err(_) => break,
+            // them, up to the cap; past it, more still waiting is a
+            // backlog, and the batch grows to the backlog cap to drain it.
+            let plan = self.shared.plan(Instant::now(), oldest, rows);
+            self.top_up(&mut batch, &mut rows, plan.cap);
+            if self.carry.is_some() && plan.backlog_cap > plan.cap {
+                if let Some(entry) = self.carry.take() {
+                    self.add(&mut batch, &mut rows, entry, plan.backlog_cap);
                 }
+                self.top_up(&mut batch, &mut rows, plan.backlog_cap);
             }
             self.shared.dispatch(batch, slot, &self.queue_metrics);
+        }
+    }
+
+    /// Takes what is waiting into the batch, up to `cap` rows.
+    fn top_up(&mut self, batch: &mut Vec<Entry>, rows: &mut usize, cap: usize) {
+        while *rows < cap && self.carry.is_none() {
+            match self.queue.try_recv() {
+                Ok(entry) => self.add(batch, rows, entry, cap),
+                Err(_) => break,
+            }
         }
     }
 
@@ -651,13 +663,13 @@ mod tests {
         let backend = model();
         let batcher = auto_batcher(&backend);
         // 250 rows/s: more than batch-1 runs keep up with (91/s), far less
-        // than the 900/s the target allows at 90 rows.
+        // than the 800/s the target allows at 40 rows.
         let latencies = steady_load(&batcher, Duration::from_millis(4), Duration::from_secs(10)).await;
         let sizes = batch_sizes(&backend);
         assert_eq!(sizes.iter().sum::<usize>(), latencies.len());
         let late = &sizes[sizes.len() / 2..];
         let mean = late.iter().sum::<usize>() as f64 / late.len() as f64;
-        assert!(mean >= 4.0, "batches did not grow: {late:?}");
+        assert!(mean >= 3.0, "batches did not grow: {late:?}");
         let mut sorted = latencies[latencies.len() / 2..].to_vec();
         sorted.sort();
         let p99 = sorted[sorted.len() * 99 / 100];
@@ -669,7 +681,7 @@ mod tests {
         let fast = model();
         let batcher = auto_batcher(&fast);
         // Overload: 1000 rows/s, beyond the model within the target;
-        // batches reach the most the target allows (64, the maximum).
+        // batches reach the most the target allows (40 rows in 50 ms).
         load(&batcher, Duration::from_millis(1), Duration::from_secs(3), true).await;
         let big = batch_sizes(&fast).into_iter().max().unwrap_or(0);
         assert!(big >= 40, "{big}");
@@ -686,8 +698,11 @@ mod tests {
         let batcher = Arc::new(batcher_of(slowed, params));
         load(&batcher, Duration::from_millis(1), Duration::from_secs(3), true).await;
         let sizes = batch_sizes(&slow);
+        // 10 ms + 4 ms per row within half of 100 ms: 10 rows. The warmup
+        // curve it started from fades as the slower runs come in.
         let late = &sizes[sizes.len() / 2..];
-        // 10 ms + 4 ms per row within 100 ms: at most 22 rows.
-        assert!(late.iter().all(|&n| n <= 22), "{late:?}");
+        assert!(late.iter().all(|&n| n <= 16), "{late:?}");
+        let last = &sizes[sizes.len() * 9 / 10..sizes.len() - 1];
+        assert!(last.iter().all(|&n| n <= 12), "{last:?}");
     }
 }

@@ -7,17 +7,26 @@
 //! every batch) and the rate at which rows arrive (a moving average over
 //! a quarter of a second). For each batch:
 //!
-//! - **cap**: the largest batch whose run still ends within the latency
-//!   target for the batch's oldest request. Under overload, batches are
-//!   this large: the most throughput the target allows.
-//! - **want**: the smallest batch that keeps up with the arrivals with
-//!   room to spare (`threads × want / latency(want) ≥ 1.5 × rate`). The
-//!   batch closes as soon as it holds that many rows. With sparse traffic
-//!   this is one row, so nothing waits; as traffic grows, batches grow
-//!   with it until the cap binds.
+//! - **cap**: the largest batch whose run takes at most half the latency
+//!   target, and no larger than the curve's most efficient size (past it
+//!   a batch costs more per row: larger only adds latency). Under saturation a request waits for a running batch to end
+//!   and then runs in the next, so two runs must fit in the target. Under
+//!   overload batches are this large: the most throughput the target
+//!   allows. The cap does not shrink as a backlog ages: smaller batches
+//!   would only drain it more slowly. When more rows wait than the cap
+//!   (a backlog: the target is already lost for some of them), a batch
+//!   may grow to **backlog_cap**, the largest whose run fits the whole
+//!   target, to drain it sooner.
+//! - **want**: the smallest batch with which the batch threads keep up
+//!   with the arrivals (`threads × want / latency(want) ≥ rate`). The
+//!   batch closes as soon as it holds that many rows. While single rows
+//!   keep up, nothing waits: a free thread runs what is there, and under
+//!   load batches grow by themselves while threads are busy. Waiting
+//!   starts only where running what is there would fall behind.
 //! - **close**: when `want` is not there yet, the batch waits about twice
 //!   the time the arrival rate needs to bring the missing rows, never
-//!   past the moment its oldest request would miss the target.
+//!   past the moment its oldest request could no longer wait for a
+//!   running batch and run its own within the target.
 //!
 //! Every choice is a pure function of the curve, the rate and the clock
 //! (tokio's, so tests run it on paused time).
@@ -37,6 +46,8 @@ pub struct Plan {
     pub want: usize,
     /// The most rows it may take, when more are waiting as it leaves.
     pub cap: usize,
+    /// The most rows it may take when more than `cap` are waiting.
+    pub backlog_cap: usize,
     /// It closes at this instant whatever it holds.
     pub close_at: Instant,
 }
@@ -74,16 +85,13 @@ impl Policy {
     pub fn plan(&self, curve: &LatencyCurve, now: Instant, oldest: Instant, rows: usize) -> Plan {
         match self {
             Policy::Fixed { max_batch_size, timeout } => {
-                Plan { want: *max_batch_size, cap: *max_batch_size, close_at: oldest + *timeout }
+                let max = *max_batch_size;
+                Plan { want: max, cap: max, backlog_cap: max, close_at: oldest + *timeout }
             }
             Policy::Auto(auto) => auto.plan(&curve.snapshot(), now, oldest, rows),
         }
     }
 }
-
-/// Room kept between the throughput a batch size gives and the arrival
-/// rate: bursts above the average do not build a queue at once.
-const HEADROOM: f64 = 1.5;
 
 /// How long a batch waits for its missing rows, in units of the time the
 /// arrival rate needs to bring them.
@@ -143,29 +151,35 @@ impl AutoPolicy {
     pub fn plan(&self, curve: &CurveSnapshot, now: Instant, oldest: Instant, rows: usize) -> Plan {
         let rows = rows.clamp(1, self.max_batch_size);
         let rate = self.rate(now);
-        let close_now = |cap: usize| Plan { want: rows, cap, close_at: now };
+        let close_now = |cap: usize| Plan { want: rows, cap, backlog_cap: cap, close_at: now };
         if curve.is_empty() {
             // Nothing measured yet: run what is there and learn from it.
             return close_now(self.max_batch_size);
         }
-        let budget = self.target.saturating_sub(now.saturating_duration_since(oldest)).as_secs_f64();
-        let within_budget = |n: usize| self.cost(curve, n).is_some_and(|s| s <= budget);
+        // (A hair of slack, so that a size costing exactly half is not lost
+        // to rounding in the fitted line.)
+        let half = self.target.as_secs_f64() / 2.0 * (1.0 + 1e-9);
+        let within_half = |n: usize| self.cost(curve, n).is_some_and(|s| s <= half);
         // The cost grows with the size (the curve is monotone), so the
         // largest size within the budget is found by bisection.
-        let cap = largest(1, self.max_batch_size, within_budget).unwrap_or(1).max(rows);
+        let efficient = curve.efficient_rows().unwrap_or(self.max_batch_size).clamp(1, self.max_batch_size);
+        let cap = largest(1, efficient, within_half).unwrap_or(1).max(rows);
+        let target = self.target.as_secs_f64() * (1.0 + 1e-9);
+        let within_target = |n: usize| self.cost(curve, n).is_some_and(|s| s <= target);
+        let backlog_cap = largest(cap, efficient, within_target).unwrap_or(cap);
         if rate <= 0.0 {
-            return close_now(cap);
+            return Plan { backlog_cap, ..close_now(cap) };
         }
-        let needed = HEADROOM * rate / self.threads as f64;
+        let needed = rate / self.threads as f64;
         let keeps_up = |n: usize| self.cost(curve, n).is_some_and(|s| s <= 0.0 || n as f64 / s >= needed);
         let want = smallest(1, cap, keeps_up).unwrap_or(cap);
         if rows >= want {
-            return Plan { want, cap, close_at: now };
+            return Plan { want, cap, backlog_cap, close_at: now };
         }
-        let fill = Duration::from_secs_f64(((want - rows) as f64 / rate * FILL_SLACK).min(budget));
+        let fill = Duration::from_secs_f64((want - rows) as f64 / rate * FILL_SLACK).min(self.target);
         let run = Duration::from_secs_f64(self.cost(curve, want).unwrap_or(0.0));
-        let latest = oldest + self.target.saturating_sub(run);
-        Plan { want, cap, close_at: (now + fill).min(latest).max(now) }
+        let latest = oldest + self.target.saturating_sub(run * 2);
+        Plan { want, cap, backlog_cap, close_at: (now + fill).min(latest).max(now) }
     }
 }
 
@@ -292,30 +306,37 @@ mod tests {
     async fn batches_grow_with_load_until_the_target_binds() {
         let policy = policy(10, 64, 1);
         let curve = curve(1.0, 0.1);
-        let mut last = 0;
-        for rate in [2000.0, 4000.0, 6000.0] {
+        // 500 rows/s: single rows keep up (909/s), nothing waits.
+        feed(&policy, 500.0, Duration::from_secs(1)).await;
+        let now = Instant::now();
+        assert_eq!(policy.plan(&curve, now, now, 1).close_at, now);
+        let mut last = 1;
+        for rate in [2000.0, 3000.0, 3500.0] {
             feed(&policy, rate, Duration::from_secs(1)).await;
             let now = Instant::now();
             let plan = policy.plan(&curve, now, now, 1);
             assert!(plan.want > last, "at {rate} rows/s: {plan:?} (before: {last})");
-            // It keeps up: want rows per run of the model, with headroom.
+            // It keeps up: want rows per run of the model.
             let seconds = (1.0 + 0.1 * plan.want as f64) / 1e3;
-            assert!(plan.want as f64 / seconds >= HEADROOM * rate * 0.9, "at {rate}: {plan:?}");
+            assert!(plan.want as f64 / seconds >= rate * 0.9, "at {rate}: {plan:?}");
             assert!(plan.close_at > now && plan.close_at <= now + Duration::from_millis(10), "{plan:?}");
             last = plan.want;
         }
-        // 1 ms + 0.1 ms/row within 10 ms: at most 90 rows, capped at 64.
-        assert_eq!(policy.plan(&curve, Instant::now(), Instant::now(), 1).cap, 64);
-        // Beyond what the model can do within the target (9000 rows/s at
-        // 90 rows): the biggest batch the target allows, and no more.
+        // 1 ms + 0.1 ms/row within half of 10 ms: at most 40 rows.
+        assert_eq!(policy.plan(&curve, Instant::now(), Instant::now(), 1).cap, 40);
+        // Beyond what the model can do within the target (8000 rows/s at
+        // 40 rows): the biggest batch the target allows, and no more.
         let policy = self::policy(10, 256, 1);
         feed(&policy, 20_000.0, Duration::from_secs(1)).await;
         let now = Instant::now();
         let plan = policy.plan(&curve, now, now, 1);
-        assert_eq!((plan.want, plan.cap), (90, 90), "{plan:?}");
-        // A batch whose oldest request has waited 4 ms may run 6 ms: 50 rows.
-        let plan = policy.plan(&curve, now, now - Duration::from_millis(4), 1);
-        assert_eq!(plan.cap, 50, "{plan:?}");
+        assert_eq!((plan.want, plan.cap), (40, 40), "{plan:?}");
+        // With a backlog it may take what runs within the whole target.
+        assert_eq!(plan.backlog_cap, 90, "{plan:?}");
+        // A backlog whose oldest request is already late still runs the
+        // biggest batches: smaller ones would drain it more slowly.
+        let plan = policy.plan(&curve, now, now - Duration::from_millis(30), 1);
+        assert_eq!((plan.cap, plan.close_at), (40, now), "{plan:?}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -329,7 +350,7 @@ mod tests {
         let rate = policy.rate(Instant::now());
         assert!(rate > 0.9 * 5000.0, "{rate}");
         let after = policy.plan(&curve, Instant::now(), Instant::now(), 1).want;
-        assert!(after >= 10, "{after}");
+        assert!(after >= 5, "{after}");
         // And back down.
         feed(&policy, 200.0, Duration::from_millis(1500)).await;
         assert_eq!(policy.plan(&curve, Instant::now(), Instant::now(), 1).want, 1);
@@ -342,20 +363,22 @@ mod tests {
         let now = Instant::now();
         let fast = policy.plan(&curve(1.0, 0.1), now, now, 1);
         let slow = policy.plan(&curve(1.0, 0.4), now, now, 1);
-        assert_eq!(fast.cap, 64);
-        // 1 ms + 0.4 ms/row within 10 ms: 22 rows.
-        assert_eq!(slow.cap, 22, "{slow:?}");
+        assert_eq!(fast.cap, 40);
+        // 1 ms + 0.4 ms/row within half of 10 ms: 10 rows.
+        assert_eq!(slow.cap, 10, "{slow:?}");
         // The learned curve moves as runs slow down.
         let learned = LatencyCurve::new();
         for &n in &[1usize, 8, 32] {
             learned.seed(n, (1.0 + 0.1 * n as f64) / 1e3);
         }
-        assert_eq!(policy.plan(&learned.snapshot(), now, now, 1).cap, 64);
+        assert_eq!(policy.plan(&learned.snapshot(), now, now, 1).cap, 40);
         for _ in 0..30 {
-            learned.record(32, 13.8e-3);
+            for n in [8usize, 32] {
+                learned.record(n, (1.0 + 0.4 * n as f64) / 1e3);
+            }
         }
         let shrunk = policy.plan(&learned.snapshot(), now, now, 1);
-        assert!(shrunk.cap < 32, "{shrunk:?}");
+        assert!(shrunk.cap <= 12, "{shrunk:?}");
     }
 
     #[test]
