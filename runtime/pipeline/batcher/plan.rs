@@ -202,24 +202,13 @@ fn largest(low: usize, high: usize, ok: impl Fn(usize) -> bool) -> Option<usize>
 }
 
 /// The smallest `n` in `low..=high` for which `ok` holds, when `ok` holds
-/// for every size above any size where it holds.
+/// for every size above any size where it holds: one past the largest
+/// where it does not.
 fn smallest(low: usize, high: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
     if low > high || !ok(high) {
         return None;
     }
-    let (mut no, mut yes) = (low, high);
-    if ok(low) {
-        return Some(low);
-    }
-    while yes - no > 1 {
-        let mid = no + (yes - no) / 2;
-        if ok(mid) {
-            yes = mid;
-        } else {
-            no = mid;
-        }
-    }
-    Some(yes)
+    Some(largest(low, high, |n| !ok(n)).map_or(low, |n| n + 1))
 }
 
 /// Rows per second, as a moving average with a time constant of
