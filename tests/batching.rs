@@ -327,3 +327,26 @@ async fn enable_batching_without_a_file_batches_in_auto_mode_row_for_row() {
         assert!(metric_value(&metrics, &point) > 0.0, "{point} missing: {metrics}");
     }
 }
+
+#[tokio::test]
+async fn a_full_pipeline_refuses_before_decoding_what_it_would_refuse() {
+    let server = Server::with_config(&cnn_config("max_batch_size = 4096, batch_timeout_micros = 0", 1));
+    let blocker = occupy(&server).await;
+    let mut client = server.predict_client().await;
+    // A tensor whose bytes do not match its shape: a decoding error, had
+    // it been decoded. The full pipeline refuses it first.
+    let mut bad = f32_content(&[1, 3, 32, 32], &values(1, 3 * 32 * 32));
+    bad.tensor_content = bad.tensor_content.slice(..100);
+    let refused = client.predict(predict_request("cnn", vec![("image", bad.clone())])).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("the request queue of model 'cnn' is full"), "{}", refused.message());
+    // A request that names an input the model does not have is the
+    // client's mistake whatever the load: named before admission.
+    let misnamed = client.predict(predict_request("cnn", vec![("pixels", bad.clone())])).await.unwrap_err();
+    assert_eq!(misnamed.code(), Code::InvalidArgument, "{misnamed:?}");
+    blocker.await.expect("the blocker");
+    // With room again, the same bad tensor is decoded and its fault named.
+    let invalid = client.predict(predict_request("cnn", vec![("image", bad)])).await.unwrap_err();
+    assert_eq!(invalid.code(), Code::InvalidArgument, "{invalid:?}");
+    assert!(invalid.message().contains("image"), "{}", invalid.message());
+}

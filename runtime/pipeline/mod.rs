@@ -256,8 +256,8 @@ impl Pipeline {
         });
     }
 
-    /// Runs one validated request's inputs (in `signature`'s order); the
-    /// outputs come in its output order.
+    /// Runs one validated (and admitted) request's inputs (in
+    /// `signature`'s order); the outputs come in its output order.
     async fn predict(
         &self,
         version: &ServedVersion,
@@ -265,7 +265,6 @@ impl Pipeline {
         inputs: Vec<Tensor>,
         deadline: Deadline,
     ) -> Result<Vec<Tensor>> {
-        let _permit = self.admission.try_admit()?;
         let model = version.signature();
         let inputs = match &self.feature_fetch {
             None => inputs,

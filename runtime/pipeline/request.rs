@@ -4,14 +4,17 @@
 //!
 //! The API edges build a `ValidRequest` through a [`RequestBuilder`], the
 //! only way to make one: the input names and the `output_filter` are
-//! checked when it starts (before anything is decoded), each decoded
-//! tensor against its spec as it is added, and the rows of batched inputs
-//! when it finishes. Each check runs once; the pipeline trusts what it is
-//! given.
+//! checked when it starts, and then the request is admitted (or refused
+//! with RESOURCE_EXHAUSTED), both before any tensor is decoded, so an
+//! overloaded pipeline spends nothing on what it refuses; each decoded
+//! tensor is checked against its spec as it is added, and the rows of
+//! batched inputs when it finishes. Each check runs once; the pipeline
+//! trusts what it is given.
 
 use std::fmt;
 use std::sync::Arc;
 
+use super::admission::AdmissionPermit;
 use super::deadline::Deadline;
 use super::{Endpoints, Pipeline, ServedVersion};
 use crate::error::{Error, Result};
@@ -68,7 +71,9 @@ impl Target {
 
     /// Starts a request that names `inputs` and asks for the outputs
     /// `output_filter` selects (all when empty): both are checked here,
-    /// before any tensor is decoded.
+    /// then the pipeline admits the request or refuses it, all before any
+    /// tensor is decoded. The admission is held until the request is
+    /// answered.
     pub fn request<'n>(
         &self,
         inputs: impl Iterator<Item = &'n str> + Clone,
@@ -78,7 +83,15 @@ impl Target {
         let signature = self.signature();
         signature.check_input_names(self, inputs)?;
         let outputs = signature.resolve_output_filter(self, output_filter)?;
-        Ok(RequestBuilder { target: self, signature, slots: vec![None; signature.inputs.len()], outputs, deadline })
+        let admitted = self.pipeline.admission.try_admit()?;
+        Ok(RequestBuilder {
+            target: self,
+            signature,
+            slots: vec![None; signature.inputs.len()],
+            outputs,
+            deadline,
+            admitted,
+        })
     }
 }
 
@@ -90,13 +103,15 @@ pub struct ValidRequest {
     /// Output indexes to answer with, in answer order.
     outputs: Vec<usize>,
     deadline: Deadline,
+    /// Its place in the pipeline's admission, freed once it is answered.
+    _admitted: AdmissionPermit,
 }
 
 impl ValidRequest {
     /// Runs the request through its pipeline; returns the outputs it asked
     /// for, by name, in signature order unless its filter ordered them.
     pub async fn run(self) -> Result<Vec<(String, Tensor)>> {
-        let ValidRequest { target, inputs, outputs: selected, deadline } = self;
+        let ValidRequest { target, inputs, outputs: selected, deadline, _admitted } = self;
         let signature = target.signature();
         // Bounding the whole wait by the deadline also drops the request
         // from whatever queue it is in: the queues skip requests whose
@@ -133,6 +148,7 @@ pub struct RequestBuilder<'a> {
     slots: Vec<Option<Tensor>>,
     outputs: Vec<usize>,
     deadline: Deadline,
+    admitted: AdmissionPermit,
 }
 
 impl RequestBuilder<'_> {
@@ -174,6 +190,12 @@ impl RequestBuilder<'_> {
         if self.signature.is_batched() {
             self.signature.check_rows(self.target, &inputs)?;
         }
-        Ok(ValidRequest { target: self.target.clone(), inputs, outputs: self.outputs, deadline: self.deadline })
+        Ok(ValidRequest {
+            target: self.target.clone(),
+            inputs,
+            outputs: self.outputs,
+            deadline: self.deadline,
+            _admitted: self.admitted,
+        })
     }
 }
