@@ -80,6 +80,11 @@ const DEFAULT_LATENCY_TARGET_MS: u64 = 10;
 /// The longest latency target accepted: beyond it a client has long given up.
 const MAX_LATENCY_TARGET_MS: u64 = 60_000;
 
+/// The most rows of one batch, and the most batches a queue may hold:
+/// far above any real model, and low enough that the queue's bound in
+/// rows (their product) is a count the batcher can hold.
+const MAX_BATCH_ROWS: usize = 1 << 20;
+
 impl BatchingParameters {
     /// Auto mode with its defaults: what `--enable_batching` gives
     /// without a parameters file.
@@ -119,11 +124,17 @@ impl BatchingParameters {
             }
             _ => {}
         }
-        if self.max_batch_size == 0 {
-            return Err(invalid!("{key}.max_batch_size = 0: must be at least 1"));
+        if self.max_batch_size == 0 || self.max_batch_size > MAX_BATCH_ROWS {
+            return Err(invalid!(
+                "{key}.max_batch_size = {}: must be between 1 and {MAX_BATCH_ROWS}",
+                self.max_batch_size
+            ));
         }
-        if self.max_enqueued_batches == 0 {
-            return Err(invalid!("{key}.max_enqueued_batches = 0: must be at least 1"));
+        if self.max_enqueued_batches == 0 || self.max_enqueued_batches > MAX_BATCH_ROWS {
+            return Err(invalid!(
+                "{key}.max_enqueued_batches = {}: must be between 1 and {MAX_BATCH_ROWS}",
+                self.max_enqueued_batches
+            ));
         }
         if let Some(&last) = self.allowed_batch_sizes.last() {
             if self.allowed_batch_sizes.windows(2).any(|w| w[0] >= w[1]) || self.allowed_batch_sizes[0] == 0 {
@@ -392,5 +403,11 @@ mod tests {
         assert!(params.check("b").unwrap_err().0.contains("strictly increasing"));
         params.allowed_batch_sizes = vec![8, 16];
         assert!(params.check("b").unwrap_err().0.contains("must equal max_batch_size (32)"));
+        // A bound a queue of rows can count.
+        let huge = BatchingParameters { max_batch_size: usize::MAX, ..Default::default() };
+        let err = huge.check("b").unwrap_err().0;
+        assert!(err.contains("b.max_batch_size = 18446744073709551615: must be between 1 and 1048576"), "{err}");
+        let deep = BatchingParameters { max_enqueued_batches: 1 << 40, ..Default::default() };
+        assert!(deep.check("b").unwrap_err().0.contains("max_enqueued_batches"));
     }
 }

@@ -189,7 +189,7 @@ fn largest(low: usize, high: usize, ok: impl Fn(usize) -> bool) -> Option<usize>
     if low > high || !ok(low) {
         return None;
     }
-    let (mut yes, mut no) = (low, high + 1);
+    let (mut yes, mut no) = (low, high.saturating_add(1));
     while no - yes > 1 {
         let mid = yes + (no - yes) / 2;
         if ok(mid) {
@@ -368,6 +368,46 @@ mod tests {
         }
         let shrunk = policy.plan(&learned.snapshot(), now, now, 1);
         assert!(shrunk.cap <= 12, "{shrunk:?}");
+    }
+
+    proptest::proptest! {
+        /// Whatever the curve, the rate and the batch's age, a plan is
+        /// coherent: it wants at least a row and no more than it may take,
+        /// takes no more than the maximum (or what the batch already
+        /// holds), and closes between now and one target from now.
+        #[test]
+        fn every_plan_is_coherent(
+            points in proptest::collection::vec((1usize..600, 1e-6f64..1.0), 0..12),
+            max_batch_size in 1usize..512,
+            target_ms in 1u64..1000,
+            threads in 1usize..8,
+            held in 1usize..512,
+            gap_us in 1u64..100_000,
+            arrivals in 0usize..50,
+            age_ms in 0u64..2000,
+        ) {
+            let params = BatchingParameters {
+                latency_target_ms: Some(target_ms),
+                max_batch_size,
+                ..BatchingParameters::auto()
+            };
+            let policy = AutoPolicy::new(&params, threads);
+            let start = Instant::now();
+            let mut now = start;
+            for _ in 0..arrivals {
+                policy.arrived(now, 1);
+                now += Duration::from_micros(gap_us);
+            }
+            let curve = CurveSnapshot::from_points(&points);
+            let rows = held.min(max_batch_size);
+            let oldest = now.checked_sub(Duration::from_millis(age_ms)).unwrap_or(start);
+            let plan = policy.plan(&curve, now, oldest, rows);
+            proptest::prop_assert!(plan.want >= 1 && plan.want <= plan.cap, "{plan:?}");
+            proptest::prop_assert!(plan.cap <= plan.backlog_cap && plan.backlog_cap <= max_batch_size, "{plan:?}");
+            proptest::prop_assert!(plan.cap >= rows, "{plan:?}");
+            proptest::prop_assert!(plan.close_at >= now, "{plan:?}");
+            proptest::prop_assert!(plan.close_at <= now + Duration::from_millis(target_ms), "{plan:?}");
+        }
     }
 
     #[test]
