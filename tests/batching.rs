@@ -350,3 +350,29 @@ async fn a_full_pipeline_refuses_before_decoding_what_it_would_refuse() {
     assert_eq!(invalid.code(), Code::InvalidArgument, "{invalid:?}");
     assert!(invalid.message().contains("image"), "{}", invalid.message());
 }
+
+#[test]
+fn sluice_bench_shows_what_the_auto_batcher_chose() {
+    let server =
+        Server::start(&["--model_name", "mlp", "--model_base_path", "examples/models/mlp", "--enable_batching"]);
+    let bench = |extra: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["bench", "--model", "mlp", "--duration", "1s", "--warmup", "0s", "--concurrency", "8"])
+            .args(["--target", &format!("http://{}", server.grpc)])
+            .args(["--metrics", &format!("http://{}/metrics", server.http)])
+            .args(extra)
+            .current_dir(root())
+            .output()
+            .expect("run sluice bench");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let text = bench(&[]);
+    assert!(text.contains("auto batching of mlp/2: waits for"), "{text}");
+    assert!(text.contains("learned ms per batch by size: 1: "), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&bench(&["--json"])).expect("JSON");
+    let batchers = json["auto_batching"].as_array().expect("auto_batching");
+    assert_eq!(batchers[0]["version"], "mlp/2", "{json}");
+    assert!(batchers[0]["cap_rows"].as_f64().unwrap_or(0.0) >= 1.0, "{json}");
+    assert!(json["requests"].as_u64().unwrap_or(0) > 0, "{json}");
+}
