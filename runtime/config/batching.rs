@@ -85,6 +85,9 @@ const MAX_LATENCY_TARGET_MS: u64 = 60_000;
 /// rows (their product) is a count the batcher can hold.
 const MAX_BATCH_ROWS: usize = 1 << 20;
 
+/// The most batches that may run at once.
+const MAX_BATCH_THREADS: usize = 1024;
+
 impl BatchingParameters {
     /// Auto mode with its defaults: what `--enable_batching` gives
     /// without a parameters file.
@@ -134,6 +137,12 @@ impl BatchingParameters {
             return Err(invalid!(
                 "{key}.max_enqueued_batches = {}: must be between 1 and {MAX_BATCH_ROWS}",
                 self.max_enqueued_batches
+            ));
+        }
+        if self.num_batch_threads > MAX_BATCH_THREADS {
+            return Err(invalid!(
+                "{key}.num_batch_threads = {}: must be at most {MAX_BATCH_THREADS} (0: one per session)",
+                self.num_batch_threads
             ));
         }
         if let Some(&last) = self.allowed_batch_sizes.last() {
@@ -409,5 +418,7 @@ mod tests {
         assert!(err.contains("b.max_batch_size = 18446744073709551615: must be between 1 and 1048576"), "{err}");
         let deep = BatchingParameters { max_enqueued_batches: 1 << 40, ..Default::default() };
         assert!(deep.check("b").unwrap_err().0.contains("max_enqueued_batches"));
+        let wide = BatchingParameters { num_batch_threads: 1 << 40, ..Default::default() };
+        assert!(wide.check("b").unwrap_err().0.contains("num_batch_threads = 1099511627776: must be at most 1024"));
     }
 }

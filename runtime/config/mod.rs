@@ -324,6 +324,20 @@ pub struct ModelConfig {
     pub upstream: Option<UpstreamConfig>,
 }
 
+/// The most requests one model or pipeline may admit at once: far above
+/// any real load, and a count its admission can hold.
+const MAX_IN_FLIGHT: usize = 1 << 20;
+
+/// The most threads one setting may start.
+const MAX_THREADS: usize = 1024;
+
+fn check_in_flight(key: &str, max_in_flight: usize) -> Result<(), Invalid> {
+    if max_in_flight == 0 || max_in_flight > MAX_IN_FLIGHT {
+        return Err(invalid!("{key}.max_in_flight = {max_in_flight}: must be between 1 and {MAX_IN_FLIGHT}"));
+    }
+    Ok(())
+}
+
 fn default_max_in_flight() -> usize {
     1024
 }
@@ -423,9 +437,7 @@ impl Config {
                 let models: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
                 return Err(invalid!("{key}.model = \"{}\": no such model; models: {models:?}", pipeline.model));
             }
-            if pipeline.max_in_flight == 0 {
-                return Err(invalid!("{key}.max_in_flight = 0: must be at least 1"));
-            }
+            check_in_flight(&key, pipeline.max_in_flight)?;
             if let Some(fetch) = &pipeline.feature_fetch {
                 fetch.check(&format!("{key}.feature_fetch"), &self.features)?;
             }
@@ -580,14 +592,11 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
             (Some(upstream), true) => upstream.check(&format!("{key}.upstream"))?,
             (None, false) => {}
         }
-        if model.max_in_flight == 0 {
-            return Err(invalid!("{key}.max_in_flight = 0: must be at least 1"));
-        }
-        if model.onnx.sessions == 0 {
-            return Err(invalid!("{key}.onnx.sessions = 0: must be at least 1"));
-        }
-        if model.onnx.intra_op_threads == 0 {
-            return Err(invalid!("{key}.onnx.intra_op_threads = 0: must be at least 1"));
+        check_in_flight(&key, model.max_in_flight)?;
+        for (field, value) in [("sessions", model.onnx.sessions), ("intra_op_threads", model.onnx.intra_op_threads)] {
+            if value == 0 || value > MAX_THREADS {
+                return Err(invalid!("{key}.onnx.{field} = {value}: must be between 1 and {MAX_THREADS}"));
+            }
         }
         if let VersionPolicy::Specific(versions) = &model.version_policy {
             if let Some(v) = versions.iter().find(|&&v| v < 0) {
@@ -665,5 +674,12 @@ mod tests {
         assert!(err.message.contains("portt"), "{err}");
         let err = parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\n[models.onnx]\nsessions = 0\n").unwrap_err();
         assert!(err.message.contains("models[0].onnx.sessions = 0"), "{err}");
+        // Counts the server would allocate or start are bounded, not a panic.
+        let err =
+            parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\nmax_in_flight = 9223372036854775807\n").unwrap_err();
+        assert!(err.message.contains("max_in_flight = 9223372036854775807: must be between 1 and 1048576"), "{err}");
+        let err = parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\n[models.onnx]\nintra_op_threads = 100000\n")
+            .unwrap_err();
+        assert!(err.message.contains("onnx.intra_op_threads = 100000: must be between 1 and 1024"), "{err}");
     }
 }
