@@ -292,6 +292,12 @@ impl FeaturesConfig {
                     return Err(invalid!("features.redis.{key} = 0: must be at least 1"));
                 }
             }
+            for (key, value) in [
+                ("max_round_trips_in_flight", redis.max_round_trips_in_flight),
+                ("queue_capacity", redis.queue_capacity),
+            ] {
+                super::check_at_most(&format!("features.redis.{key}"), value, super::MAX_COUNT)?;
+            }
         }
         for (name, table) in &self.tables {
             let key = format!("features.tables.{name}");
@@ -359,6 +365,9 @@ impl FeatureFetchConfig {
         ] {
             if value == 0 {
                 return Err(invalid!("{key}.{name} = 0: must be at least 1"));
+            }
+            if name == "queue_capacity" {
+                super::check_at_most(&format!("{key}.{name}"), value, super::MAX_COUNT)?;
             }
         }
         let mut tensors = std::collections::HashSet::new();

@@ -329,7 +329,20 @@ pub struct ModelConfig {
 const MAX_IN_FLIGHT: usize = 1 << 20;
 
 /// The most threads one setting may start.
-const MAX_THREADS: usize = 1024;
+pub(crate) const MAX_THREADS: usize = 1024;
+
+/// The most places one queue, semaphore or connection table may count.
+pub(crate) const MAX_COUNT: usize = 1 << 20;
+
+/// Refuses a count above `max`: counts size semaphores (which panic past
+/// 2^61 permits), preallocated queues and thread pools, so an absurd one
+/// must stop at the config check, named, not abort the start.
+pub(crate) fn check_at_most(key: &str, value: usize, max: usize) -> Result<(), Invalid> {
+    if value > max {
+        return Err(invalid!("{key} = {value}: must be at most {max}"));
+    }
+    Ok(())
+}
 
 fn check_in_flight(key: &str, max_in_flight: usize) -> Result<(), Invalid> {
     if max_in_flight == 0 || max_in_flight > MAX_IN_FLIGHT {
@@ -425,6 +438,16 @@ impl Config {
                 "lifecycle.max_concurrent_loads = 0: must be at least 1, or no version would ever load"
             ));
         }
+        check_at_most("lifecycle.max_concurrent_loads", self.lifecycle.max_concurrent_loads, MAX_THREADS)?;
+        for (key, value) in [
+            ("server.max_connections", self.server.max_connections),
+            ("server.max_concurrent_streams", self.server.max_concurrent_streams as usize),
+        ] {
+            if value == 0 {
+                return Err(invalid!("{key} = 0: must be at least 1"));
+            }
+            check_at_most(key, value, MAX_COUNT)?;
+        }
         let names = check_models(&self.models)?;
         let mut endpoint_names = HashSet::new();
         for (i, pipeline) in self.pipelines.iter().enumerate() {
@@ -449,6 +472,8 @@ impl Config {
                 if stage.queue_capacity == 0 {
                     return Err(invalid!("{key}.{role_key}.queue_capacity = 0: must be at least 1"));
                 }
+                check_at_most(&format!("{key}.{role_key}.workers"), stage.workers, MAX_THREADS)?;
+                check_at_most(&format!("{key}.{role_key}.queue_capacity"), stage.queue_capacity, MAX_COUNT)?;
                 let allowed = StageKind::allowed_in(role);
                 let chosen = stage.kind_names();
                 if chosen.len() != 1 || !allowed.contains(&chosen[0]) {
@@ -681,5 +706,9 @@ mod tests {
         let err = parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\n[models.onnx]\nintra_op_threads = 100000\n")
             .unwrap_err();
         assert!(err.message.contains("onnx.intra_op_threads = 100000: must be between 1 and 1024"), "{err}");
+        let err = parse("[server]\nmax_connections = 4611686018427387904\n").unwrap_err();
+        assert!(err.message.contains("server.max_connections = 4611686018427387904: must be at most 1048576"), "{err}");
+        let err = parse("[lifecycle]\nmax_concurrent_loads = 5000\n").unwrap_err();
+        assert!(err.message.contains("lifecycle.max_concurrent_loads = 5000: must be at most 1024"), "{err}");
     }
 }

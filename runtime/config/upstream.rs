@@ -90,6 +90,8 @@ impl UpstreamConfig {
                 return Err(invalid!("{key}.{name} = 0: must be at least 1"));
             }
         }
+        super::check_at_most(&format!("{key}.max_in_flight"), self.max_in_flight, super::MAX_COUNT)?;
+        super::check_at_most(&format!("{key}.channels"), self.channels, super::MAX_THREADS)?;
         if self.max_message_bytes < 1024 {
             return Err(invalid!("{key}.max_message_bytes = {}: must be at least 1024", self.max_message_bytes));
         }
