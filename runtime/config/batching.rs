@@ -80,14 +80,6 @@ const DEFAULT_LATENCY_TARGET_MS: u64 = 10;
 /// The longest latency target accepted: beyond it a client has long given up.
 const MAX_LATENCY_TARGET_MS: u64 = 60_000;
 
-/// The most rows of one batch, and the most batches a queue may hold:
-/// far above any real model, and low enough that the queue's bound in
-/// rows (their product) is a count the batcher can hold.
-const MAX_BATCH_ROWS: usize = 1 << 20;
-
-/// The most batches that may run at once.
-const MAX_BATCH_THREADS: usize = 1024;
-
 impl BatchingParameters {
     /// Auto mode with its defaults: what `--enable_batching` gives
     /// without a parameters file.
@@ -127,24 +119,11 @@ impl BatchingParameters {
             }
             _ => {}
         }
-        if self.max_batch_size == 0 || self.max_batch_size > MAX_BATCH_ROWS {
-            return Err(invalid!(
-                "{key}.max_batch_size = {}: must be between 1 and {MAX_BATCH_ROWS}",
-                self.max_batch_size
-            ));
-        }
-        if self.max_enqueued_batches == 0 || self.max_enqueued_batches > MAX_BATCH_ROWS {
-            return Err(invalid!(
-                "{key}.max_enqueued_batches = {}: must be between 1 and {MAX_BATCH_ROWS}",
-                self.max_enqueued_batches
-            ));
-        }
-        if self.num_batch_threads > MAX_BATCH_THREADS {
-            return Err(invalid!(
-                "{key}.num_batch_threads = {}: must be at most {MAX_BATCH_THREADS} (0: one per session)",
-                self.num_batch_threads
-            ));
-        }
+        // Their product bounds the batch queue in rows: a count the
+        // batcher's semaphore can hold.
+        super::check_between(&format!("{key}.max_batch_size"), self.max_batch_size, 1, super::MAX_COUNT)?;
+        super::check_between(&format!("{key}.max_enqueued_batches"), self.max_enqueued_batches, 1, super::MAX_COUNT)?;
+        super::check_at_most(&format!("{key}.num_batch_threads"), self.num_batch_threads, super::MAX_THREADS)?;
         if let Some(&last) = self.allowed_batch_sizes.last() {
             if self.allowed_batch_sizes.windows(2).any(|w| w[0] >= w[1]) || self.allowed_batch_sizes[0] == 0 {
                 return Err(invalid!(

@@ -324,14 +324,11 @@ pub struct ModelConfig {
     pub upstream: Option<UpstreamConfig>,
 }
 
-/// The most requests one model or pipeline may admit at once: far above
-/// any real load, and a count its admission can hold.
-const MAX_IN_FLIGHT: usize = 1 << 20;
-
 /// The most threads one setting may start.
 pub(crate) const MAX_THREADS: usize = 1024;
 
-/// The most places one queue, semaphore or connection table may count.
+/// The most places one queue, semaphore, admission or connection table
+/// may count (and the most rows of one batch): far above any real load.
 pub(crate) const MAX_COUNT: usize = 1 << 20;
 
 /// Refuses a count above `max`: counts size semaphores (which panic past
@@ -344,9 +341,11 @@ pub(crate) fn check_at_most(key: &str, value: usize, max: usize) -> Result<(), I
     Ok(())
 }
 
-fn check_in_flight(key: &str, max_in_flight: usize) -> Result<(), Invalid> {
-    if max_in_flight == 0 || max_in_flight > MAX_IN_FLIGHT {
-        return Err(invalid!("{key}.max_in_flight = {max_in_flight}: must be between 1 and {MAX_IN_FLIGHT}"));
+/// Refuses a count outside `min..=max`, for the same reason as
+/// [`check_at_most`], where 0 means nothing would ever run.
+pub(crate) fn check_between(key: &str, value: usize, min: usize, max: usize) -> Result<(), Invalid> {
+    if value < min || value > max {
+        return Err(invalid!("{key} = {value}: must be between {min} and {max}"));
     }
     Ok(())
 }
@@ -460,7 +459,7 @@ impl Config {
                 let models: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
                 return Err(invalid!("{key}.model = \"{}\": no such model; models: {models:?}", pipeline.model));
             }
-            check_in_flight(&key, pipeline.max_in_flight)?;
+            check_between(&format!("{key}.max_in_flight"), pipeline.max_in_flight, 1, MAX_COUNT)?;
             if let Some(fetch) = &pipeline.feature_fetch {
                 fetch.check(&format!("{key}.feature_fetch"), &self.features)?;
             }
@@ -617,12 +616,9 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
             (Some(upstream), true) => upstream.check(&format!("{key}.upstream"))?,
             (None, false) => {}
         }
-        check_in_flight(&key, model.max_in_flight)?;
-        for (field, value) in [("sessions", model.onnx.sessions), ("intra_op_threads", model.onnx.intra_op_threads)] {
-            if value == 0 || value > MAX_THREADS {
-                return Err(invalid!("{key}.onnx.{field} = {value}: must be between 1 and {MAX_THREADS}"));
-            }
-        }
+        check_between(&format!("{key}.max_in_flight"), model.max_in_flight, 1, MAX_COUNT)?;
+        check_between(&format!("{key}.onnx.sessions"), model.onnx.sessions, 1, MAX_THREADS)?;
+        check_between(&format!("{key}.onnx.intra_op_threads"), model.onnx.intra_op_threads, 1, MAX_THREADS)?;
         if let VersionPolicy::Specific(versions) = &model.version_policy {
             if let Some(v) = versions.iter().find(|&&v| v < 0) {
                 return Err(invalid!("{key}.version_policy: version {v} is negative; versions are >= 0"));
