@@ -229,7 +229,9 @@ async fn warm_up(
     let (requests, source) =
         warmup::requests(loaded, version_dir, &batch_sizes(config), max_tensor_bytes).map_err(context)?;
     let count = requests.len();
-    warmup::run(loaded, requests).await.map_err(context)?;
+    // Only the auto batcher plans with the latency curve warmup can seed.
+    let learn = config.batching.as_ref().is_some_and(|params| params.mode == BatchingMode::Auto);
+    warmup::run(loaded, requests, learn).await.map_err(context)?;
     metrics.lifecycle(&config.name).warmup_seconds.observe(started.elapsed().as_secs_f64());
     tracing::info!(
         model = %config.name,
@@ -252,12 +254,10 @@ pub fn batch_sizes(config: &ModelConfig) -> Vec<usize> {
         Some(params) if !params.allowed_batch_sizes.is_empty() => params.allowed_batch_sizes.clone(),
         Some(params) if params.mode == BatchingMode::Auto => {
             let max = params.max_batch_size.max(1);
-            let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |&n| n.checked_mul(2))
+            std::iter::successors(Some(1usize), |&n| n.checked_mul(2))
                 .take_while(|&n| n < max)
                 .chain(std::iter::once(max))
-                .collect();
-            sizes.dedup();
-            sizes
+                .collect()
         }
         Some(params) => {
             let mut sizes = vec![1, params.max_batch_size.max(1)];

@@ -49,24 +49,27 @@ pub fn requests(
     Ok((synthesised(version.signature(), batch_sizes)?, format!("zeros at batch sizes {batch_sizes:?}")))
 }
 
-/// How often each warmup request runs: the first run of a shape pays
-/// for ONNX Runtime's lazy set-up, the second shows what serving costs.
-const RUNS_PER_REQUEST: usize = 2;
+/// How often each warmup request runs when it seeds the latency curve:
+/// the first run of a shape pays for ONNX Runtime's lazy set-up, the
+/// second shows what serving costs.
+const RUNS_TO_LEARN: usize = 2;
 
-/// Runs each request through `version` (twice, keeping the faster time in
-/// its latency curve); the first failure fails it.
-pub async fn run(version: &ModelVersion, requests: Vec<Vec<Tensor>>) -> Result<()> {
-    let batched = version.signature().is_batched();
+/// Runs each request through `version`; the first failure fails it. With
+/// `learn` (the auto batcher plans with the curve), each batched request
+/// runs twice and the faster time seeds the version's latency curve.
+pub async fn run(version: &ModelVersion, requests: Vec<Vec<Tensor>>, learn: bool) -> Result<()> {
+    let learn = learn && version.signature().is_batched();
+    let runs = if learn { RUNS_TO_LEARN } else { 1 };
     for (i, inputs) in requests.into_iter().enumerate() {
         let rows = inputs.first().map_or(1, Tensor::rows);
-        for _ in 0..RUNS_PER_REQUEST {
+        for _ in 0..runs {
             let started = std::time::Instant::now();
             version
                 .backend()
                 .run(Batch::single(inputs.clone()))
                 .await
                 .map_err(|e| e.context(format_args!("warmup request {i} failed")))?;
-            if batched {
+            if learn {
                 version.latency().seed(rows, started.elapsed().as_secs_f64());
             }
         }
