@@ -8,9 +8,9 @@
 //! some size (a CNN whose activations outgrow the cache does). A size not
 //! run for many batches is forgotten, so one slow run under a burst of
 //! contention cannot pin the estimate forever. Beyond the largest size
-//! remembered, the cost grows along a straight line (fixed cost + cost
-//! per row) fitted through the recent sizes: an optimistic guess, which
-//! lets the batcher try a larger size and learn what it really costs.
+//! remembered, the cost grows by the cost per row of a straight line
+//! fitted through the recent sizes: an optimistic guess, which lets the
+//! batcher try a larger size and learn what it really costs.
 //! The estimate never falls as the size grows.
 //!
 //! The snapshot also names the most efficient size: the smallest whose
@@ -134,8 +134,7 @@ impl CurveSnapshot {
                 (rows, highest)
             })
             .collect();
-        let mut snapshot =
-            CurveSnapshot { points: monotone, per_row: fit(points).map(|(_, per_row)| per_row), efficient_rows: 0 };
+        let mut snapshot = CurveSnapshot { points: monotone, per_row: fitted_per_row(points), efficient_rows: 0 };
         let served: Vec<usize> =
             points.by_size.iter().filter(|(_, p)| p.served && fresh(p)).map(|(&rows, _)| rows).collect();
         snapshot.efficient_rows = snapshot.most_efficient(&served);
@@ -204,10 +203,10 @@ impl CurveSnapshot {
     }
 }
 
-/// The weighted least-squares line through the points, weights falling
-/// with how long ago each size ran; `None` without two recent sizes. The
-/// slope is at least 0 and the fixed cost at least 0.
-fn fit(points: &Points) -> Option<(f64, f64)> {
+/// The slope (seconds per row, at least 0) of the weighted least-squares
+/// line through the points, weights falling with how long ago each size
+/// ran; `None` without two recent sizes.
+fn fitted_per_row(points: &Points) -> Option<f64> {
     let (mut w, mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for (&rows, point) in &points.by_size {
         let age = points.runs.saturating_sub(point.last_run) as f64;
@@ -228,9 +227,7 @@ fn fit(points: &Points) -> Option<(f64, f64)> {
     if variance < 0.25 {
         return None;
     }
-    let per_row = ((sxy / w - mean_x * mean_y) / variance).max(0.0);
-    let fixed = (mean_y - per_row * mean_x).max(0.0);
-    Some((fixed, per_row))
+    Some(((sxy / w - mean_x * mean_y) / variance).max(0.0))
 }
 
 #[cfg(test)]

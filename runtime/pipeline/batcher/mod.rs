@@ -222,9 +222,7 @@ impl Shared {
             metrics.want_rows.set(plan.want as i64);
             metrics.cap_rows.set(plan.cap as i64);
             metrics.wait_seconds.set(plan.close_at.saturating_duration_since(now).as_secs_f64());
-            if let Policy::Auto(auto) = &self.policy {
-                metrics.arrival_rate.set(auto.rate(now));
-            }
+            metrics.arrival_rate.set(plan.arrival_rate);
         }
         plan
     }
@@ -267,12 +265,8 @@ impl Shared {
         if padded == rows {
             return Ok(outputs);
         }
-        let mut own = Vec::with_capacity(outputs.len());
-        for (o, output) in outputs.iter().enumerate() {
-            let name = self.signature().outputs.get(o).map_or("?", |s| s.name.as_str());
-            own.extend(split_rows(output, &[rows], name)?);
-        }
-        Ok(own)
+        let mut own = split_outputs(&outputs, &[rows], self.signature())?;
+        own.pop().ok_or_else(|| Error::internal("a batch of one request split into none, this is a bug"))
     }
 
     /// Sends the live part of a batch to the backend; the thread that runs
@@ -398,6 +392,19 @@ impl BatchFormer {
     }
 }
 
+/// Each request's own rows of a batch's outputs (`rows` per request, in
+/// order), the padding dropped.
+fn split_outputs(outputs: &[Tensor], rows: &[usize], signature: &Signature) -> Result<Vec<Vec<Tensor>>> {
+    let mut per_request: Vec<Vec<Tensor>> = vec![Vec::with_capacity(outputs.len()); rows.len()];
+    for (o, output) in outputs.iter().enumerate() {
+        let name = signature.outputs.get(o).map_or("?", |s| s.name.as_str());
+        for (r, piece) in split_rows(output, rows, name)?.into_iter().enumerate() {
+            per_request[r].push(piece);
+        }
+    }
+    Ok(per_request)
+}
+
 /// Splits a batch's outputs and sends each request its rows, dropping the
 /// padding; an error goes to every request of the batch.
 fn answer(
@@ -406,17 +413,7 @@ fn answer(
     replies: Vec<oneshot::Sender<Result<Vec<Tensor>>>>,
     signature: &Signature,
 ) {
-    let split = result.and_then(|outputs| {
-        let mut per_request: Vec<Vec<Tensor>> = vec![Vec::with_capacity(outputs.len()); rows.len()];
-        for (o, output) in outputs.iter().enumerate() {
-            let name = signature.outputs.get(o).map_or("?", |s| s.name.as_str());
-            for (r, piece) in split_rows(output, rows, name)?.into_iter().enumerate() {
-                per_request[r].push(piece);
-            }
-        }
-        Ok(per_request)
-    });
-    match split {
+    match result.and_then(|outputs| split_outputs(&outputs, rows, signature)) {
         Ok(per_request) => {
             for (reply, outputs) in replies.into_iter().zip(per_request) {
                 let _ = reply.send(Ok(outputs));

@@ -40,7 +40,7 @@ use crate::config::{BatchingMode, BatchingParameters};
 use crate::infer::latency::{CurveSnapshot, LatencyCurve};
 
 /// How one batch is formed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Plan {
     /// The batch closes once it holds this many rows.
     pub want: usize,
@@ -50,6 +50,9 @@ pub struct Plan {
     pub backlog_cap: usize,
     /// It closes at this instant whatever it holds.
     pub close_at: Instant,
+    /// Rows per second arriving, as the plan measured it (0 in fixed mode,
+    /// which does not measure it).
+    pub arrival_rate: f64,
 }
 
 /// The policy of one batcher.
@@ -86,7 +89,7 @@ impl Policy {
         match self {
             Policy::Fixed { max_batch_size, timeout } => {
                 let max = *max_batch_size;
-                Plan { want: max, cap: max, backlog_cap: max, close_at: oldest + *timeout }
+                Plan { want: max, cap: max, backlog_cap: max, close_at: oldest + *timeout, arrival_rate: 0.0 }
             }
             Policy::Auto(auto) => auto.plan(&curve.snapshot(), now, oldest, rows),
         }
@@ -105,23 +108,16 @@ const RATE_TIME_CONSTANT: Duration = Duration::from_millis(250);
 
 /// Auto mode: batch sizes and waits chosen to a latency target.
 pub struct AutoPolicy {
-    target: Duration,
-    max_batch_size: usize,
+    /// The target, the largest batch and the padding.
+    params: BatchingParameters,
     threads: usize,
-    allowed_batch_sizes: Vec<usize>,
     arrivals: Mutex<ArrivalRate>,
 }
 
 impl AutoPolicy {
     /// The policy for `params` (auto mode) with `threads` batches at once.
     pub fn new(params: &BatchingParameters, threads: usize) -> AutoPolicy {
-        AutoPolicy {
-            target: params.latency_target(),
-            max_batch_size: params.max_batch_size.max(1),
-            threads: threads.max(1),
-            allowed_batch_sizes: params.allowed_batch_sizes.clone(),
-            arrivals: Mutex::new(ArrivalRate::default()),
-        }
+        AutoPolicy { params: params.clone(), threads: threads.max(1), arrivals: Mutex::new(ArrivalRate::default()) }
     }
 
     /// `rows` rows arrived at `now`.
@@ -134,38 +130,34 @@ impl AutoPolicy {
         self.arrivals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).rate(now)
     }
 
-    /// The latency target.
-    pub fn target(&self) -> Duration {
-        self.target
-    }
-
     /// Seconds a batch of `rows` rows is expected to take (at its padded
     /// size).
     fn cost(&self, curve: &CurveSnapshot, rows: usize) -> Option<f64> {
-        let padded = self.allowed_batch_sizes.iter().copied().find(|&s| s >= rows).unwrap_or(rows);
-        curve.estimate(padded)
+        curve.estimate(self.params.padded_size(rows))
     }
 
     /// The plan for a batch holding `rows` rows whose oldest arrived at
     /// `oldest` (see the module's documentation).
     pub fn plan(&self, curve: &CurveSnapshot, now: Instant, oldest: Instant, rows: usize) -> Plan {
-        let rows = rows.clamp(1, self.max_batch_size);
+        let max_batch_size = self.params.max_batch_size.max(1);
+        let target = self.params.latency_target();
+        let rows = rows.clamp(1, max_batch_size);
         let rate = self.rate(now);
-        let close_now = |cap: usize| Plan { want: rows, cap, backlog_cap: cap, close_at: now };
+        let close_now = |cap: usize| Plan { want: rows, cap, backlog_cap: cap, close_at: now, arrival_rate: rate };
         if curve.is_empty() {
             // Nothing measured yet: run what is there and learn from it.
-            return close_now(self.max_batch_size);
+            return close_now(max_batch_size);
         }
         // (A hair of slack, so that a size costing exactly half is not lost
         // to rounding in the fitted line.)
-        let half = self.target.as_secs_f64() / 2.0 * (1.0 + 1e-9);
+        let half = target.as_secs_f64() / 2.0 * (1.0 + 1e-9);
         let within_half = |n: usize| self.cost(curve, n).is_some_and(|s| s <= half);
         // The cost grows with the size (the curve is monotone), so the
         // largest size within the budget is found by bisection.
-        let efficient = curve.efficient_rows().unwrap_or(self.max_batch_size).clamp(1, self.max_batch_size);
+        let efficient = curve.efficient_rows().unwrap_or(max_batch_size).clamp(1, max_batch_size);
         let cap = largest(1, efficient, within_half).unwrap_or(1).max(rows);
-        let target = self.target.as_secs_f64() * (1.0 + 1e-9);
-        let within_target = |n: usize| self.cost(curve, n).is_some_and(|s| s <= target);
+        let whole = target.as_secs_f64() * (1.0 + 1e-9);
+        let within_target = |n: usize| self.cost(curve, n).is_some_and(|s| s <= whole);
         let backlog_cap = largest(cap, efficient, within_target).unwrap_or(cap);
         if rate <= 0.0 {
             return Plan { backlog_cap, ..close_now(cap) };
@@ -174,12 +166,12 @@ impl AutoPolicy {
         let keeps_up = |n: usize| self.cost(curve, n).is_some_and(|s| s <= 0.0 || n as f64 / s >= needed);
         let want = smallest(1, cap, keeps_up).unwrap_or(cap);
         if rows >= want {
-            return Plan { want, cap, backlog_cap, close_at: now };
+            return Plan { want, cap, backlog_cap, close_at: now, arrival_rate: rate };
         }
-        let fill = Duration::from_secs_f64((want - rows) as f64 / rate * FILL_SLACK).min(self.target);
+        let fill = Duration::from_secs_f64((want - rows) as f64 / rate * FILL_SLACK).min(target);
         let run = Duration::from_secs_f64(self.cost(curve, want).unwrap_or(0.0));
-        let latest = oldest + self.target.saturating_sub(run * 2);
-        Plan { want, cap, backlog_cap, close_at: (now + fill).min(latest).max(now) }
+        let latest = oldest + target.saturating_sub(run * 2);
+        Plan { want, cap, backlog_cap, close_at: (now + fill).min(latest).max(now), arrival_rate: rate }
     }
 }
 
