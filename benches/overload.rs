@@ -1,8 +1,11 @@
 //! Overload: twice the measured capacity for a minute, then back to normal.
 //!
-//! scripts/overload [-- --duration 60]
+//! scripts/overload [--duration 60]
 //!
-//! Model `cnn` (batching on, `max_in_flight = 64`) on the release server.
+//! Model `cnn` (batching on, `max_in_flight = 64`) on the release server,
+//! its compute threads at the default `server.compute_nice` unless
+//! `SLUICE_COMPUTE_NICE` says otherwise (0 runs them at the network
+//! threads' priority, as before 2026-12-04).
 //! First its capacity: a closed loop of 32 streams for 10 s. Then an open
 //! loop at 2× that rate: what is over capacity must be refused, fast, with
 //! RESOURCE_EXHAUSTED, while accepted requests keep a bounded p99 and
@@ -14,7 +17,9 @@ mod process;
 mod support;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sluice::cli::bench::client::RestClient;
 use sluice::cli::bench::load::LoadPlan;
@@ -56,7 +61,14 @@ fn main() {
     let capacity = run("capacity: closed loop, 32 streams", plan(None, 32, Duration::from_secs(10)));
     let rss_before = server.rss_bytes().expect("rss");
     let rate = capacity.requests_per_second * 2.0;
+    // A health probe every 50 ms through the burst, as Kubernetes sends
+    // them: a saturated server that answers them late gets restarted.
+    let stop_probing = Arc::new(AtomicBool::new(false));
+    let probes = runtime.spawn(probe_health(http.clone(), stop_probing.clone()));
     let overload = run(&format!("overload: open loop at {rate:.0} req/s (2x)"), plan(Some(rate), 1024, duration));
+    stop_probing.store(true, Ordering::Relaxed);
+    let mut probes = runtime.block_on(probes).expect("health probes");
+    probes.sort();
     let rss_after = server.rss_bytes().expect("rss");
     let after = run("after: closed loop, 32 streams", plan(None, 32, Duration::from_secs(10)));
     // Memory once normal load has run again: what the burst left behind,
@@ -99,6 +111,18 @@ fn main() {
         mib(rss_settled),
         growth(rss_settled)
     );
+    let percentile = |q: f64| {
+        probes
+            .get(((probes.len() as f64 * q) as usize).min(probes.len().saturating_sub(1)))
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+    };
+    println!(
+        "/healthz during the overload: {} probes, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        probes.len(),
+        percentile(0.5),
+        percentile(0.99),
+        percentile(1.0)
+    );
     println!(
         "targets: refusals p99 < 5 ms ({}), other errors 0 ({}), after p99 within 1.5x of capacity p99 ({:.2}x)",
         if overload.error_p99_ms < 5.0 { "met" } else { "MISSED" },
@@ -106,4 +130,24 @@ fn main() {
         after.p99_ms / capacity.p99_ms
     );
     assert!(refused > 0, "2x capacity was all accepted: the capacity run did not find the limit");
+}
+
+/// Probes `/healthz` at `http` every 50 ms until `stop`; answers each
+/// probe's latency (a failed probe counts as 2 s).
+async fn probe_health(http: String, stop: Arc<AtomicBool>) -> Vec<Duration> {
+    let mut client = RestClient::new(&http).expect("client");
+    let mut latencies = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let start = Instant::now();
+        let answered = tokio::time::timeout(
+            Duration::from_secs(2),
+            client.call(http::Method::GET, "/healthz", &[], bytes::Bytes::new()),
+        )
+        .await;
+        let ok = matches!(answered, Ok(Ok(ref response)) if response.status == http::StatusCode::OK);
+        latencies.push(if ok { start.elapsed() } else { Duration::from_secs(2) });
+    }
+    latencies
 }

@@ -17,8 +17,10 @@
 //!   imports another.
 //! - [`infer`]: the backends that run a batch through a model.
 //! - [`tensor`]: tensors, signatures and their wire conversions.
-//! - [`config`], [`metrics`], [`error`], [`proto`]: types every layer
-//!   shares; they import none of the above.
+//! - [`config`], [`metrics`], [`threads`], [`error`], [`proto`]: types
+//!   and services every layer shares (`threads` starts the compute
+//!   threads, below the network threads' priority); they import none of
+//!   the above.
 //!
 //! `docs/ARCHITECTURE.md` follows one request through these files.
 
@@ -35,3 +37,4 @@ pub mod plugin;
 pub mod proto;
 pub mod server;
 pub mod tensor;
+pub mod threads;

@@ -158,6 +158,12 @@ struct ServeArgs {
     #[arg(long = "drain_timeout", env = "SLUICE_DRAIN_TIMEOUT")]
     drain_timeout: Option<u64>,
 
+    /// Nice steps the compute threads (inference, pipelined stages, loads)
+    /// run below the network threads, 0–19 (`server.compute_nice`; default
+    /// 10); 0 runs them alike.
+    #[arg(long = "compute_nice", env = "SLUICE_COMPUTE_NICE")]
+    compute_nice: Option<usize>,
+
     #[command(flatten)]
     tf_serving: TfServingFlags,
 }
@@ -322,6 +328,9 @@ impl ServeArgs {
         }
         if let Some(drain) = self.drain_timeout {
             config.server.drain_timeout_secs = drain;
+        }
+        if let Some(nice) = self.compute_nice {
+            config.server.compute_nice = nice;
         }
         self.tf_serving.apply(&mut config)?;
         let defaults = config.lifecycle.model_defaults.clone();

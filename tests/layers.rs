@@ -16,6 +16,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("proto", 0),
     ("config", 1),
     ("metrics", 1),
+    ("threads", 1),
     ("tensor", 2),
     ("infer", 3),
     ("models", 4),

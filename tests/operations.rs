@@ -372,3 +372,52 @@ async fn every_request_carries_an_id_into_its_answer_and_its_json_log_lines() {
     assert_eq!(record["fields"]["code"], "INVALID_ARGUMENT", "{record}");
     assert!(record["fields"]["message"].as_str().unwrap_or_default().contains("request failed"), "{record}");
 }
+
+/// Nice value and name of each of the process's threads, from /proc.
+#[cfg(target_os = "linux")]
+fn thread_priorities(pid: u32) -> Vec<(String, i64)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/PID/task") {
+        let Ok(stat) = std::fs::read_to_string(task.expect("task").path().join("stat")) else { continue };
+        // `pid (comm) state ppid …`: comm may hold spaces; nice is the
+        // 17th field after it.
+        let (open, close) = (stat.find('(').expect("comm"), stat.rfind(')').expect("comm"));
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        threads.push((stat[open + 1..close].to_string(), fields[16].parse().expect("nice")));
+    }
+    threads
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn compute_threads_run_below_the_network_threads_so_a_busy_cpu_still_answers() {
+    let server = Server::with_config(
+        "[server]\ncompute_nice = 6\n\
+         [[models]]\nname = \"cnn\"\nbase_path = \"$ROOT/examples/models/cnn\"\n\
+         onnx = { sessions = 2, intra_op_threads = 3 }\n\
+         [[pipelines]]\nname = \"cnn-pixels\"\nmodel = \"cnn\"\n\
+         [pipelines.preprocess]\nworkers = 2\n\
+         image_normalize = { input = \"pixels\", mean = [0.5, 0.4, 0.3], std = [0.25, 0.2, 0.3] }\n",
+    );
+    let threads = thread_priorities(server.pid());
+    let (network, compute): (Vec<_>, Vec<_>) =
+        threads.iter().partition(|(name, _)| name.starts_with("tokio-rt-worker"));
+    let base = network.first().map(|(_, nice)| *nice).expect("a tokio worker");
+    assert!(network.iter().all(|(_, nice)| *nice == base), "{threads:?}");
+    let named = |prefix: &str| compute.iter().filter(|(name, _)| name.starts_with(prefix)).collect::<Vec<_>>();
+    assert_eq!(named("infer-").len(), 2, "{threads:?}");
+    assert_eq!(named("stage-").len(), 2, "{threads:?}");
+    // ONNX Runtime's intra-op pools: two more threads per session.
+    assert_eq!(named("onnx-pool").len(), 2 * 2, "{threads:?}");
+    for (name, nice) in named("infer-").into_iter().chain(named("stage-")).chain(named("onnx-pool")) {
+        assert_eq!(*nice, base + 6, "{name} runs at nice {nice}, the network threads at {base}: {threads:?}");
+    }
+
+    // And compute at 0 runs every thread alike.
+    let alike = Server::with_config(
+        "[server]\ncompute_nice = 0\n[[models]]\nname = \"cnn\"\nbase_path = \"$ROOT/examples/models/cnn\"\n",
+    );
+    let threads = thread_priorities(alike.pid());
+    let base = threads.iter().find(|(name, _)| name.starts_with("tokio-rt-worker")).expect("a tokio worker").1;
+    assert!(threads.iter().all(|(_, nice)| *nice == base), "{threads:?}");
+}

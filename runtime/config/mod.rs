@@ -220,6 +220,12 @@ pub struct ServerConfig {
     /// How long a client may take to send a REST request's body, in
     /// milliseconds; slower gets 408 and the connection closed.
     pub body_read_timeout_ms: u64,
+    /// How many nice steps below the network threads the compute threads
+    /// run (inference, pipelined stages, loads, plugin compiles): 0 runs
+    /// them alike, 19 only when nothing else wants the CPU. Above 0, a
+    /// saturated CPU still answers refusals, health probes and transport
+    /// at once (`runtime/threads.rs`). Read at start-up.
+    pub compute_nice: usize,
 }
 
 impl Default for ServerConfig {
@@ -241,6 +247,7 @@ impl Default for ServerConfig {
             max_header_bytes: 64 << 10,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
+            compute_nice: 10,
         }
     }
 }
@@ -447,6 +454,7 @@ impl Config {
             }
             check_at_most(key, value, MAX_COUNT)?;
         }
+        check_between("server.compute_nice", self.server.compute_nice, 0, 19)?;
         let names = check_models(&self.models)?;
         let mut endpoint_names = HashSet::new();
         for (i, pipeline) in self.pipelines.iter().enumerate() {
@@ -706,5 +714,9 @@ mod tests {
         assert!(err.message.contains("server.max_connections = 4611686018427387904: must be at most 1048576"), "{err}");
         let err = parse("[lifecycle]\nmax_concurrent_loads = 5000\n").unwrap_err();
         assert!(err.message.contains("lifecycle.max_concurrent_loads = 5000: must be at most 1024"), "{err}");
+        let err = parse("[server]\ncompute_nice = 20\n").unwrap_err();
+        assert!(err.message.contains("server.compute_nice = 20: must be between 0 and 19"), "{err}");
+        let err = parse("[server]\ncompute_nice = -1\n").unwrap_err();
+        assert!(err.message.contains("compute_nice"), "{err}");
     }
 }

@@ -140,12 +140,10 @@ impl Loader {
         let (config, settings, metrics) = (config.clone(), self.settings.clone(), self.metrics.clone());
         let runtime = tokio::runtime::Handle::current();
         let (done, result) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name(format!("load-{version}"))
-            .spawn(move || {
-                let _ = done.send(load_version(&config, version, &file, &settings, &metrics, &runtime));
-            })
-            .map_err(|e| Error::internal(format!("starting a loading thread failed: {e}")))?;
+        crate::threads::spawn_compute(format!("load-{version}"), move || {
+            let _ = done.send(load_version(&config, version, &file, &settings, &metrics, &runtime));
+        })
+        .map_err(|e| Error::internal(format!("starting a loading thread failed: {e}")))?;
         let loaded = result.await.map_err(|_| Error::internal("the loading thread panicked"))??;
         Ok(Arc::new(loaded))
     }

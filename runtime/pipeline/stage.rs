@@ -111,10 +111,10 @@ impl StageRunner {
             let stage = stage.clone();
             let worker_label = label.clone();
             let metrics = metrics.clone();
-            std::thread::Builder::new()
-                .name(format!("stage-{}-{i}", stage.name()))
-                .spawn(move || worker(stage, &worker_label, jobs, metrics))
-                .map_err(|e| Error::internal(format!("{label}: starting a worker thread failed: {e}")))?;
+            crate::threads::spawn_compute(format!("stage-{}-{i}", stage.name()), move || {
+                worker(stage, &worker_label, jobs, metrics)
+            })
+            .map_err(|e| Error::internal(format!("{label}: starting a worker thread failed: {e}")))?;
         }
         Ok(StageRunner { stage, label, queue: Some(queue), capacity, metrics })
     }

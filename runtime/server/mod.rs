@@ -65,6 +65,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     mut announce: impl Announce,
 ) -> Result<()> {
+    // Before anything loads: every compute thread takes it when it starts.
+    crate::threads::set_compute_nice(config.server.compute_nice as i32);
     let metrics = Metrics::new();
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let lifecycle = Lifecycle::new(reporter.clone());

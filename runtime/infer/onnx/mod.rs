@@ -114,9 +114,7 @@ impl OnnxBackend {
         for (i, session) in sessions.into_iter().enumerate() {
             let queue = queue.clone();
             let metrics = metrics.clone();
-            std::thread::Builder::new()
-                .name(format!("infer-{i}"))
-                .spawn(move || inference_thread(session, queue, metrics))
+            crate::threads::spawn_compute(format!("infer-{i}"), move || inference_thread(session, queue, metrics))
                 .map_err(|e| Error::internal(format!("{label}: starting an inference thread failed: {e}")))?;
         }
         Ok(OnnxBackend { signature, jobs, cache })
@@ -183,6 +181,24 @@ fn unloading() -> Error {
     Error::unavailable("the model version is being unloaded")
 }
 
+/// ONNX Runtime's intra-op pool threads, started as compute threads and
+/// named for what they are (made by ONNX Runtime itself they would carry
+/// the name of the load thread that built the session).
+struct PoolThreads;
+
+impl ort::environment::ThreadManager for PoolThreads {
+    type Thread = std::thread::JoinHandle<()>;
+
+    fn create(&self, work: impl FnOnce() + Send + 'static) -> ort::Result<Self::Thread> {
+        crate::threads::spawn_compute("onnx-pool".into(), work)
+            .map_err(|e| ort::Error::new(format!("starting an ONNX Runtime pool thread failed: {e}")))
+    }
+
+    fn join(thread: Self::Thread) -> ort::Result<()> {
+        thread.join().map_err(|_| ort::Error::new("an ONNX Runtime pool thread panicked"))
+    }
+}
+
 fn build_session(
     environment: &ort::environment::Environment,
     path: &Path,
@@ -201,6 +217,8 @@ fn build_session(
         .with_inter_threads(1)
         .map_err(convert)?
         .with_intra_op_spinning(options.spinning)
+        .map_err(convert)?
+        .with_thread_manager(PoolThreads)
         .map_err(convert)?;
     builder = register_execution_provider(builder, options)?;
     builder

@@ -27,10 +27,6 @@ use super::register_execution_provider;
 use crate::config::onnx::OnnxOptions;
 use crate::error::{Error, Result};
 
-/// Nice value of the thread that optimises: below serving threads, so a
-/// load under traffic takes the cores serving leaves idle.
-const OPTIMISING_NICE: libc::c_int = 10;
-
 /// Whether a load found its optimised graph in the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheOutcome {
@@ -61,15 +57,12 @@ pub fn prepare(
     let partial =
         dir.join(format!(".partial-{}-{}.onnx", std::process::id(), TEMPORARY.fetch_add(1, Ordering::Relaxed)));
     let (model, options, out) = (model.to_path_buf(), options.clone(), partial.clone());
-    let optimised = std::thread::Builder::new()
-        .name("optimise".into())
-        .spawn(move || {
-            lower_priority();
-            optimise(environment, &model, &options, &out)
-        })
-        .map_err(|e| Error::internal(format!("starting the optimising thread failed: {e}")))?
-        .join()
-        .map_err(|_| Error::internal("the optimising thread panicked"));
+    // A compute thread: a load under traffic takes the CPU serving leaves.
+    let optimised =
+        crate::threads::spawn_compute("optimise".into(), move || optimise(environment, &model, &options, &out))
+            .map_err(|e| Error::internal(format!("starting the optimising thread failed: {e}")))?
+            .join()
+            .map_err(|_| Error::internal("the optimising thread panicked"));
     let result = optimised.and_then(|r| r).and_then(|()| {
         // Whole or not at all: a crash mid-write leaves a partial file
         // that no load ever takes.
@@ -103,19 +96,6 @@ fn optimise(environment: &'static Environment, model: &Path, options: &OnnxOptio
         .map_err(|e| Error::internal(format!("ONNX Runtime could not load {}: {}", model.display(), e.message())))?;
     drop(session);
     Ok(())
-}
-
-/// Lowers the calling thread's priority (Linux threads each have their
-/// own nice value); a failure only costs the priority.
-fn lower_priority() {
-    // SAFETY: gettid and setpriority take and return plain integers.
-    let result = unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, OPTIMISING_NICE)
-    };
-    if result != 0 {
-        tracing::debug!("could not lower the optimising thread's priority: {}", std::io::Error::last_os_error());
-    }
 }
 
 /// The first 16 bytes of the file's SHA-256, in hex.
