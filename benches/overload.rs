@@ -3,9 +3,8 @@
 //! scripts/overload [--duration 60]
 //!
 //! Model `cnn` (batching on, `max_in_flight = 64`) on the release server,
-//! its compute threads at the default `server.compute_nice` unless
-//! `SLUICE_COMPUTE_NICE` says otherwise (0 runs them at the network
-//! threads' priority, as before 2026-12-04).
+//! its compute threads at the network threads' priority unless
+//! `SLUICE_COMPUTE_NICE` (`server.compute_nice`) puts them below.
 //! First its capacity: a closed loop of 32 streams for 10 s. Then an open
 //! loop at 2× that rate: what is over capacity must be refused, fast, with
 //! RESOURCE_EXHAUSTED, while accepted requests keep a bounded p99 and

@@ -158,9 +158,10 @@ struct ServeArgs {
     #[arg(long = "drain_timeout", env = "SLUICE_DRAIN_TIMEOUT")]
     drain_timeout: Option<u64>,
 
-    /// Nice steps the compute threads (inference, pipelined stages, loads)
-    /// run below the network threads, 0–19 (`server.compute_nice`; default
-    /// 10); 0 runs them alike.
+    /// Nice steps the compute threads (inference, pipelined stages) run
+    /// below the network threads, 0–19 (`server.compute_nice`; default 0,
+    /// alike). Above 0 refusals and probes stay fast on a saturated CPU,
+    /// at a cost in peak throughput.
     #[arg(long = "compute_nice", env = "SLUICE_COMPUTE_NICE")]
     compute_nice: Option<usize>,
 

@@ -1,57 +1,92 @@
-//! Compute threads: every thread that does CPU work for requests or loads
-//! starts here — inference sessions (and the intra-op pools ONNX Runtime
-//! makes from them), pipelined stage workers, model loads and graph
-//! optimisation, plugin compiles, feature table reloads — at a lower
-//! scheduling priority than the network threads (tokio's workers).
+//! The threads that do CPU work, and their scheduling priority against
+//! the network threads (tokio's workers: transport, admission, refusals,
+//! health probes). Two kinds start here:
 //!
-//! Why: when the CPU is saturated, a refusal, a health probe or the
-//! transport of an accepted request needs some tens of µs of CPU, and
-//! without a preference it waits behind other threads' timeslices of
-//! compute; that is what made refusals take hundreds of milliseconds at
-//! 2× capacity (docs/RELIABILITY.md, Overload). With compute threads
-//! `server.compute_nice` steps below, the kernel runs network threads
-//! first, and compute still gets all the CPU they leave.
+//! - **compute threads** serve requests: inference sessions (and the
+//!   intra-op pools ONNX Runtime makes from them, through the session's
+//!   thread manager), pipelined stage workers, and the load thread that
+//!   builds them. They run `server.compute_nice` nice steps below the
+//!   network threads: 0 by default, the same priority.
+//! - **background threads** do work no request waits on: graph
+//!   optimisation, plugin compiles, feature table reloads. They always run
+//!   at least [`BACKGROUND_NICE`] steps below, so a load or a compile
+//!   under traffic takes only the CPU serving leaves.
 //!
-//! On Linux a nice value belongs to a thread, so each compute thread sets
-//! its own, to the process's nice value plus the increment; a thread it
-//! creates inherits it, which is how ONNX Runtime's pool threads get it
-//! (sessions are built on a load thread). Raising one's own nice value
-//! needs no privilege; lowering it back would, so a compute thread stays
-//! one.
+//! Why compute_nice is a choice, not a default: on a saturated CPU a
+//! refusal or a health probe needs some tens of µs, and at one priority
+//! it waits behind timeslices of inference (refusal p99 of 50 ms and more
+//! at 2× capacity). With compute below, the network threads run first and
+//! those answers come in a few ms — but the network threads then also
+//! handle fewer requests per wake-up, which on two shared cores cost up to
+//! a third of peak throughput (docs/RELIABILITY.md, Overload).
+//!
+//! On Linux a nice value belongs to a thread, so each thread sets its own
+//! as it starts, relative to the network threads'; a thread it creates
+//! inherits it. Raising one's own nice value needs no privilege; lowering
+//! it back would, which is why a background thread must not start
+//! threads that serve.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::thread::JoinHandle;
 
-/// Nice value of compute threads; `i32::MIN` until the server sets it,
-/// and then they start at whatever priority their creator has.
-static COMPUTE_NICE: AtomicI32 = AtomicI32::new(i32::MIN);
+/// How far below the network threads background work runs, whatever
+/// `server.compute_nice` says: it must never slow serving down.
+pub const BACKGROUND_NICE: i32 = 10;
 
-/// Compute threads started from now on run `increment` nice steps below
-/// the calling thread (`server.compute_nice`; 0 runs them alike). The
-/// server calls it once, from a network thread, before it loads anything.
-pub fn set_compute_nice(increment: i32) {
-    let nice = (own_nice() + increment.clamp(0, 19)).min(19);
-    COMPUTE_NICE.store(nice, Ordering::Relaxed);
+/// The network threads' nice value; `i32::MIN` until the server sets it,
+/// and then threads are placed relative to the thread that starts them.
+static NETWORK_NICE: AtomicI32 = AtomicI32::new(i32::MIN);
+/// Steps below it for compute threads.
+static COMPUTE_STEPS: AtomicI32 = AtomicI32::new(0);
+
+/// Compute threads started from now on run `steps` nice steps below the
+/// calling thread (`server.compute_nice`; 0 runs them alike). The server
+/// calls it once, from a network thread, before it loads anything.
+pub fn set_compute_nice(steps: i32) {
+    NETWORK_NICE.store(own_nice(), Ordering::Relaxed);
+    COMPUTE_STEPS.store(steps.clamp(0, 19), Ordering::Relaxed);
 }
 
-/// Starts a compute thread named `name` running `work`, at the compute
-/// priority.
+/// Starts a thread that serves requests — an inference session, a pool
+/// thread of one, a stage worker — at the compute priority.
 pub fn spawn_compute<F, T>(name: String, work: F) -> std::io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    let nice = COMPUTE_NICE.load(Ordering::Relaxed);
+    spawn_below(name, COMPUTE_STEPS.load(Ordering::Relaxed), work)
+}
+
+/// Starts a thread for background work no request waits on — graph
+/// optimisation, a plugin compile, a feature table reload — at least
+/// [`BACKGROUND_NICE`] steps below the network threads. It must not start
+/// threads that serve: those would inherit its priority.
+pub fn spawn_background<F, T>(name: String, work: F) -> std::io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    spawn_below(name, COMPUTE_STEPS.load(Ordering::Relaxed).max(BACKGROUND_NICE), work)
+}
+
+fn spawn_below<F, T>(name: String, steps: i32, work: F) -> std::io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let base = match NETWORK_NICE.load(Ordering::Relaxed) {
+        i32::MIN => own_nice(),
+        nice => nice,
+    };
+    let nice = (base + steps).min(19);
     std::thread::Builder::new().name(name).spawn(move || {
-        if nice != i32::MIN {
-            set_own_nice(nice);
-        }
+        set_own_nice(nice);
         work()
     })
 }
 
 /// Sets the calling thread's nice value. A failure (a sandbox that forbids
-/// it) leaves the thread at its creator's priority, which only costs the
+/// it, or a lower value than its creator's) leaves it at its creator's priority, which only costs the
 /// preference: logged, not fatal.
 fn set_own_nice(nice: i32) {
     #[cfg(target_os = "linux")]
@@ -61,7 +96,7 @@ fn set_own_nice(nice: i32) {
         if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
             tracing::warn!(
                 nice,
-                "could not lower a compute thread's priority ({}); it runs at its creator's",
+                "could not set a thread's priority ({}); it runs at its creator's",
                 std::io::Error::last_os_error()
             );
         }
@@ -90,12 +125,16 @@ mod tests {
         spawn_compute("compute-test".into(), own_nice).expect("spawn").join().expect("join")
     }
 
+    fn nice_of_a_background_thread() -> i32 {
+        spawn_background("background-test".into(), own_nice).expect("spawn").join().expect("join")
+    }
+
     #[test]
     #[cfg(target_os = "linux")]
-    fn compute_threads_run_their_increment_below_the_server_and_pass_it_on() {
+    fn compute_and_background_threads_run_their_steps_below_the_server_and_pass_them_on() {
         let base = own_nice();
         set_compute_nice(7);
-        let inside = nice_of_a_compute_thread();
+        let (compute, background) = (nice_of_a_compute_thread(), nice_of_a_background_thread());
         // A thread a compute thread creates inherits its priority (as ONNX
         // Runtime's pool threads do), and a compute thread started from a
         // compute thread does not go lower still.
@@ -105,11 +144,14 @@ mod tests {
         .expect("spawn")
         .join()
         .expect("join");
+        set_compute_nice(12);
+        let (deeper, background_at_least) = (nice_of_a_compute_thread(), nice_of_a_background_thread());
         set_compute_nice(0);
-        let alike = nice_of_a_compute_thread();
-        assert_eq!(inside, (base + 7).min(19));
-        assert_eq!((plain, nested), (inside, inside));
-        assert_eq!(alike, base);
+        let (alike, background_alone) = (nice_of_a_compute_thread(), nice_of_a_background_thread());
+        assert_eq!((compute, background), ((base + 7).min(19), (base + 10).min(19)));
+        assert_eq!((plain, nested), (compute, compute));
+        assert_eq!((deeper, background_at_least), ((base + 12).min(19), (base + 12).min(19)));
+        assert_eq!((alike, background_alone), (base, (base + 10).min(19)));
         assert_eq!(own_nice(), base, "the caller's own priority is untouched");
     }
 }

@@ -390,7 +390,7 @@ fn thread_priorities(pid: u32) -> Vec<(String, i64)> {
 
 #[cfg(target_os = "linux")]
 #[tokio::test]
-async fn compute_threads_run_below_the_network_threads_so_a_busy_cpu_still_answers() {
+async fn compute_threads_take_compute_nice_and_background_threads_always_run_below_the_network_threads() {
     let server = Server::with_config(
         "[server]\ncompute_nice = 6\n\
          [[models]]\nname = \"cnn\"\nbase_path = \"$ROOT/examples/models/cnn\"\n\
@@ -413,11 +413,21 @@ async fn compute_threads_run_below_the_network_threads_so_a_busy_cpu_still_answe
         assert_eq!(*nice, base + 6, "{name} runs at nice {nice}, the network threads at {base}: {threads:?}");
     }
 
-    // And compute at 0 runs every thread alike.
-    let alike = Server::with_config(
-        "[server]\ncompute_nice = 0\n[[models]]\nname = \"cnn\"\nbase_path = \"$ROOT/examples/models/cnn\"\n",
-    );
+    // By default compute runs alike; background work (here a feature
+    // table's reload thread) runs BACKGROUND_NICE steps below all the same.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let table = dir.path().join("ints.csv");
+    std::fs::write(&table, "id,v\n1,1\n").expect("table");
+    let alike = Server::with_config(&format!(
+        "[[models]]\nname = \"cnn\"\nbase_path = \"$ROOT/examples/models/cnn\"\n\
+         [features.tables.ints]\nfile = \"{}\"\nkey = \"id\"\nreload_interval_ms = 1000\n\
+         features.v = {{ dtype = \"float32\", shape = [1] }}\n",
+        table.display()
+    ));
     let threads = thread_priorities(alike.pid());
     let base = threads.iter().find(|(name, _)| name.starts_with("tokio-rt-worker")).expect("a tokio worker").1;
-    assert!(threads.iter().all(|(_, nice)| *nice == base), "{threads:?}");
+    let (background, rest): (Vec<_>, Vec<_>) = threads.iter().partition(|(name, _)| name.starts_with("features-"));
+    assert_eq!(background.len(), 1, "{threads:?}");
+    assert_eq!(background[0].1, (base + sluice::threads::BACKGROUND_NICE as i64).min(19), "{threads:?}");
+    assert!(rest.iter().all(|(_, nice)| *nice == base), "{threads:?}");
 }

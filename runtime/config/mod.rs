@@ -221,10 +221,11 @@ pub struct ServerConfig {
     /// milliseconds; slower gets 408 and the connection closed.
     pub body_read_timeout_ms: u64,
     /// How many nice steps below the network threads the compute threads
-    /// run (inference, pipelined stages, loads, plugin compiles): 0 runs
-    /// them alike, 19 only when nothing else wants the CPU. Above 0, a
-    /// saturated CPU still answers refusals, health probes and transport
-    /// at once (`runtime/threads.rs`). Read at start-up.
+    /// run (inference sessions and their pools, pipelined stage workers):
+    /// 0 (the default) runs them alike, 19 only when nothing else wants
+    /// the CPU. Above 0, a saturated CPU still answers refusals and health
+    /// probes at once, at a cost in peak throughput (`runtime/threads.rs`).
+    /// Read at start-up.
     pub compute_nice: usize,
 }
 
@@ -247,7 +248,7 @@ impl Default for ServerConfig {
             max_header_bytes: 64 << 10,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
-            compute_nice: 10,
+            compute_nice: 0,
         }
     }
 }

@@ -72,7 +72,7 @@ impl EmbeddedStore {
                 every: Duration::from_millis(config.reload_interval_ms),
                 loaded: version,
             };
-            crate::threads::spawn_compute(format!("features-{name}"), move || watch.run())
+            crate::threads::spawn_background(format!("features-{name}"), move || watch.run())
                 .map_err(|e| Error::internal(format!("starting the reload thread of table '{name}' failed: {e}")))?;
         }
         Ok(EmbeddedStore { shared })

@@ -241,7 +241,7 @@ impl PluginEngine {
         let engine = self.engine.clone();
         let wasm = wasm.to_vec();
         let slot = self.compiling.clone();
-        let spawned = crate::threads::spawn_compute("wasm-compile".into(), move || {
+        let spawned = crate::threads::spawn_background("wasm-compile".into(), move || {
             let compiled = Component::new(&engine, &wasm);
             slot.store(false, Ordering::Release);
             let _ = done.send(compiled);

@@ -57,9 +57,9 @@ pub fn prepare(
     let partial =
         dir.join(format!(".partial-{}-{}.onnx", std::process::id(), TEMPORARY.fetch_add(1, Ordering::Relaxed)));
     let (model, options, out) = (model.to_path_buf(), options.clone(), partial.clone());
-    // A compute thread: a load under traffic takes the CPU serving leaves.
+    // In the background: a load under traffic takes the CPU serving leaves.
     let optimised =
-        crate::threads::spawn_compute("optimise".into(), move || optimise(environment, &model, &options, &out))
+        crate::threads::spawn_background("optimise".into(), move || optimise(environment, &model, &options, &out))
             .map_err(|e| Error::internal(format!("starting the optimising thread failed: {e}")))?
             .join()
             .map_err(|_| Error::internal("the optimising thread panicked"));
