@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use sluice::cli::bench::client::RestClient;
 use sluice::cli::bench::load::LoadPlan;
-use sluice::cli::bench::stats::Summary;
+use sluice::cli::bench::stats::{Recorder, Summary};
 use support::{arg, pool, run, sluice};
 
 fn main() {
@@ -66,8 +66,7 @@ fn main() {
     let probes = runtime.spawn(probe_health(http.clone(), stop_probing.clone()));
     let overload = run(&format!("overload: open loop at {rate:.0} req/s (2x)"), plan(Some(rate), 1024, duration));
     stop_probing.store(true, Ordering::Relaxed);
-    let mut probes = runtime.block_on(probes).expect("health probes");
-    probes.sort();
+    let probes = runtime.block_on(probes).expect("health probes").summary(duration);
     let rss_after = server.rss_bytes().expect("rss");
     let after = run("after: closed loop, 32 streams", plan(None, 32, Duration::from_secs(10)));
     // Memory once normal load has run again: what the burst left behind,
@@ -110,17 +109,9 @@ fn main() {
         mib(rss_settled),
         growth(rss_settled)
     );
-    let percentile = |q: f64| {
-        probes
-            .get(((probes.len() as f64 * q) as usize).min(probes.len().saturating_sub(1)))
-            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-    };
     println!(
         "/healthz during the overload: {} probes, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-        probes.len(),
-        percentile(0.5),
-        percentile(0.99),
-        percentile(1.0)
+        probes.requests, probes.p50_ms, probes.p99_ms, probes.max_ms
     );
     println!(
         "targets: refusals p99 < 5 ms ({}), other errors 0 ({}), after p99 within 1.5x of capacity p99 ({:.2}x)",
@@ -131,11 +122,12 @@ fn main() {
     assert!(refused > 0, "2x capacity was all accepted: the capacity run did not find the limit");
 }
 
-/// Probes `/healthz` at `http` every 50 ms until `stop`; answers each
-/// probe's latency (a failed probe counts as 2 s).
-async fn probe_health(http: String, stop: Arc<AtomicBool>) -> Vec<Duration> {
+/// Probes `/healthz` at `http` every 50 ms until `stop`; answers the
+/// probes' latencies (a failed probe counts as a 2 s answer, so that it
+/// shows in the tail).
+async fn probe_health(http: String, stop: Arc<AtomicBool>) -> Recorder {
     let mut client = RestClient::new(&http).expect("client");
-    let mut latencies = Vec::new();
+    let mut latencies = Recorder::default();
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
@@ -146,7 +138,7 @@ async fn probe_health(http: String, stop: Arc<AtomicBool>) -> Vec<Duration> {
         )
         .await;
         let ok = matches!(answered, Ok(Ok(ref response)) if response.status == http::StatusCode::OK);
-        latencies.push(if ok { start.elapsed() } else { Duration::from_secs(2) });
+        latencies.ok(if ok { start.elapsed() } else { Duration::from_secs(2) }, 1);
     }
     latencies
 }

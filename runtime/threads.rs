@@ -86,8 +86,8 @@ where
 }
 
 /// Sets the calling thread's nice value. A failure (a sandbox that forbids
-/// it, or a lower value than its creator's) leaves it at its creator's priority, which only costs the
-/// preference: logged, not fatal.
+/// it, or a value below its creator's) leaves it at its creator's
+/// priority, which only costs the preference: logged, not fatal.
 fn set_own_nice(nice: i32) {
     #[cfg(target_os = "linux")]
     if own_nice() != nice {
