@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use sluice::config::{BatchingParameters, OutputEncoding};
+use sluice::config::{BatchingParameters, GrpcThreads, OutputEncoding};
 use sluice::config::{Config, ModelConfig};
 
 #[global_allocator]
@@ -164,6 +164,17 @@ struct ServeArgs {
     /// at a cost in peak throughput.
     #[arg(long = "compute_nice", env = "SLUICE_COMPUTE_NICE")]
     compute_nice: Option<usize>,
+
+    /// The most a batch may cost, in microseconds, to run on the network
+    /// thread that decoded it rather than on an inference thread, 0–1000
+    /// (`server.inline_inference_micros`; default 50, 0: never).
+    #[arg(long = "inline_inference_micros", env = "SLUICE_INLINE_INFERENCE_MICROS")]
+    inline_inference_micros: Option<u64>,
+
+    /// Which threads serve the gRPC port: per-core (a single-threaded
+    /// runtime per core, the default) or shared (`server.grpc_threads`).
+    #[arg(long = "grpc_threads", value_enum, env = "SLUICE_GRPC_THREADS")]
+    grpc_threads: Option<GrpcThreads>,
 
     #[command(flatten)]
     tf_serving: TfServingFlags,
@@ -332,6 +343,12 @@ impl ServeArgs {
         }
         if let Some(nice) = self.compute_nice {
             config.server.compute_nice = nice;
+        }
+        if let Some(micros) = self.inline_inference_micros {
+            config.server.inline_inference_micros = micros;
+        }
+        if let Some(threads) = self.grpc_threads {
+            config.server.grpc_threads = threads;
         }
         self.tf_serving.apply(&mut config)?;
         let defaults = config.lifecycle.model_defaults.clone();

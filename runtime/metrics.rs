@@ -244,6 +244,8 @@ pub struct Metrics {
     pub padding_rows: Family<ModelLabels, Counter>,
     /// Batches run by the model.
     pub model_runs: Family<ModelLabels, Counter>,
+    /// Of those, the batches run on the thread that decoded the request.
+    pub inline_runs: Family<ModelLabels, Counter>,
     /// Time the model took per batch.
     pub inference_seconds: Family<ModelLabels, Histogram, SecondsBuckets>,
     /// Requests by model, pipeline, API, entry point and status (TF
@@ -325,6 +327,7 @@ impl Metrics {
             batch_rows: Family::new_with_constructor(RowsBuckets),
             padding_rows: Family::default(),
             model_runs: Family::default(),
+            inline_runs: Family::default(),
             inference_seconds: Family::new_with_constructor(SecondsBuckets),
             requests: Family::default(),
             request_latency: Family::new_with_constructor(SecondsBuckets),
@@ -379,6 +382,11 @@ impl Metrics {
         registry.register("sluice_batch_rows", "Rows per batch run, without padding", metrics.batch_rows.clone());
         registry.register("sluice_padding_rows", "Rows of padding added to batches", metrics.padding_rows.clone());
         registry.register("sluice_model_runs", "Batches run by a model version", metrics.model_runs.clone());
+        registry.register(
+            "sluice_inline_runs",
+            "Batches a model version ran on the thread that decoded the request (cheaper than server.inline_inference_micros)",
+            metrics.inline_runs.clone(),
+        );
         registry.register(
             "sluice_inference_seconds",
             "Time a model version took per batch",
@@ -639,6 +647,7 @@ impl Metrics {
         let labels = ModelLabels { model: model.to_string(), version: version.to_string() };
         ModelMetrics {
             runs: self.model_runs.get_or_create_owned(&labels),
+            inline_runs: self.inline_runs.get_or_create_owned(&labels),
             seconds: self.inference_seconds.get_or_create_owned(&labels),
             batch_rows: self.batch_rows.get_or_create_owned(&labels),
             padding_rows: self.padding_rows.get_or_create_owned(&labels),
@@ -762,6 +771,8 @@ pub struct LifecycleMetrics {
 pub struct ModelMetrics {
     /// Batches run.
     pub runs: Counter,
+    /// Of those, the batches run inline, on the request's thread.
+    pub inline_runs: Counter,
     /// Time per batch.
     pub seconds: Histogram,
     /// Rows per batch.

@@ -412,6 +412,11 @@ async fn compute_threads_take_compute_nice_and_background_threads_always_run_bel
     for (name, nice) in named("infer-").into_iter().chain(named("stage-")).chain(named("onnx-pool")) {
         assert_eq!(*nice, base + 6, "{name} runs at nice {nice}, the network threads at {base}: {threads:?}");
     }
+    // The gRPC port's own runtimes, one per core, are network threads.
+    let cores = named("grpc-core-");
+    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(cores.len(), available, "{threads:?}");
+    assert!(cores.iter().all(|(_, nice)| *nice == base), "{threads:?}");
 
     // By default compute runs alike; background work (here a feature
     // table's reload thread) runs BACKGROUND_NICE steps below all the same.

@@ -46,6 +46,9 @@ pub struct ServingState {
     /// The gRPC health service's handle: names a reload adds or removes
     /// are reported.
     pub health: HealthReporter,
+    /// The shared runtime, where work that outlives a call (a reload's
+    /// loads and batching tasks) runs.
+    pub runtime: tokio::runtime::Handle,
 }
 
 /// A request's id: the client's `x-request-id` when it sent a usable one

@@ -39,7 +39,15 @@ pub async fn apply(state: &ServingState, mut models: Vec<ModelConfig>) -> Result
     for model in &mut models {
         state.model_defaults.apply(model);
     }
-    let outcome = state.endpoints.reload(models).await?;
+    // What a reload starts (loads, batching tasks, drains) outlives the
+    // call, so it runs on the shared runtime whichever thread serves the
+    // call: a gRPC core's runtime serves calls and nothing else.
+    let endpoints = state.endpoints.clone();
+    let outcome = state
+        .runtime
+        .spawn(async move { endpoints.reload(models).await })
+        .await
+        .map_err(|e| Error::internal(format!("the reload stopped before it finished: {e}")))??;
     let mut health = state.health.clone();
     for name in &outcome.added {
         health.set_service_status(name, ServingStatus::Serving).await;

@@ -159,6 +159,20 @@ pub enum OutputEncoding {
     TensorContent,
 }
 
+/// Which threads serve the gRPC port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum GrpcThreads {
+    /// One single-threaded runtime per core, each accepting connections
+    /// on its own socket of the port (SO_REUSEPORT): a connection's calls
+    /// never leave its thread, so no call wakes a second thread.
+    #[default]
+    PerCore,
+    /// Tokio's work-stealing runtime, shared with the HTTP port: any idle
+    /// thread may take any call, at the cost of waking threads to steal.
+    Shared,
+}
+
 impl PipelineConfig {
     /// Its stages, in the order a request passes them.
     pub fn stages(&self) -> impl Iterator<Item = (StageRole, &StageConfig)> {
@@ -227,6 +241,16 @@ pub struct ServerConfig {
     /// probes at once, at a cost in peak throughput (`runtime/threads.rs`).
     /// Read at start-up.
     pub compute_nice: usize,
+    /// The most a batch may cost, in microseconds, to run on the network
+    /// thread that decoded its request instead of being handed to an
+    /// inference thread (two thread wake-ups that cost more than a small
+    /// model's run). Measured per model and batch size while serving; a
+    /// size not yet measured, or dearer, runs on the inference threads.
+    /// 0 turns inline runs off.
+    pub inline_inference_micros: u64,
+    /// Which threads serve the gRPC port: `per_core` (a single-threaded
+    /// runtime per core) or `shared` (tokio's work-stealing runtime).
+    pub grpc_threads: GrpcThreads,
 }
 
 impl Default for ServerConfig {
@@ -249,6 +273,8 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
             compute_nice: 0,
+            inline_inference_micros: DEFAULT_INLINE_INFERENCE_MICROS,
+            grpc_threads: GrpcThreads::PerCore,
         }
     }
 }
@@ -331,6 +357,14 @@ pub struct ModelConfig {
     /// Forward inference to TF Serving instead of running ONNX Runtime.
     pub upstream: Option<UpstreamConfig>,
 }
+
+/// What `server.inline_inference_micros` is unless set: below the cost
+/// of the two thread wake-ups an inference thread costs (docs/BENCHMARKS.md).
+pub const DEFAULT_INLINE_INFERENCE_MICROS: u64 = 50;
+
+/// Above this a run holds a network thread long enough to delay every
+/// other connection it serves: that is what inference threads are for.
+const MAX_INLINE_INFERENCE_MICROS: usize = 1000;
 
 /// The most threads one setting may start.
 pub(crate) const MAX_THREADS: usize = 1024;
@@ -456,6 +490,11 @@ impl Config {
             check_at_most(key, value, MAX_COUNT)?;
         }
         check_between("server.compute_nice", self.server.compute_nice, 0, 19)?;
+        check_at_most(
+            "server.inline_inference_micros",
+            usize::try_from(self.server.inline_inference_micros).unwrap_or(usize::MAX),
+            MAX_INLINE_INFERENCE_MICROS,
+        )?;
         let names = check_models(&self.models)?;
         let mut endpoint_names = HashSet::new();
         for (i, pipeline) in self.pipelines.iter().enumerate() {
@@ -715,6 +754,8 @@ mod tests {
         assert!(err.message.contains("server.max_connections = 4611686018427387904: must be at most 1048576"), "{err}");
         let err = parse("[lifecycle]\nmax_concurrent_loads = 5000\n").unwrap_err();
         assert!(err.message.contains("lifecycle.max_concurrent_loads = 5000: must be at most 1024"), "{err}");
+        let err = parse("[server]\ninline_inference_micros = 5000\n").unwrap_err();
+        assert!(err.message.contains("server.inline_inference_micros = 5000: must be at most 1000"), "{err}");
         let err = parse("[server]\ncompute_nice = 20\n").unwrap_err();
         assert!(err.message.contains("server.compute_nice = 20: must be between 0 and 19"), "{err}");
         let err = parse("[server]\ncompute_nice = -1\n").unwrap_err();

@@ -6,9 +6,11 @@
 //! validated against its [`Signature`] — and returns the outputs for the
 //! whole batch; the batcher in `pipeline/` splits them per request. Backends
 //! do their blocking work on threads of their own, so `run` is a future the
-//! async runtime only waits on. [`latency`] keeps what each batch size
-//! costs a model version, for the auto batcher.
+//! async runtime only waits on, except a batch cheap enough to run on
+//! the caller's thread ([`inline`]). [`latency`] keeps what each batch
+//! size costs a model version, for the auto batcher.
 
+pub mod inline;
 pub mod latency;
 pub mod onnx;
 pub mod tfserving;
@@ -47,6 +49,15 @@ impl Batch {
         self
     }
 
+    /// The rows the model runs: padded, or the real rows.
+    pub fn run_rows(&self) -> usize {
+        if self.padded_rows == 0 {
+            self.rows()
+        } else {
+            self.padded_rows
+        }
+    }
+
     /// Total rows of real (not padding) data.
     pub fn rows(&self) -> usize {
         self.requests.iter().map(|inputs| inputs.first().map_or(1, Tensor::rows)).sum()
@@ -66,6 +77,15 @@ pub trait Backend: Send + Sync + 'static {
     /// whole (padded) batch. Waits for a free worker when all are busy: the
     /// queues in front of the backend are where requests are refused.
     fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>>;
+
+    /// Runs `batch` on the calling thread, when the backend measured
+    /// batches of its size to cost less than its inline budget and has a
+    /// free session now (`inline`); `None` when it did not run it, and the
+    /// batch goes to `run` or `submit`. Never waits for anything but the
+    /// run itself.
+    fn run_inline(&self, _batch: &Batch) -> Option<Result<Vec<Tensor>>> {
+        None
+    }
 
     /// Runs a batch and hands its outputs to `done`. A backend with threads
     /// of its own calls `done` on the thread that ran the batch, so the

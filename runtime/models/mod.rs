@@ -103,6 +103,9 @@ pub struct LoadSettings {
     pub max_tensor_bytes: usize,
     /// Where optimised graphs are cached, when they are.
     pub optimized_model_cache: Option<PathBuf>,
+    /// Batches measured to cost at most this run on the caller's thread
+    /// (`server.inline_inference_micros`); zero: never.
+    pub inline_budget: std::time::Duration,
 }
 
 /// Loads versions off the serving path: each on a thread of its own, at
@@ -195,6 +198,7 @@ pub fn load_version(
         settings.library.as_deref(),
         metrics.model(&config.name, version),
         settings.optimized_model_cache.as_deref(),
+        settings.inline_budget,
     )?;
     let cache = match backend.cache_outcome() {
         Some(CacheOutcome::Hit) => "hit",
@@ -300,6 +304,7 @@ pub async fn load_selected(
         warmup: true,
         max_tensor_bytes: defaults.server.max_tensor_bytes,
         optimized_model_cache: defaults.lifecycle.optimized_model_cache(),
+        inline_budget: std::time::Duration::from_micros(defaults.server.inline_inference_micros),
     };
     let loader = Loader::new(1, settings, metrics.clone());
     let mut versions = Vec::with_capacity(chosen.len());

@@ -62,7 +62,11 @@ impl InferenceStage {
             None => {
                 deadline.check("before inference")?;
                 let batch = Batch::single(inputs).due(deadline.instant());
-                deadline.run("during inference", self.version.backend().run(batch)).await
+                let backend = self.version.backend();
+                match backend.run_inline(&batch) {
+                    Some(outputs) => outputs,
+                    None => deadline.run("during inference", backend.run(batch)).await,
+                }
             }
         }
     }

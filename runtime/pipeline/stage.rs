@@ -150,7 +150,13 @@ impl StageRunner {
             // Sequential: here, now, on this thread; the runtime moves its
             // other tasks away while the stage blocks it.
             let cx = StageCx::new(deadline, &never_gone, max_tensor_bytes);
-            return tokio::task::block_in_place(|| run_stage(&*self.stage, &self.label, tensors, &cx, &self.metrics));
+            let run = || run_stage(&*self.stage, &self.label, tensors, &cx, &self.metrics);
+            // A single-threaded runtime (a gRPC core's) has no other
+            // thread to move its tasks to: the stage just runs.
+            return match tokio::runtime::Handle::current().runtime_flavor() {
+                tokio::runtime::RuntimeFlavor::CurrentThread => run(),
+                _ => tokio::task::block_in_place(run),
+            };
         };
         let (reply, answer) = oneshot::channel();
         let job = StageJob {

@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 mod connections;
+mod cores;
 
 use self::connections::Limits;
 use crate::api::context::ServingState;
@@ -24,7 +25,7 @@ use crate::api::grpc::{InferenceApi, ModelStatusApi, PredictionApi};
 use crate::api::health::Lifecycle;
 use crate::api::rest::admin::Admin;
 use crate::api::rest::{self, RestState};
-use crate::config::Config;
+use crate::config::{Config, GrpcThreads};
 use crate::error::{Error, Result};
 use crate::feature::FeatureTables;
 use crate::metrics::Metrics;
@@ -73,14 +74,19 @@ pub async fn serve(
 
     // Both ports are bound before anything loads, so a port in use fails
     // the start at once instead of after a long load.
-    let grpc_listener = bind(&config.server.host, config.server.port).await?;
+    let grpc_listener = match config.server.grpc_threads {
+        GrpcThreads::Shared => GrpcListener::Shared(bind(&config.server.host, config.server.port).await?),
+        GrpcThreads::PerCore => {
+            GrpcListener::PerCore(cores::bind(&config.server.host, config.server.port, cores::count())?)
+        }
+    };
     let http_listener = bind(&config.server.host, config.server.rest_api_port).await?;
     let admin_listener = match (config.admin.enabled, config.admin.port) {
         (true, Some(port)) => Some(bind(&config.server.host, port).await?),
         _ => None,
     };
     let addresses = Addresses {
-        grpc: local_addr(&grpc_listener)?,
+        grpc: grpc_listener.local_addr()?,
         http: local_addr(&http_listener)?,
         admin: admin_listener.as_ref().map(local_addr).transpose()?,
     };
@@ -143,6 +149,7 @@ pub async fn serve(
         admin: admin.clone(),
         model_defaults: Arc::new(config.lifecycle.model_defaults.clone()),
         health: reporter,
+        runtime: tokio::runtime::Handle::current(),
     };
 
     let max = config.server.max_message_bytes;
@@ -183,12 +190,6 @@ pub async fn serve(
             Some(tokio::spawn(connections::serve(listener, grpc_routes.clone(), limits, stopping_rx.clone())))
         }
     };
-    let grpc = connections::serve(
-        grpc_listener,
-        grpc_routes,
-        Limits::new(&config.server, &metrics, "grpc"),
-        stopping_rx.clone(),
-    );
 
     if let Some(plugins) = &plugins {
         plugins.follow();
@@ -197,6 +198,18 @@ pub async fn serve(
         admin.attach(plugins);
     }
     lifecycle.ready(state.clone()).await;
+    // The gRPC port accepts once everything serves (connections wait in
+    // its backlog until then).
+    let grpc_limits = Limits::new(&config.server, &metrics, "grpc");
+    let grpc: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match grpc_listener {
+        GrpcListener::Shared(listener) => {
+            Box::pin(connections::serve(listener, grpc_routes, grpc_limits, stopping_rx.clone()))
+        }
+        GrpcListener::PerCore(listeners) => {
+            tracing::info!(cores = listeners.len(), "gRPC served by a runtime per core");
+            Box::pin(cores::serve(listeners, grpc_routes, grpc_limits, stopping_rx.clone()).await?)
+        }
+    };
     announce.ready(addresses);
     tracing::info!(grpc = %addresses.grpc, http = %addresses.http, "ready: serving");
     poll_repositories(&config, &state, stopping_rx.clone());
@@ -249,6 +262,7 @@ async fn load(
         warmup: config.lifecycle.warmup,
         max_tensor_bytes: config.server.max_tensor_bytes,
         optimized_model_cache: config.lifecycle.optimized_model_cache(),
+        inline_budget: Duration::from_micros(config.server.inline_inference_micros),
     };
     let manager = ModelManager::new(
         &config.lifecycle,
@@ -373,6 +387,25 @@ where
 /// Resolves once `rx` says stop.
 async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// The gRPC port's sockets: one for the shared runtime, or one per core.
+enum GrpcListener {
+    Shared(TcpListener),
+    PerCore(Vec<std::net::TcpListener>),
+}
+
+impl GrpcListener {
+    fn local_addr(&self) -> Result<SocketAddr> {
+        match self {
+            GrpcListener::Shared(listener) => local_addr(listener),
+            GrpcListener::PerCore(listeners) => listeners
+                .first()
+                .ok_or_else(|| Error::internal("no gRPC socket was bound, this is a bug"))?
+                .local_addr()
+                .map_err(|e| Error::internal(format!("reading the bound address failed: {e}"))),
+        }
+    }
 }
 
 fn local_addr(listener: &TcpListener) -> Result<SocketAddr> {

@@ -55,6 +55,8 @@ impl Decoder for RawCodec {
 #[derive(Clone)]
 pub struct RawPredictClient {
     grpc: tonic::client::Grpc<Channel>,
+    /// The method called: Predict unless [`RawPredictClient::calling`].
+    method: PathAndQuery,
 }
 
 impl RawPredictClient {
@@ -69,7 +71,14 @@ impl RawPredictClient {
         let grpc = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
-        Ok(RawPredictClient { grpc })
+        Ok(RawPredictClient { grpc, method: PathAndQuery::from_static(PREDICT_PATH) })
+    }
+
+    /// The same connection, sending its requests to `method`
+    /// (`/package.Service/Method`) instead of Predict.
+    pub fn calling(mut self, method: &str) -> anyhow::Result<RawPredictClient> {
+        self.method = PathAndQuery::try_from(method).map_err(|e| anyhow::anyhow!("bad gRPC method {method}: {e}"))?;
+        Ok(self)
     }
 
     /// Sends one encoded PredictRequest; returns the encoded response.
@@ -79,7 +88,7 @@ impl RawPredictClient {
         if let Some(timeout) = timeout {
             request.set_timeout(timeout);
         }
-        let response = self.grpc.unary(request, PathAndQuery::from_static(PREDICT_PATH), RawCodec).await?;
+        let response = self.grpc.unary(request, self.method.clone(), RawCodec).await?;
         Ok(response.into_inner())
     }
 }

@@ -35,6 +35,10 @@ pub struct LoadPlan {
     /// REST instead of gRPC: the path to POST JSON bodies to
     /// (`/v1/models/NAME:predict`); `target` is then the HTTP port.
     pub rest_path: Option<String>,
+    /// The gRPC method the encoded requests go to (e.g.
+    /// `/inference.GRPCInferenceService/ModelInfer` for KServe v2 bytes);
+    /// TF Serving's Predict when unset.
+    pub grpc_method: Option<String>,
 }
 
 struct Shared {
@@ -77,7 +81,11 @@ pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> anyhow::Re
     match &plan.rest_path {
         None => {
             for _ in 0..plan.connections.max(1) {
-                clients.push(LoadClient::Grpc(RawPredictClient::connect(&plan.target).await?));
+                let mut client = RawPredictClient::connect(&plan.target).await?;
+                if let Some(method) = &plan.grpc_method {
+                    client = client.calling(method)?;
+                }
+                clients.push(LoadClient::Grpc(client));
             }
         }
         // Each worker's clone opens its own HTTP/1.1 connection.

@@ -164,6 +164,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let plan = LoadPlan {
         target,
         rest_path,
+        grpc_method: None,
         connections: args.connections,
         concurrency: args.concurrency,
         rps: args.rps,

@@ -1,19 +1,27 @@
 //! The ONNX Runtime backend: a model version loaded into a pool of
-//! sessions, each owned by a dedicated inference thread.
+//! sessions, each with a dedicated inference thread.
 //!
 //! `Session::run` needs `&mut Session`, so concurrency comes from several
-//! sessions, not from sharing one. Each session lives on its own OS thread
-//! (never on the async runtime's threads) and takes batches from one small
+//! sessions, not from sharing one. Each session has its own OS thread
+//! (never one of the async runtime's) that takes batches from one small
 //! shared queue — one batch per thread can wait there, so the next batch is
 //! ready when a thread finishes, and queueing beyond that happens in front
 //! of the backend, where it is bounded and visible.
+//!
+//! A batch measured to cost less than the inline budget may instead run on
+//! the thread that decoded its request (`run_inline`, `infer::inline`): it
+//! takes whichever session is free at that moment, and goes to the queue
+//! when none is. Each session sits behind a mutex for that: its thread
+//! locks it for each batch (uncontended unless an inline run, shorter than
+//! the budget, holds it), inline callers only ever try.
 
 pub mod library;
 pub mod optimized;
 
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::time::Instant;
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use ort::session::builder::GraphOptimizationLevel;
@@ -21,6 +29,7 @@ use ort::session::{Session, SessionInputValue};
 use ort::value::ValueType;
 use tokio::sync::oneshot;
 
+use super::inline::InlineRule;
 use super::{Backend, Batch, Completion};
 use crate::config::onnx::{ExecutionProvider, OnnxOptions};
 use crate::error::{Error, Result};
@@ -63,12 +72,21 @@ pub struct OnnxBackend {
     signature: Signature,
     jobs: async_channel::Sender<Job>,
     cache: Option<CacheOutcome>,
+    runner: Arc<Runner>,
+}
+
+/// What the inference threads and inline callers share.
+struct Runner {
+    sessions: Box<[Mutex<Session>]>,
+    inline: InlineRule,
+    metrics: ModelMetrics,
 }
 
 impl OnnxBackend {
     /// Loads `path` into `options.sessions` sessions and starts their
     /// threads. `label` names the model version in thread names, logs and
-    /// errors; `metrics` counts and times the runs.
+    /// errors; `metrics` counts and times the runs; batches measured to
+    /// cost at most `inline_budget` run on the caller's thread.
     pub fn load(
         path: &Path,
         label: &str,
@@ -76,6 +94,7 @@ impl OnnxBackend {
         library: Option<&Path>,
         metrics: ModelMetrics,
         cache: Option<&Path>,
+        inline_budget: Duration,
     ) -> Result<OnnxBackend> {
         let environment = library::environment(library)?;
         if options.sessions == 0 || options.intra_op_threads == 0 {
@@ -111,13 +130,17 @@ impl OnnxBackend {
         };
         let signature = signature_of(&sessions[0]).map_err(|e| e.context(label))?;
         let (jobs, queue) = async_channel::bounded::<Job>(options.sessions);
-        for (i, session) in sessions.into_iter().enumerate() {
-            let queue = queue.clone();
-            let metrics = metrics.clone();
-            crate::threads::spawn_compute(format!("infer-{i}"), move || inference_thread(session, queue, metrics))
+        let runner = Arc::new(Runner {
+            sessions: sessions.into_iter().map(Mutex::new).collect(),
+            inline: InlineRule::new(inline_budget),
+            metrics,
+        });
+        for i in 0..runner.sessions.len() {
+            let (queue, runner) = (queue.clone(), runner.clone());
+            crate::threads::spawn_compute(format!("infer-{i}"), move || inference_thread(i, &runner, queue))
                 .map_err(|e| Error::internal(format!("{label}: starting an inference thread failed: {e}")))?;
         }
-        Ok(OnnxBackend { signature, jobs, cache })
+        Ok(OnnxBackend { signature, jobs, cache, runner })
     }
 
     /// Whether its optimised graph came from the cache, when it used one.
@@ -156,6 +179,19 @@ impl Backend for OnnxBackend {
             jobs.send(Job { batch, reply: Reply::Waiting(reply) }).await.map_err(|_| unloading())?;
             answer.await.map_err(|_| Error::internal("the inference thread stopped before answering"))?
         })
+    }
+
+    fn run_inline(&self, batch: &Batch) -> Option<Result<Vec<Tensor>>> {
+        if !self.runner.inline.allows(batch.run_rows()) {
+            return None;
+        }
+        let mut session = self.runner.sessions.iter().find_map(|session| match session.try_lock() {
+            Ok(session) => Some(session),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        })?;
+        self.runner.metrics.inline_runs.inc();
+        Some(self.runner.run(&mut session, batch))
     }
 
     fn submit(&self, batch: Batch, done: Completion) {
@@ -304,17 +340,34 @@ fn signature_of(session: &Session) -> Result<Signature> {
     })
 }
 
-fn inference_thread(mut session: Session, queue: async_channel::Receiver<Job>, metrics: ModelMetrics) {
+impl Runner {
+    /// Runs `batch` on `session`, timed: the metrics and the inline rule
+    /// learn what it cost.
+    fn run(&self, session: &mut Session, batch: &Batch) -> Result<Vec<Tensor>> {
+        let started = Instant::now();
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| run_batch(session, batch)))
+            .unwrap_or_else(|_| Err(Error::internal("ONNX Runtime panicked while running the model")));
+        let seconds = started.elapsed().as_secs_f64();
+        self.metrics.runs.inc();
+        self.metrics.seconds.observe(seconds);
+        if result.is_ok() {
+            self.inline.record(batch.run_rows(), seconds);
+        }
+        result
+    }
+}
+
+fn inference_thread(own: usize, runner: &Runner, queue: async_channel::Receiver<Job>) {
     while let Ok(job) = queue.recv_blocking() {
         if job.reply.abandoned() {
             // Everyone waiting for this batch has gone (cancelled or timed out).
             continue;
         }
-        let started = Instant::now();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| run_batch(&mut session, &job.batch)))
-            .unwrap_or_else(|_| Err(Error::internal("ONNX Runtime panicked while running the model")));
-        metrics.runs.inc();
-        metrics.seconds.observe(started.elapsed().as_secs_f64());
+        // Its own session, unless an inline run holds it for a moment.
+        let result = {
+            let mut session = runner.sessions[own].lock().unwrap_or_else(PoisonError::into_inner);
+            runner.run(&mut session, &job.batch)
+        };
         job.reply.send(result);
     }
 }

@@ -14,8 +14,9 @@
 //!
 //! A request that arrives at an empty queue when the plan would not wait
 //! and a slot is free skips the batching task: it runs as a batch of its
-//! own from the request's task, with one hand-off to the model's thread
-//! and one back, as an unbatched model would.
+//! own from the request's task, as an unbatched model would: inline on
+//! that thread when the backend measured it cheap (`infer::inline`), else
+//! with one hand-off to the model's thread and one back.
 //!
 //! The queue is bounded in rows (`max_enqueued_batches × max_batch_size`):
 //! a request that does not fit is refused at once with RESOURCE_EXHAUSTED.
@@ -258,7 +259,11 @@ impl Shared {
         self.model_metrics.padding_rows.inc_by((padded - rows) as u64);
         let batch = Batch { requests: vec![inputs], padded_rows: padded, deadline: deadline.instant() };
         let started = Instant::now();
-        let result = deadline.run("during inference", self.version.backend().run(batch)).await;
+        let backend = self.version.backend();
+        let result = match backend.run_inline(&batch) {
+            Some(outputs) => outputs,
+            None => deadline.run("during inference", backend.run(batch)).await,
+        };
         drop(slot);
         let outputs = result?;
         self.ran(padded, started.elapsed());
