@@ -79,6 +79,7 @@ fn main() {
         timeout: Some(Duration::from_secs(2)),
         progress: false,
         rest_path: None,
+        grpc_method: None,
     };
     let goodput = |s: &Summary| s.ok as f64 / s.seconds.max(1e-9);
     let auto_pool = pool(&runtime, &target, "auto");

@@ -25,7 +25,7 @@ mod process;
 mod redis_server;
 mod support;
 
-use support::arg;
+use support::{arg, cpu_seconds};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -60,16 +60,6 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-/// CPU seconds (user + system) process `pid` (this one when `None`) has used.
-fn cpu_seconds(pid: Option<u32>) -> f64 {
-    let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));
-    let stat = std::fs::read_to_string(path).unwrap_or_default();
-    // Fields after the command name, which is in parentheses.
-    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// Lookups per second, and CPU microseconds per lookup of this process

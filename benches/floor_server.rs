@@ -10,8 +10,14 @@
 //! the request nor encodes the response (fixed bytes, encoded once), so
 //! what is left is HTTP/2 and gRPC framing alone.
 //!
+//! With `--per-core` (and `--raw`) the echo runs thread-per-core: one
+//! current-thread tokio runtime per core, each accepting on its own
+//! SO_REUSEPORT listener of the same port, so a connection's calls never
+//! leave its thread (the layout actix-web and others use), where the
+//! default is tokio's work-stealing runtime.
+//!
 //! ```text
-//! floor-server --port 9000 --rows 1 --cols 10 [--raw]
+//! floor-server --port 9000 --rows 1 --cols 10 [--raw [--per-core]]
 //! ```
 
 use std::sync::Arc;
@@ -56,6 +62,10 @@ struct Args {
     /// response.
     #[arg(long)]
     raw: bool,
+    /// With --raw: one single-threaded runtime per core, each with its
+    /// own listener on the port (SO_REUSEPORT).
+    #[arg(long, requires = "raw")]
+    per_core: bool,
 }
 
 /// The `--raw` floor: Predict answered with bytes encoded once.
@@ -122,16 +132,80 @@ impl PredictionService for Floor {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.per_core {
+        return per_core(&args);
+    }
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(args))
+}
+
+/// A listener on `host:port` that other sockets may share (SO_REUSEPORT),
+/// registered with the current runtime.
+fn shared_listener(host: &str, port: u16) -> anyhow::Result<tokio::net::TcpListener> {
+    let addr: std::net::SocketAddr = format!("{host}:{port}").parse()?;
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseport(true)?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket.listen(1024)?)
+}
+
+/// The raw echo, thread-per-core: the first thread binds (port 0 picks
+/// one), the others join the same port.
+fn per_core(args: &Args) -> anyhow::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let response = bytes::Bytes::from(prost::Message::encode_to_vec(&fixed_response(args)));
+    let mut port = args.port;
+    let mut threads = Vec::new();
+    for core in 0..cores {
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        let (host, response) = (args.host.clone(), response.clone());
+        threads.push(std::thread::Builder::new().name(format!("core-{core}")).spawn(
+            move || -> anyhow::Result<()> {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                runtime.block_on(async move {
+                    let listener = match shared_listener(&host, port) {
+                        Ok(listener) => listener,
+                        Err(e) => {
+                            let _ = bound_tx.send(Err(e));
+                            return Ok(());
+                        }
+                    };
+                    let _ = bound_tx.send(Ok(listener.local_addr()?));
+                    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                    tonic::transport::Server::builder()
+                        .add_service(RawFloor { response })
+                        .serve_with_incoming(incoming)
+                        .await?;
+                    Ok(())
+                })
+            },
+        )?);
+        let addr = bound_rx.recv()??;
+        port = addr.port();
+        if core == 0 {
+            println!("floor-server: serving gRPC on {addr}");
+        }
+    }
+    for thread in threads {
+        thread.join().map_err(|_| anyhow::anyhow!("a core's thread panicked"))??;
+    }
+    Ok(())
+}
+
+fn fixed_response(args: &Args) -> PredictResponse {
     let count = (args.rows * args.cols) as usize;
     let logits: Vec<f32> = (0..count).map(|i| i as f32 * 0.01).collect();
     let tensor = Tensor::from_values(vec![args.rows, args.cols], &logits);
-    let response = PredictResponse {
+    PredictResponse {
         model_spec: Some(served_spec(&args.model, 1)),
         outputs: [("logits".to_string(), encode(&tensor, args.encoding))].into_iter().collect(),
-    };
+    }
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    let response = fixed_response(&args);
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
     let addr = listener.local_addr()?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));

@@ -55,6 +55,7 @@ fn main() {
         timeout: Some(Duration::from_secs(2)),
         progress: false,
         rest_path: None,
+        grpc_method: None,
     };
     let run = |what: &str, plan: LoadPlan| -> Summary { run(&runtime, &plan, &pool, what) };
     let capacity = run("capacity: closed loop, 32 streams", plan(None, 32, Duration::from_secs(10)));

@@ -100,6 +100,7 @@ fn measure(
         timeout: None,
         progress: false,
         rest_path: None,
+        grpc_method: None,
     };
     let run = |what: &str| -> Summary { run(&runtime, &plan, &pool, &format!("{label}, {what}")) };
     let steady = run("steady");

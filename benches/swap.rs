@@ -97,6 +97,7 @@ preprocess = {{ plugin = "features", workers = 2 }}
         timeout: None,
         progress: false,
         rest_path: None,
+        grpc_method: None,
     };
     let run = |label: &str| -> Summary { run(&runtime, &plan, &pool, label) };
     let steady = run("steady: 16 streams, no swaps");

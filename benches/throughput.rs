@@ -17,12 +17,12 @@
 mod process;
 mod support;
 
-use support::arg;
+use support::{arg, raw_rows_per_second};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use process::ServerProcess;
 use sluice::cli::bench::inputs::{input_specs, random_pool, rest_bodies, RequestPool};
@@ -119,50 +119,6 @@ image_normalize = {{ input = "pixels", mean = [0.5, 0.5, 0.5], std = [0.25, 0.25
     )
 }
 
-/// ONNX Runtime in process: `threads` threads, each with its own session,
-/// running `batch` rows back to back for `duration`. Rows per second.
-fn raw_rows_per_second(
-    model: &Path,
-    input: &str,
-    row_shape: &[usize],
-    batch: usize,
-    threads: usize,
-    duration: Duration,
-) -> f64 {
-    let environment = sluice::infer::onnx::library::environment(None).expect("ONNX Runtime (run scripts/setup)");
-    let total: usize = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                scope.spawn(move || {
-                    let mut session = ort::session::Session::builder(environment)
-                        .expect("builder")
-                        .with_intra_threads(1)
-                        .expect("threads")
-                        .commit_from_file(model)
-                        .expect("session");
-                    let mut shape = vec![batch];
-                    shape.extend_from_slice(row_shape);
-                    let n: usize = shape.iter().product();
-                    let values: Vec<f32> = (0..n).map(|i| ((i * 7 + t) % 13) as f32 / 13.0).collect();
-                    let tensor = ort::value::Tensor::from_array((shape, values)).expect("input");
-                    for _ in 0..3 {
-                        session.run(ort::inputs![input => &tensor]).expect("run");
-                    }
-                    let start = Instant::now();
-                    let mut rows = 0;
-                    while start.elapsed() < duration {
-                        session.run(ort::inputs![input => &tensor]).expect("run");
-                        rows += batch;
-                    }
-                    rows
-                })
-            })
-            .collect();
-        workers.into_iter().map(|w| w.join().expect("raw worker")).sum()
-    });
-    total as f64 / duration.as_secs_f64()
-}
-
 struct Bench {
     runtime: tokio::runtime::Runtime,
     duration: Duration,
@@ -207,6 +163,7 @@ impl Bench {
             timeout: None,
             progress: false,
             rest_path,
+            grpc_method: None,
         };
         let summary = self.runtime.block_on(load::run(&plan, pool.requests.clone(), pool.rows)).expect("load");
         eprintln!("  {}", summary.text().replace('\n', "\n  "));
