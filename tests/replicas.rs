@@ -96,16 +96,21 @@ async fn running(server: &Server) -> (u64, u64, String) {
     )
 }
 
-async fn wait_running(server: &Server, version: u64, sha256: &str) -> u64 {
+/// Waits until `server` runs `version` (`sha256`) at the revision `from`
+/// (the replica that made the change) committed: a replica swaps the
+/// stage first and records the revision it applied after, so the version
+/// alone can show before the revision does. Returns the revision.
+async fn wait_running(server: &Server, from: &Server, version: u64, sha256: &str) -> u64 {
+    let revision = running(from).await.0;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let (revision, running_version, running_sha) = running(server).await;
-        if running_version == version && running_sha == sha256 {
+        let now = running(server).await;
+        if now == (revision, version, sha256.to_string()) {
             return revision;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "waited 30 s for version {version}; the replica runs {running_version} ({running_sha})"
+            "waited 30 s for version {version} ({sha256}) at revision {revision}; the replica is at {now:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -132,7 +137,7 @@ async fn what_one_replica_uploads_and_activates_every_replica_serves() {
     let (status, answer) =
         admin(&a, Method::PUT, "/admin/v1/plugins/features?activate=true", plugin_bytes("scale")).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    let revision = wait_running(&b, 1, &scale_sha).await;
+    let revision = wait_running(&b, &a, 1, &scale_sha).await;
     assert_eq!(running(&a).await.0, revision, "both replicas at the same revision");
     assert_eq!(logits(&b, "scored", &x).await, scaled, "B runs the plugin uploaded on A");
     assert_eq!(logits(&a, "scored", &x).await, scaled);
@@ -143,13 +148,13 @@ async fn what_one_replica_uploads_and_activates_every_replica_serves() {
     // Rolled back on B: A follows.
     let (status, answer) = admin(&b, Method::POST, "/admin/v1/plugins/features/rollback", Vec::new()).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    wait_running(&a, 0, &identity_sha).await;
+    wait_running(&a, &b, 0, &identity_sha).await;
     assert_eq!(logits(&a, "scored", &x).await, identity);
 
     // A replica started now starts with what is active, at once.
     let (status, answer) = admin(&a, Method::POST, "/admin/v1/plugins/features/versions/1/activate", Vec::new()).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    let revision = wait_running(&b, 1, &scale_sha).await;
+    let revision = wait_running(&b, &a, 1, &scale_sha).await;
     let three = Replica::new(&redis);
     let c = three.start();
     assert_eq!(running(&c).await, (revision, 1, scale_sha.clone()), "a new replica starts in step");
@@ -177,7 +182,7 @@ async fn a_replica_that_missed_notifications_catches_up_and_redis_down_stops_cha
     let (status, answer) =
         admin(&a, Method::PUT, "/admin/v1/plugins/features?activate=true", plugin_bytes("scale")).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    wait_running(&b, 1, &scale_sha).await;
+    wait_running(&b, &a, 1, &scale_sha).await;
 
     // Redis down: changes are refused with the reason; serving goes on.
     redis.kill();
