@@ -21,7 +21,7 @@
 mod process;
 mod support;
 
-use support::arg;
+use support::{arg, cpu_seconds};
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -80,7 +80,8 @@ fn main() {
     let request = bytes::Bytes::from(prost::Message::encode_to_vec(&request));
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let (sluice_times, floor_times, round_gaps) = runtime.block_on(async {
+    let (sluice_pid, floor_pid) = (sluice.pid(), floor.pid());
+    let (sluice_times, floor_times, round_gaps, cpu) = runtime.block_on(async {
         let mut to_sluice = RawPredictClient::connect(&sluice.url()).await.expect("connect sluice");
         let mut to_floor = RawPredictClient::connect(&floor.url()).await.expect("connect floor");
         for _ in 0..1000 {
@@ -90,6 +91,7 @@ fn main() {
         let mut sluice_times = Vec::with_capacity(requests * rounds);
         let mut floor_times = Vec::with_capacity(requests * rounds);
         let mut round_gaps = Vec::with_capacity(rounds);
+        let cpu_before = (cpu_seconds(Some(sluice_pid)), cpu_seconds(Some(floor_pid)));
         for _ in 0..rounds {
             let (mut s, mut f) = (Vec::with_capacity(requests), Vec::with_capacity(requests));
             for _ in 0..requests {
@@ -106,8 +108,15 @@ fn main() {
             sluice_times.extend(s);
             floor_times.extend(f);
         }
+        // Server CPU per request, at one request in flight: mostly waking
+        // up for each request and going back to sleep.
+        let per_request = |now: f64, before: f64| (now - before) * 1e6 / (requests * rounds) as f64;
+        let cpu = (
+            per_request(cpu_seconds(Some(sluice_pid)), cpu_before.0),
+            per_request(cpu_seconds(Some(floor_pid)), cpu_before.1),
+        );
         round_gaps.sort_by(f64::total_cmp);
-        (sluice_times, floor_times, round_gaps)
+        (sluice_times, floor_times, round_gaps, cpu)
     });
 
     let environment = sluice::infer::onnx::library::environment(None).expect("ONNX Runtime (run scripts/setup)");
@@ -155,4 +164,5 @@ fn main() {
         round_gaps[round_gaps.len() - 1],
         median_gap - micros(rows[2].1)
     );
+    println!("server CPU per request: sluice {:.1} µs, floor {:.1} µs", cpu.0, cpu.1);
 }
