@@ -12,6 +12,10 @@
 //! servers, in alternating rounds so that drift on a noisy machine hits both alike.
 //! Overhead = p50(sluice) − p50(floor) − p50(raw).
 //!
+//! Each server's CPU per request over the measured rounds is printed too.
+//! `SLUICE_EXTRA_ARGS` and `FLOOR_EXTRA_ARGS` add flags to either server
+//! (`--grpc_threads shared`, `--per-core`).
+//!
 //! ```text
 //! cargo bench --bench overhead [-- --requests 5000 --rounds 6]
 //! ```
@@ -58,7 +62,7 @@ fn main() {
         .current_dir(&root);
     let sluice = ServerProcess::spawn(sluice, "sluice", "sluice: serving gRPC on ", ready, true).expect("sluice");
     let mut floor = Command::new(env!("CARGO_BIN_EXE_floor-server"));
-    floor.args(["--rows", "1", "--cols", "10", "--raw"]);
+    floor.args(["--rows", "1", "--cols", "10", "--raw"]).args(std::env::var("FLOOR_EXTRA_ARGS").unwrap_or_default().split_whitespace());
     let floor = ServerProcess::spawn(floor, "floor", "floor-server: serving gRPC on ", ready, true).expect("floor");
 
     let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
