@@ -68,18 +68,12 @@ fn main() {
     let target = server.url();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let plan = |rps: Option<f64>, duration: Duration| LoadPlan {
-        target: target.clone(),
-        connections: 4,
-        // Open loop: room for any backlog. Closed loop: enough streams to
-        // keep every batch full, so that it measures capacity.
-        concurrency: if rps.is_some() { 1024 } else { 256 },
         rps,
-        duration,
         warmup: Duration::from_secs(1),
         timeout: Some(Duration::from_secs(2)),
-        progress: false,
-        rest_path: None,
-        grpc_method: None,
+        // Open loop: room for any backlog. Closed loop: enough streams to
+        // keep every batch full, so that it measures capacity.
+        ..LoadPlan::closed(&target, if rps.is_some() { 1024 } else { 256 }, duration)
     };
     let goodput = |s: &Summary| s.ok as f64 / s.seconds.max(1e-9);
     let auto_pool = pool(&runtime, &target, "auto");

@@ -41,9 +41,7 @@ use process::ServerProcess;
 use sluice::cli::bench::inputs::RequestPool;
 use sluice::cli::bench::load::{self, LoadPlan};
 use sluice::cli::bench::stats::Summary;
-use sluice::proto::inference::model_infer_request::InferInputTensor;
-use sluice::proto::inference::ModelInferRequest;
-use support::{arg, cpu_seconds, pool, raw_rows_per_second, sluice_binary};
+use support::{arg, cpu_seconds, mlp_model_infer, pool, raw_rows_per_second, sluice_binary};
 
 /// The server's sessions per model, and the raw baseline's threads.
 const SESSIONS: usize = 2;
@@ -124,16 +122,10 @@ impl Bench {
         method: Option<&str>,
     ) -> Measured {
         let plan = |duration| LoadPlan {
-            target: server.url(),
-            connections: 4,
-            concurrency,
             rps,
-            duration,
             warmup: Duration::ZERO,
-            timeout: None,
-            progress: false,
-            rest_path: None,
             grpc_method: method.map(str::to_string),
+            ..LoadPlan::closed(&server.url(), concurrency, duration)
         };
         let run = |duration| self.runtime.block_on(load::run(&plan(duration), pool.requests.clone(), pool.rows));
         run(Duration::from_secs(1)).expect("warm-up");
@@ -172,18 +164,7 @@ fn model_infer_pool() -> RequestPool {
     let requests = (0..16u64)
         .map(|seed| {
             let x: Vec<f32> = (0..64).map(|i| ((i as u64 * 7 + seed * 13) % 17) as f32 / 17.0 - 0.5).collect();
-            let request = ModelInferRequest {
-                model_name: "mlp".into(),
-                inputs: vec![InferInputTensor {
-                    name: "x".into(),
-                    datatype: "FP32".into(),
-                    shape: vec![1, 64],
-                    ..Default::default()
-                }],
-                raw_input_contents: vec![Bytes::copy_from_slice(bytemuck::cast_slice(&x))],
-                ..Default::default()
-            };
-            Bytes::from(prost::Message::encode_to_vec(&request))
+            Bytes::from(prost::Message::encode_to_vec(&mlp_model_infer(&x)))
         })
         .collect();
     RequestPool { requests, rows: 1 }

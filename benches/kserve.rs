@@ -17,7 +17,7 @@
 mod process;
 mod support;
 
-use support::arg;
+use support::{arg, mlp_model_infer};
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -29,8 +29,6 @@ use bytes::Bytes;
 use process::ServerProcess;
 use sluice::cli::bench::client::RestClient;
 use sluice::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use sluice::proto::inference::model_infer_request::InferInputTensor;
-use sluice::proto::inference::ModelInferRequest;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
 use sluice::proto::tensorflow::{DataType, TensorProto};
@@ -94,17 +92,7 @@ async fn grpc(url: String, seconds: u64, rounds: u64) {
         .collect(),
         output_filter: vec![],
     };
-    let infer = ModelInferRequest {
-        model_name: "mlp".into(),
-        inputs: vec![InferInputTensor {
-            name: "x".into(),
-            datatype: "FP32".into(),
-            shape: vec![1, 64],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![Bytes::copy_from_slice(bytemuck::cast_slice(&x))],
-        ..Default::default()
-    };
+    let infer = mlp_model_infer(&x);
     let mut channels: Vec<Channel> = Vec::new();
     for _ in 0..CONNECTIONS {
         channels.push(Channel::from_shared(url.clone()).expect("url").connect().await.expect("connect"));

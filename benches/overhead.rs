@@ -62,7 +62,9 @@ fn main() {
         .current_dir(&root);
     let sluice = ServerProcess::spawn(sluice, "sluice", "sluice: serving gRPC on ", ready, true).expect("sluice");
     let mut floor = Command::new(env!("CARGO_BIN_EXE_floor-server"));
-    floor.args(["--rows", "1", "--cols", "10", "--raw"]).args(std::env::var("FLOOR_EXTRA_ARGS").unwrap_or_default().split_whitespace());
+    floor
+        .args(["--rows", "1", "--cols", "10", "--raw"])
+        .args(std::env::var("FLOOR_EXTRA_ARGS").unwrap_or_default().split_whitespace());
     let floor = ServerProcess::spawn(floor, "floor", "floor-server: serving gRPC on ", ready, true).expect("floor");
 
     let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();

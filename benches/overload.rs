@@ -46,16 +46,10 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let pool = pool(&runtime, &target, "cnn");
     let plan = |rps: Option<f64>, concurrency: usize, duration: Duration| LoadPlan {
-        target: target.clone(),
         connections: 8,
-        concurrency,
         rps,
-        duration,
-        warmup: Duration::from_secs(2),
         timeout: Some(Duration::from_secs(2)),
-        progress: false,
-        rest_path: None,
-        grpc_method: None,
+        ..LoadPlan::closed(&target, concurrency, duration)
     };
     let run = |what: &str, plan: LoadPlan| -> Summary { run(&runtime, &plan, &pool, what) };
     let capacity = run("capacity: closed loop, 32 streams", plan(None, 32, Duration::from_secs(10)));

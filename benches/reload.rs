@@ -90,18 +90,7 @@ fn measure(
     let target = server.url();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let pool = pool(&runtime, &target, "cnn");
-    let plan = LoadPlan {
-        target: target.clone(),
-        connections: 4,
-        concurrency: 8,
-        rps: None,
-        duration,
-        warmup: Duration::from_secs(2),
-        timeout: None,
-        progress: false,
-        rest_path: None,
-        grpc_method: None,
-    };
+    let plan = LoadPlan::closed(&target, 8, duration);
     let run = |what: &str| -> Summary { run(&runtime, &plan, &pool, &format!("{label}, {what}")) };
     let steady = run("steady");
     // Switches start after the warm-up, spread over the measured time.

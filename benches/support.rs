@@ -58,6 +58,23 @@ pub fn run(runtime: &tokio::runtime::Runtime, plan: &LoadPlan, pool: &RequestPoo
     summary
 }
 
+/// A KServe v2 ModelInfer request for the example MLP: `x` (FP32, rows of
+/// 64) in `raw_input_contents`, as Triton and KServe clients send it.
+pub fn mlp_model_infer(x: &[f32]) -> sluice::proto::inference::ModelInferRequest {
+    use sluice::proto::inference::model_infer_request::InferInputTensor;
+    sluice::proto::inference::ModelInferRequest {
+        model_name: "mlp".into(),
+        inputs: vec![InferInputTensor {
+            name: "x".into(),
+            datatype: "FP32".into(),
+            shape: vec![(x.len() / 64) as i64, 64],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![bytes::Bytes::copy_from_slice(bytemuck::cast_slice(x))],
+        ..Default::default()
+    }
+}
+
 /// CPU seconds (user + system) process `pid` (this one when `None`) has used.
 pub fn cpu_seconds(pid: Option<u32>) -> f64 {
     let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));

@@ -87,18 +87,7 @@ preprocess = {{ plugin = "features", workers = 2 }}
     });
     let target = server.url();
     let pool = pool(&runtime, &target, "scored");
-    let plan = LoadPlan {
-        target: target.clone(),
-        connections: 4,
-        concurrency: 16,
-        rps: None,
-        duration,
-        warmup: Duration::from_secs(2),
-        timeout: None,
-        progress: false,
-        rest_path: None,
-        grpc_method: None,
-    };
+    let plan = LoadPlan::closed(&target, 16, duration);
     let run = |label: &str| -> Summary { run(&runtime, &plan, &pool, label) };
     let steady = run("steady: 16 streams, no swaps");
     // Swaps start after the warm-up, spread over the measured time.

@@ -153,18 +153,7 @@ impl Bench {
         concurrency: usize,
         rps: Option<f64>,
     ) -> Summary {
-        let plan = LoadPlan {
-            target: target.to_string(),
-            connections: 4,
-            concurrency,
-            rps,
-            duration: self.duration,
-            warmup: Duration::from_secs(2),
-            timeout: None,
-            progress: false,
-            rest_path,
-            grpc_method: None,
-        };
+        let plan = LoadPlan { rps, rest_path, ..LoadPlan::closed(target, concurrency, self.duration) };
         let summary = self.runtime.block_on(load::run(&plan, pool.requests.clone(), pool.rows)).expect("load");
         eprintln!("  {}", summary.text().replace('\n', "\n  "));
         summary

@@ -41,6 +41,26 @@ pub struct LoadPlan {
     pub grpc_method: Option<String>,
 }
 
+impl LoadPlan {
+    /// A closed loop of `concurrency` Predict calls to `target` over 4
+    /// connections for `duration`, after 2 s of warm-up, with no deadline:
+    /// what most runs are, changed field by field for the others.
+    pub fn closed(target: &str, concurrency: usize, duration: Duration) -> LoadPlan {
+        LoadPlan {
+            target: target.to_string(),
+            connections: 4,
+            concurrency,
+            rps: None,
+            duration,
+            warmup: Duration::from_secs(2),
+            timeout: None,
+            progress: false,
+            rest_path: None,
+            grpc_method: None,
+        }
+    }
+}
+
 struct Shared {
     requests: Vec<Bytes>,
     rows: u64,
