@@ -163,9 +163,9 @@ pub enum OutputEncoding {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum GrpcThreads {
-    /// One single-threaded runtime per core, each accepting connections
-    /// on its own socket of the port (SO_REUSEPORT): a connection's calls
-    /// never leave its thread, so no call wakes a second thread.
+    /// One single-threaded runtime per core, each serving the connections
+    /// it is dealt (the least busy core gets the next): a connection's
+    /// calls never leave its thread, so no call wakes a second thread.
     #[default]
     PerCore,
     /// Tokio's work-stealing runtime, shared with the HTTP port: any idle

@@ -18,7 +18,7 @@ use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
@@ -100,9 +100,24 @@ impl Listener for tokio::net::UnixListener {
 /// Serves `router` on `listener` until `stop` says so; then stops
 /// accepting, lets the connections finish what they have (HTTP/2 gets a
 /// GOAWAY, idle HTTP/1.1 connections close), and resolves once they have.
-pub async fn serve(mut listener: impl Listener, router: axum::Router, limits: Limits, mut stop: watch::Receiver<bool>) {
-    let builder = limits.builder();
-    let graceful = GracefulShutdown::new();
+pub async fn serve(listener: impl Listener, router: axum::Router, limits: Limits, stop: watch::Receiver<bool>) {
+    let connections = Connections::new(router, &limits);
+    accept(listener, &limits, stop, |io, place| connections.serve(io, place, || ())).await;
+    connections.finish().await;
+}
+
+/// A connection's place under `max_connections`, freed when it closes.
+pub type Place = OwnedSemaphorePermit;
+
+/// Accepts connections from `listener` until `stop` says so, and hands
+/// each, with its place under the connection limit, to `handle`; over the
+/// limit a connection is closed at once, before a byte is read.
+pub async fn accept<L: Listener>(
+    mut listener: L,
+    limits: &Limits,
+    mut stop: watch::Receiver<bool>,
+    mut handle: impl FnMut(L::Io, Place),
+) {
     let stopping = async move {
         let _ = stop.wait_for(|stop| *stop).await;
     };
@@ -121,15 +136,39 @@ pub async fn serve(mut listener: impl Listener, router: axum::Router, limits: Li
             () = &mut stopping => break,
         };
         let Ok(place) = limits.connections.clone().try_acquire_owned() else {
-            // Over the limit: closed at once, before a byte is read.
             limits.refused.inc();
             drop(io);
             continue;
         };
-        let service = TowerToHyperService::new(router.clone());
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned();
-        let connection = graceful.watch(connection);
-        let open = limits.open.clone();
+        handle(io, place);
+    }
+}
+
+/// The connections served on one runtime: each a task of that runtime,
+/// all of them watched for a graceful shutdown.
+pub struct Connections {
+    router: axum::Router,
+    builder: Builder<TokioExecutor>,
+    graceful: GracefulShutdown,
+    open: Gauge,
+}
+
+impl Connections {
+    /// Connections to `router`, served under `limits`.
+    pub fn new(router: axum::Router, limits: &Limits) -> Connections {
+        Connections { router, builder: limits.builder(), graceful: GracefulShutdown::new(), open: limits.open.clone() }
+    }
+
+    /// Serves `io` on the current runtime until it closes; then frees its
+    /// place and calls `closed`.
+    pub fn serve<I>(&self, io: I, place: Place, closed: impl FnOnce() + Send + 'static)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = TowerToHyperService::new(self.router.clone());
+        let connection = self.builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned();
+        let connection = self.graceful.watch(connection);
+        let open = self.open.clone();
         open.inc();
         tokio::spawn(async move {
             // Errors here are the client's (reset, garbage, timeouts).
@@ -138,8 +177,13 @@ pub async fn serve(mut listener: impl Listener, router: axum::Router, limits: Li
             }
             open.dec();
             drop(place);
+            closed();
         });
     }
-    drop(listener);
-    graceful.shutdown().await;
+
+    /// Lets every connection finish what it has (HTTP/2 gets a GOAWAY,
+    /// idle HTTP/1.1 connections close); resolves once all have closed.
+    pub async fn finish(self) {
+        self.graceful.shutdown().await;
+    }
 }

@@ -74,19 +74,14 @@ pub async fn serve(
 
     // Both ports are bound before anything loads, so a port in use fails
     // the start at once instead of after a long load.
-    let grpc_listener = match config.server.grpc_threads {
-        GrpcThreads::Shared => GrpcListener::Shared(bind(&config.server.host, config.server.port).await?),
-        GrpcThreads::PerCore => {
-            GrpcListener::PerCore(cores::bind(&config.server.host, config.server.port, cores::count())?)
-        }
-    };
+    let grpc_listener = bind(&config.server.host, config.server.port).await?;
     let http_listener = bind(&config.server.host, config.server.rest_api_port).await?;
     let admin_listener = match (config.admin.enabled, config.admin.port) {
         (true, Some(port)) => Some(bind(&config.server.host, port).await?),
         _ => None,
     };
     let addresses = Addresses {
-        grpc: grpc_listener.local_addr()?,
+        grpc: local_addr(&grpc_listener)?,
         http: local_addr(&http_listener)?,
         admin: admin_listener.as_ref().map(local_addr).transpose()?,
     };
@@ -201,13 +196,14 @@ pub async fn serve(
     // The gRPC port accepts once everything serves (connections wait in
     // its backlog until then).
     let grpc_limits = Limits::new(&config.server, &metrics, "grpc");
-    let grpc: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match grpc_listener {
-        GrpcListener::Shared(listener) => {
-            Box::pin(connections::serve(listener, grpc_routes, grpc_limits, stopping_rx.clone()))
+    let grpc: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match config.server.grpc_threads {
+        GrpcThreads::Shared => {
+            Box::pin(connections::serve(grpc_listener, grpc_routes, grpc_limits, stopping_rx.clone()))
         }
-        GrpcListener::PerCore(listeners) => {
-            tracing::info!(cores = listeners.len(), "gRPC served by a runtime per core");
-            Box::pin(cores::serve(listeners, grpc_routes, grpc_limits, stopping_rx.clone()).await?)
+        GrpcThreads::PerCore => {
+            let count = cores::count();
+            tracing::info!(cores = count, "gRPC served by a runtime per core");
+            Box::pin(cores::serve(grpc_listener, grpc_routes, grpc_limits, stopping_rx.clone(), count).await?)
         }
     };
     announce.ready(addresses);
@@ -387,25 +383,6 @@ where
 /// Resolves once `rx` says stop.
 async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
-}
-
-/// The gRPC port's sockets: one for the shared runtime, or one per core.
-enum GrpcListener {
-    Shared(TcpListener),
-    PerCore(Vec<std::net::TcpListener>),
-}
-
-impl GrpcListener {
-    fn local_addr(&self) -> Result<SocketAddr> {
-        match self {
-            GrpcListener::Shared(listener) => local_addr(listener),
-            GrpcListener::PerCore(listeners) => listeners
-                .first()
-                .ok_or_else(|| Error::internal("no gRPC socket was bound, this is a bug"))?
-                .local_addr()
-                .map_err(|e| Error::internal(format!("reading the bound address failed: {e}"))),
-        }
-    }
 }
 
 fn local_addr(listener: &TcpListener) -> Result<SocketAddr> {
