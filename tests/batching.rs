@@ -332,6 +332,23 @@ async fn enable_batching_without_a_file_batches_in_auto_mode_row_for_row() {
 async fn a_full_pipeline_refuses_before_decoding_what_it_would_refuse() {
     let server = Server::with_config(&cnn_config("max_batch_size = 4096, batch_timeout_micros = 0", 1));
     let blocker = occupy(&server).await;
+    // REST names the model in the URL: a full pipeline refuses before the
+    // body is read. This body is announced and never sent; the answer
+    // comes anyway.
+    let rest = tokio::time::timeout(Duration::from_secs(10), async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(server.http).await.expect("connect");
+        let head = "POST /v1/models/cnn:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                    Content-Length: 50000000\r\n\r\n";
+        stream.write_all(head.as_bytes()).await.expect("write the head");
+        let mut answer = vec![0u8; 4096];
+        let n = stream.read(&mut answer).await.expect("read");
+        String::from_utf8_lossy(&answer[..n]).into_owned()
+    })
+    .await
+    .expect("a full pipeline answers without waiting for the body");
+    assert!(rest.starts_with("HTTP/1.1 429"), "{rest}");
+    assert!(rest.contains("the request queue of model 'cnn' is full"), "{rest}");
     let mut client = server.predict_client().await;
     // A tensor whose bytes do not match its shape: a decoding error, had
     // it been decoded. The full pipeline refuses it first.

@@ -58,6 +58,18 @@ impl Admission {
         }
     }
 
+    /// Refuses, as [`Admission::try_admit`] would, when no request could be
+    /// admitted now; admits nothing either way. A check an API makes
+    /// before it reads a request's body (a request that passes it is
+    /// still admitted, or refused, by `try_admit` later).
+    pub fn refuse_if_full(&self) -> Result<()> {
+        if self.permits.available_permits() > 0 {
+            return Ok(());
+        }
+        self.rejected.inc();
+        Err(Error::queue_full(&self.name, self.capacity))
+    }
+
     /// Requests admitted and not yet answered.
     pub fn in_flight(&self) -> usize {
         self.capacity - self.permits.available_permits()
@@ -83,12 +95,14 @@ mod tests {
     fn refuses_beyond_capacity_and_frees_on_drop() {
         let gauge = Gauge::default();
         let admission = Admission::new("queue of model 'm'", 2, Counter::default(), gauge.clone());
+        assert!(admission.refuse_if_full().is_ok());
         let a = admission.try_admit().unwrap();
         let _b = admission.try_admit().unwrap();
+        assert_eq!(admission.refuse_if_full().unwrap_err().code(), Code::ResourceExhausted);
         let err = admission.try_admit().unwrap_err();
         assert_eq!(err.code(), Code::ResourceExhausted);
         assert!(err.message().contains("queue of model 'm'"), "{err}");
-        assert_eq!(admission.rejected(), 1);
+        assert_eq!(admission.rejected(), 2, "the check and the admission each count their refusal");
         assert_eq!(admission.in_flight(), 2);
         assert_eq!(gauge.get(), 2);
         drop(a);

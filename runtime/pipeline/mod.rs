@@ -199,6 +199,13 @@ impl Pipeline {
         self.name.clone()
     }
 
+    /// Refuses with RESOURCE_EXHAUSTED when the pipeline could admit no
+    /// request now, before anything of the request is read
+    /// ([`Admission::refuse_if_full`]).
+    pub fn refuse_if_full(&self) -> Result<()> {
+        self.admission.refuse_if_full()
+    }
+
     /// The most bytes one tensor built for a request may hold.
     pub fn max_tensor_bytes(&self) -> usize {
         self.max_tensor_bytes

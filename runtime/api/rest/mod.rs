@@ -224,6 +224,9 @@ async fn route(
         let endpoints = &serving.endpoints;
         let body = match parsed.call {
             Call::Predict => {
+                // The URL names the pipeline: a full one refuses before
+                // the body (up to server.max_message_bytes) is read.
+                cx.resolve(endpoints, parsed.choice, "")?.pipeline.refuse_if_full()?;
                 let bytes =
                     read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
                         .await?;

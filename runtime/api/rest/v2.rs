@@ -128,6 +128,8 @@ pub(super) async fn route(
             }
             Call::Infer(_, version) => {
                 let target = cx.resolve(endpoints, v2::version_choice(version)?, "")?;
+                // A full pipeline refuses before the body is read.
+                target.pipeline.refuse_if_full()?;
                 let body =
                     read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
                         .await?;
