@@ -51,10 +51,7 @@ impl Admission {
                 self.in_flight.inc();
                 Ok(AdmissionPermit { _permit: permit, in_flight: self.in_flight.clone() })
             }
-            Err(_) => {
-                self.rejected.inc();
-                Err(Error::queue_full(&self.name, self.capacity))
-            }
+            Err(_) => Err(self.refused()),
         }
     }
 
@@ -66,8 +63,13 @@ impl Admission {
         if self.permits.available_permits() > 0 {
             return Ok(());
         }
+        Err(self.refused())
+    }
+
+    /// Counts a refusal and says why.
+    fn refused(&self) -> Error {
         self.rejected.inc();
-        Err(Error::queue_full(&self.name, self.capacity))
+        Error::queue_full(&self.name, self.capacity)
     }
 
     /// Requests admitted and not yet answered.

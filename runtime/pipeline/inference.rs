@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::batcher::Batcher;
+use super::batcher::{run_now, Batcher};
 use super::deadline::Deadline;
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -62,11 +62,7 @@ impl InferenceStage {
             None => {
                 deadline.check("before inference")?;
                 let batch = Batch::single(inputs).due(deadline.instant());
-                let backend = self.version.backend();
-                match backend.run_inline(&batch) {
-                    Some(outputs) => outputs,
-                    None => deadline.run("during inference", backend.run(batch)).await,
-                }
+                run_now(self.version.backend().as_ref(), batch, deadline).await
             }
         }
     }

@@ -36,7 +36,7 @@ use self::plan::{Plan, Policy};
 use super::deadline::Deadline;
 use crate::config::BatchingParameters;
 use crate::error::{Error, Result};
-use crate::infer::{Batch, Completion};
+use crate::infer::{Backend, Batch, Completion};
 use crate::metrics::{BatchPlanMetrics, ModelMetrics, QueueMetrics};
 use crate::models::ModelVersion;
 use crate::tensor::batch::{concat_rows, split_rows};
@@ -259,11 +259,7 @@ impl Shared {
         self.model_metrics.padding_rows.inc_by((padded - rows) as u64);
         let batch = Batch { requests: vec![inputs], padded_rows: padded, deadline: deadline.instant() };
         let started = Instant::now();
-        let backend = self.version.backend();
-        let result = match backend.run_inline(&batch) {
-            Some(outputs) => outputs,
-            None => deadline.run("during inference", backend.run(batch)).await,
-        };
+        let result = run_now(self.version.backend().as_ref(), batch, deadline).await;
         drop(slot);
         let outputs = result?;
         self.ran(padded, started.elapsed());
@@ -322,6 +318,16 @@ impl Shared {
         });
         let batch = Batch { requests: inputs, padded_rows: padded, deadline: due.flatten() };
         self.version.backend().submit(batch, done);
+    }
+}
+
+/// Runs `batch` now, with nothing forming around it: inline on this
+/// thread when the backend measured it cheap (`infer::inline`), else on
+/// the backend's threads, waited for until `deadline`.
+pub(super) async fn run_now(backend: &dyn Backend, batch: Batch, deadline: Deadline) -> Result<Vec<Tensor>> {
+    match backend.run_inline(&batch) {
+        Some(outputs) => outputs,
+        None => deadline.run("during inference", backend.run(batch)).await,
     }
 }
 
@@ -438,7 +444,6 @@ mod tests {
 
     use super::*;
     use crate::error::Code;
-    use crate::infer::Backend;
     use crate::metrics::Metrics;
     use crate::tensor::spec::{Signature, TensorSpec};
     use crate::tensor::DType;
