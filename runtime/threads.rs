@@ -69,6 +69,21 @@ where
     spawn_below(name, COMPUTE_STEPS.load(Ordering::Relaxed).max(BACKGROUND_NICE), work)
 }
 
+/// Lowers the calling thread to the priority [`spawn_background`] gives:
+/// for threads a library starts for background work (the plugin
+/// compiler's pool).
+pub fn lower_to_background() {
+    set_own_nice(background_nice());
+}
+
+fn background_nice() -> i32 {
+    let base = match NETWORK_NICE.load(Ordering::Relaxed) {
+        i32::MIN => own_nice(),
+        nice => nice,
+    };
+    (base + COMPUTE_STEPS.load(Ordering::Relaxed).max(BACKGROUND_NICE)).min(19)
+}
+
 fn spawn_below<F, T>(name: String, steps: i32, work: F) -> std::io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,

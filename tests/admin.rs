@@ -420,9 +420,16 @@ async fn every_refusal_has_its_status_and_message_and_changes_nothing() {
             StatusCode::UNPROCESSABLE_ENTITY,
             "dimension 0 = 1099511627776",
         ),
-        // A compile bomb (30,000 empty functions) is refused by its
+        // A compile bomb (150,000 empty functions) is refused by its
         // structure, before anything is compiled.
-        (Method::PUT, features, Some(ML), many_functions(30_000), StatusCode::UNPROCESSABLE_ENTITY, "30000 functions"),
+        (
+            Method::PUT,
+            features,
+            Some(ML),
+            many_functions(150_000),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "150000 functions",
+        ),
         // A name no pipeline runs belongs to no team: a team may claim one
         // only in its own namespace.
         (Method::PUT, "/admin/v1/plugins/unclaimed", Some(WEB), scale.clone(), StatusCode::FORBIDDEN, "'web.NAME'"),

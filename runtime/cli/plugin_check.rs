@@ -169,7 +169,7 @@ pub fn run(args: &CheckArgs) -> Result<String> {
         timeout_ms: args.timeout_ms,
         memory_mib: args.memory_mib,
         fuel: args.fuel,
-        reuse_instance: false,
+        instances: crate::plugin::InstancePolicy::Fresh,
     };
     let target = target(args)?;
     let stages = target.as_ref().map_or(&[][..], |t| &t.stages[..]);

@@ -29,7 +29,7 @@ pub use self::batching::{BatchingMode, BatchingParameters};
 pub use self::features::{FeatureFetchConfig, FeaturesConfig};
 pub use self::lifecycle::{LifecycleConfig, ModelDefaults};
 pub use self::onnx::OnnxOptions;
-pub use self::plugins::{PluginLimits, PluginsConfig};
+pub use self::plugins::{InstancePolicy, PluginLimits, PluginsConfig};
 pub use self::stage::{StageConfig, StageKind, StageRole};
 pub use self::upstream::UpstreamConfig;
 
@@ -570,6 +570,7 @@ impl Config {
         if self.plugins.max_instances == 0 {
             return Err(Invalid("plugins.max_instances = 0: must be at least 1".to_string()));
         }
+        self.plugins.check_compile_limits()?;
         if let Some(path) = &self.server.metrics_path {
             if !path.starts_with('/') || path.starts_with("/v1/") || path.starts_with("/admin/") {
                 return Err(invalid!(

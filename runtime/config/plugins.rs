@@ -31,6 +31,21 @@ pub struct PluginsConfig {
     /// instead of unmapped (KiB): faster fresh instances, at the cost of
     /// that much resident memory per slot used.
     pub keep_resident_kib: u64,
+    /// Functions a plugin may define, over all its core modules (a Rust
+    /// plugin has hundreds, a Python one built by componentize-py ~13,000).
+    pub max_functions: u64,
+    /// MiB of function bodies a plugin may carry (Python: 6.3, JavaScript
+    /// on SpiderMonkey: 8.8).
+    pub max_code_mib: u64,
+    /// Core modules a component may nest (Python: 14).
+    pub max_modules: u64,
+    /// CPU seconds one compilation may take, over all its threads
+    /// (Python: ~9 on this machine): CPU time, so a busy server does not
+    /// refuse what an idle one accepts.
+    pub compile_cpu_seconds: u64,
+    /// MiB of compiled plugins kept in `cache_dir` (a compiled Python
+    /// plugin is ~35 MiB); the least recently written go first.
+    pub cache_max_mib: u64,
     /// Limits per plugin, by name; plugins not named get the defaults.
     pub limits: BTreeMap<String, PluginLimits>,
     /// Return a plugin's own words (its panic message, with source paths,
@@ -80,6 +95,11 @@ impl Default for PluginsConfig {
             max_calls_per_team: std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             max_memory_mib: 256,
             keep_resident_kib: 2048,
+            max_functions: 100_000,
+            max_code_mib: 16,
+            max_modules: 32,
+            compile_cpu_seconds: 60,
+            cache_max_mib: 1024,
             limits: BTreeMap::new(),
             expose_plugin_errors: false,
             shared: None,
@@ -88,6 +108,23 @@ impl Default for PluginsConfig {
 }
 
 impl PluginsConfig {
+    /// The compile limits are in range: each at least 1, and no more than
+    /// what still bounds the work an upload can cause.
+    pub fn check_compile_limits(&self) -> std::result::Result<(), super::Invalid> {
+        let ranges: [(&str, u64, u64); 5] = [
+            ("max_functions", self.max_functions, 1_000_000),
+            ("max_code_mib", self.max_code_mib, 256),
+            ("max_modules", self.max_modules, 256),
+            ("compile_cpu_seconds", self.compile_cpu_seconds, 3600),
+            ("cache_max_mib", self.cache_max_mib, 1 << 20),
+        ];
+        for (key, value, max) in ranges {
+            let value = usize::try_from(value).unwrap_or(usize::MAX);
+            super::check_between(&format!("plugins.{key}"), value, 1, max as usize)?;
+        }
+        Ok(())
+    }
+
     /// The limits of the plugin called `name`.
     pub fn limits_of(&self, name: &str) -> PluginLimits {
         self.limits.get(name).cloned().unwrap_or_default()
@@ -112,14 +149,43 @@ pub struct PluginLimits {
     pub memory_mib: u64,
     /// Fuel (roughly, instructions) per call; needs `[plugins] fuel = true`.
     pub fuel: Option<u64>,
-    /// Keep an instance per worker between calls instead of a fresh one
-    /// per call: faster, but state persists between requests of the same
-    /// pipeline. An instance that fails is thrown away.
-    pub reuse_instance: bool,
+    /// Where each call's instance comes from: see [`InstancePolicy`].
+    pub instances: InstancePolicy,
+}
+
+/// Where a plugin call's instance comes from. Whatever the policy, an
+/// instance that failed is thrown away, and instances are never shared
+/// between plugins or pipelines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstancePolicy {
+    /// An instance is made once, warmed up on the plugin's sample and
+    /// frozen; after each call, every memory page the call wrote is
+    /// dropped back to the frozen image and the instance serves the next
+    /// call: no call sees what another left, without paying for an
+    /// instance per call. Falls back to `fresh` where the kernel cannot
+    /// (no `PAGEMAP_SCAN`, Linux < 6.7).
+    #[default]
+    Reset,
+    /// A new instance per call.
+    Fresh,
+    /// A used instance serves the next call as it is: state persists
+    /// between requests of the same pipeline.
+    Reuse,
+}
+
+impl std::fmt::Display for InstancePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            InstancePolicy::Reset => "reset",
+            InstancePolicy::Fresh => "fresh",
+            InstancePolicy::Reuse => "reuse",
+        })
+    }
 }
 
 impl Default for PluginLimits {
     fn default() -> Self {
-        PluginLimits { timeout_ms: 50, memory_mib: 64, fuel: None, reuse_instance: false }
+        PluginLimits { timeout_ms: 50, memory_mib: 64, fuel: None, instances: InstancePolicy::Reset }
     }
 }

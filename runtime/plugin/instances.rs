@@ -1,25 +1,38 @@
 //! Where a call's instance comes from and where it goes afterwards.
 //!
-//! By default every call gets a fresh instance from the pool and the
-//! instance is torn down when the call ends, so no call sees what another
-//! left. With `reuse_instance`, a healthy instance goes back to a pool of
-//! this plugin's own (per pipeline stage, never shared between pipelines),
-//! and an instance that failed is never reused.
+//! Under the default policy, `reset`, an instance is made once, warmed up
+//! on the plugin's sample (or zeros shaped like its inputs), and its
+//! memories frozen ([`super::memory`]); after each call every page the
+//! call wrote is dropped back to the frozen image and the instance waits,
+//! clean, in a pool of this plugin's own (per pipeline stage, never shared
+//! between pipelines) for the next call. No call sees what another left,
+//! and interpreters do not pay their instantiation per call. `fresh` makes
+//! a new instance per call and drops it after; `reuse` keeps a used
+//! instance as it is. An instance that failed is never kept.
 //!
 //! Preparing instances ahead of time on a background thread and tearing
 //! them down on another was measured and dropped: on two vCPUs the extra
 //! threads compete with the calls for the cores, and both a request's
 //! latency and the calls' throughput got worse (docs/BENCHMARKS.md).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use wasmtime::Store;
 
 use super::bindings::post::{Postprocessor, PostprocessorPre};
 use super::bindings::pre::{Preprocessor, PreprocessorPre};
+use super::bindings::Tensor;
 use super::engine::{self, PluginEngine};
+use super::memory::{self, Frozen, Unfreezable};
 use super::state::HostState;
-use super::PluginLimits;
+use super::{InstancePolicy, PluginLimits};
+
+/// Host resources (WASI streams, pollables) a reset instance may hold
+/// beyond those it held when frozen before it is dropped instead of kept:
+/// a guest that forgets handles (its memory, where it kept them, is reset)
+/// must not grow the host's table call after call.
+const SPARE_RESOURCES: usize = 16;
 
 /// The instance-to-be of a plugin: its component, linked.
 #[derive(Clone)]
@@ -38,12 +51,32 @@ pub enum Instance {
     Postprocessor(Postprocessor),
 }
 
+impl Instance {
+    /// Calls `preprocess` or `postprocess`.
+    pub fn run(
+        &self,
+        store: &mut Store<HostState>,
+        inputs: &[Tensor],
+    ) -> wasmtime::Result<Result<Vec<Tensor>, super::bindings::PluginError>> {
+        match self {
+            Instance::Preprocessor(i) => i.call_preprocess(store, inputs),
+            Instance::Postprocessor(i) => i.call_postprocess(store, inputs),
+        }
+    }
+}
+
 /// An instance with its store.
 pub struct Live {
     /// The store, holding the instance's state.
     pub store: Store<HostState>,
     /// The instance.
     pub instance: Instance,
+    /// Its memories as frozen, under the `reset` policy.
+    frozen: Option<Frozen>,
+    /// Host resources it held when frozen.
+    resources: usize,
+    /// Its place among the engine's `max_instances`.
+    _permit: engine::InstancePermit,
 }
 
 /// The instances of one plugin.
@@ -53,48 +86,141 @@ pub struct Instances {
     limits: PluginLimits,
     label: Arc<str>,
     warm: Mutex<Vec<Live>>,
+    /// What a new `reset` instance is warmed up on before it is frozen.
+    warm_up: Vec<Tensor>,
+    /// Set when this plugin's instances turned out not to be resettable
+    /// here: it gets fresh instances from then on.
+    reset_unsupported: AtomicBool,
 }
 
 impl Instances {
-    /// Instances of `pre`, labelled `label` in logs, with `limits`.
-    pub fn new(engine: &Arc<PluginEngine>, pre: Pre, limits: PluginLimits, label: Arc<str>) -> Instances {
-        Instances { engine: engine.clone(), pre, limits, label, warm: Mutex::new(Vec::new()) }
-    }
-
-    /// An instance for one call, armed with the call's limits: a kept one
-    /// when instances are reused, else a fresh one.
-    pub fn take(&self) -> wasmtime::Result<Live> {
-        let kept = if self.limits.reuse_instance { self.warm.lock().ok().and_then(|mut w| w.pop()) } else { None };
-        let mut live = match kept {
-            Some(live) => live,
-            None => self.create()?,
-        };
-        self.arm(&mut live.store)?;
-        Ok(live)
-    }
-
-    /// Hands an instance back after a call: a healthy one is kept when
-    /// instances are reused; anything else is torn down here.
-    pub fn give_back(&self, live: Live, healthy: bool) {
-        if healthy && self.limits.reuse_instance {
-            if let Ok(mut warm) = self.warm.lock() {
-                warm.push(live);
-            }
+    /// Instances of `pre`, labelled `label` in logs, with `limits`; `warm_up`
+    /// is what a `reset` instance runs once before it is frozen.
+    pub fn new(
+        engine: &Arc<PluginEngine>,
+        pre: Pre,
+        limits: PluginLimits,
+        label: Arc<str>,
+        warm_up: Vec<Tensor>,
+    ) -> Instances {
+        Instances {
+            engine: engine.clone(),
+            pre,
+            limits,
+            label,
+            warm: Mutex::new(Vec::new()),
+            warm_up,
+            reset_unsupported: AtomicBool::new(false),
         }
     }
 
-    fn create(&self) -> wasmtime::Result<Live> {
-        let memory = (self.limits.memory_mib as usize) << 20;
-        let mut store = Store::new(self.engine.engine(), HostState::new(self.label.clone(), memory));
+    /// The policy in force: `reset` falls back to `fresh` where instances
+    /// cannot be reset.
+    pub fn policy(&self) -> InstancePolicy {
+        match self.limits.instances {
+            InstancePolicy::Reset if self.reset_unsupported.load(Ordering::Relaxed) => InstancePolicy::Fresh,
+            policy => policy,
+        }
+    }
+
+    /// An instance for one call, armed with the call's limits: a kept one
+    /// when there is one, else a new one.
+    pub fn take(&self) -> wasmtime::Result<Live> {
+        let policy = self.policy();
+        let kept = match policy {
+            InstancePolicy::Fresh => None,
+            InstancePolicy::Reset | InstancePolicy::Reuse => self.warm.lock().ok().and_then(|mut w| w.pop()),
+        };
+        let mut live = match kept {
+            Some(live) => live,
+            None => self.create(policy)?,
+        };
+        self.arm(&mut live.store)?;
+        live.store.data_mut().start_call();
+        Ok(live)
+    }
+
+    /// Hands an instance back after a call: a healthy one is reset
+    /// (`reset`) or left as it is (`reuse`) and kept; anything else is
+    /// dropped here.
+    pub fn give_back(&self, mut live: Live, healthy: bool) {
+        if !healthy {
+            return;
+        }
+        match self.policy() {
+            InstancePolicy::Fresh => return,
+            InstancePolicy::Reuse => {}
+            InstancePolicy::Reset => {
+                let Some(frozen) = &live.frozen else { return };
+                match frozen.thaw() {
+                    Ok(_) => {}
+                    // A memory that grew cannot shrink: this instance goes,
+                    // the next one is made at the frozen size again.
+                    Err(Unfreezable::Grew) => return,
+                    Err(Unfreezable::Unsupported(why)) => {
+                        self.fall_back_to_fresh(&why);
+                        return;
+                    }
+                }
+                if live.store.data_mut().resources() > live.resources + SPARE_RESOURCES {
+                    return;
+                }
+            }
+        }
+        if let Ok(mut warm) = self.warm.lock() {
+            warm.push(live);
+        }
+    }
+
+    fn fall_back_to_fresh(&self, why: &str) {
+        if !self.reset_unsupported.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                plugin = %self.label,
+                "its instances cannot be reset between calls here ({why}); each call gets a fresh instance instead"
+            );
+        }
+    }
+
+    fn create(&self, policy: InstancePolicy) -> wasmtime::Result<Live> {
+        let permit = self.engine.instance_permit()?;
+        let bytes = (self.limits.memory_mib as usize) << 20;
+        let mut store = Store::new(self.engine.engine(), HostState::new(self.label.clone(), bytes));
         store.limiter(|state| &mut state.limiter);
         // Instantiation runs no guest code for these components, but arm
         // the store anyway: nothing may run unbounded.
         self.arm(&mut store)?;
-        let instance = match &self.pre {
-            Pre::Preprocessor(pre) => Instance::Preprocessor(pre.instantiate(&mut store)?),
-            Pre::Postprocessor(pre) => Instance::Postprocessor(pre.instantiate(&mut store)?),
-        };
-        Ok(Live { store, instance })
+        let (instance, memories) = memory::collect(|| match &self.pre {
+            Pre::Preprocessor(pre) => pre.instantiate(&mut store).map(Instance::Preprocessor),
+            Pre::Postprocessor(pre) => pre.instantiate(&mut store).map(Instance::Postprocessor),
+        });
+        let instance = instance?;
+        let mut live = Live { store, instance, frozen: None, resources: 0, _permit: permit };
+        if policy != InstancePolicy::Reset {
+            return Ok(live);
+        }
+        // The warm-up runs on the memories' first pages; what it leaves is
+        // the plugin's own (its sample), never a client's.
+        // Warm up before freezing: what an interpreter sets up on its first
+        // call (caches, a grown heap) is then in the image, not redone, or
+        // grown again, on every call.
+        live.store.data_mut().start_call();
+        let warmed = live.instance.run(&mut live.store, &self.warm_up);
+        live.store.data().discard_output();
+        if let Err(trap) = warmed {
+            // The instance cannot be entered again; without a warm-up the
+            // image would miss what the first call sets up.
+            self.fall_back_to_fresh(&format!("its warm-up run on its sample trapped: {trap}"));
+            return self.create(InstancePolicy::Fresh);
+        }
+        match Frozen::freeze(memories, self.engine.keep_resident()) {
+            Ok(frozen) => {
+                live.resources = live.store.data_mut().resources();
+                live.frozen = Some(frozen);
+            }
+            Err(Unfreezable::Grew) => {}
+            Err(Unfreezable::Unsupported(why)) => self.fall_back_to_fresh(&why),
+        }
+        Ok(live)
     }
 
     /// Sets the store's time limit (and fuel) for one call.

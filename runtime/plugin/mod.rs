@@ -21,6 +21,7 @@
 pub mod bindings;
 pub mod engine;
 mod instances;
+mod memory;
 pub mod registry;
 pub mod shared;
 mod state;
@@ -40,7 +41,7 @@ use self::bindings::{Dtype, PluginError};
 pub use self::engine::PluginEngine;
 use self::instances::{Instance, Instances, Pre};
 use self::state::HostState;
-pub use crate::config::{PluginLimits, PluginsConfig};
+pub use crate::config::{InstancePolicy, PluginLimits, PluginsConfig};
 use crate::error::{Error, Invalid, PluginFault, Result};
 use crate::metrics::{Metrics, PluginMetrics};
 use crate::tensor::spec::{check_outputs, TensorSpec};
@@ -119,7 +120,7 @@ impl Plugin {
         if !missing.is_empty() {
             return Err(Error::invalid_argument(format!(
                 "the plugin imports what the host does not provide: {}; a plugin may import only WASI 0.2 \
-                 (every capability off) and sluice:plugin/log",
+                 (every capability off; wasi:http linked, every call failing) and sluice:plugin/log",
                 missing.join(", ")
             )));
         }
@@ -127,8 +128,8 @@ impl Plugin {
         let sha256 = store::sha256_hex(wasm);
         // `describe` runs once, in an instance of its own, before the
         // plugin's name is known.
-        let unnamed = PluginLimits { reuse_instance: false, ..limits.clone() };
-        let describing = Instances::new(engine, pre.clone(), unnamed.clone(), Arc::from("plugin"));
+        let unnamed = PluginLimits { instances: InstancePolicy::Fresh, ..limits.clone() };
+        let describing = Instances::new(engine, pre.clone(), unnamed.clone(), Arc::from("plugin"), Vec::new());
         let description = describe(&describing, &unnamed)?;
         let (name, version) = (&description.name, &description.version);
         let label: Arc<str> = Arc::from(format!("plugin '{name}' {version}"));
@@ -136,7 +137,16 @@ impl Plugin {
             Some((metrics, registered)) => metrics.plugin(registered),
             None => PluginMetrics::detached(name),
         };
-        let instances = Instances::new(engine, pre, limits.clone(), label.clone());
+        // What a `reset` instance is warmed up on: the plugin's sample, or
+        // zeros shaped like its inputs (a zero-sized declared input makes
+        // the warm-up an empty call: it is a warm-up, not a check).
+        let warm_up = match &description.sample {
+            Some(sample) => sample.iter().map(tensor_out).collect(),
+            None => zeros(&description.inputs, memory_bytes(&limits))
+                .map(|z| z.iter().map(tensor_out).collect())
+                .unwrap_or_default(),
+        };
+        let instances = Instances::new(engine, pre, limits.clone(), label.clone(), warm_up);
         let plugin =
             Plugin { engine: engine.clone(), component, world, description, label, limits, sha256, instances, metrics };
         if let Some(sample) = plugin.description.sample.clone() {
@@ -215,10 +225,7 @@ impl Plugin {
                 ));
             }
         };
-        let answer = match &live.instance {
-            Instance::Preprocessor(i) => i.call_preprocess(&mut live.store, &wit_inputs),
-            Instance::Postprocessor(i) => i.call_postprocess(&mut live.store, &wit_inputs),
-        };
+        let answer = live.instance.run(&mut live.store, &wit_inputs);
         let stats = CallStats { elapsed: started.elapsed(), peak_memory: live.store.data().limiter.peak };
         self.metrics.seconds.observe(stats.elapsed.as_secs_f64());
         let outcome = match answer {
@@ -458,7 +465,7 @@ fn instantiate_pre(engine: &PluginEngine, component: &Component) -> Result<(Worl
         }
     };
     let instance_pre = engine
-        .linker()
+        .linker_for(component)?
         .instantiate_pre(component)
         .map_err(|e| Error::invalid_argument(format!("the component cannot be linked: {e:#}")))?;
     let mismatch = |e: wasmtime::Error| {

@@ -215,6 +215,25 @@ impl HostState {
         }
     }
 
+    /// Clears what one call counts (log lines, memory refused, peak), so a
+    /// kept instance's next call starts with the whole of its budgets.
+    pub fn start_call(&mut self) {
+        self.log_lines = 0;
+        self.limiter.memory_denied = false;
+        self.limiter.peak = 0;
+    }
+
+    /// Host resources (streams, pollables) the guest holds.
+    pub fn resources(&mut self) -> usize {
+        self.table.iter_mut().count()
+    }
+
+    /// Drops what the guest printed (a warm-up's output).
+    pub fn discard_output(&self) {
+        let _ = self.stdout.take();
+        let _ = self.stderr.take();
+    }
+
     /// Writes what the guest printed to the host's log, capped.
     pub fn flush_output(&self) {
         for (stream, captured) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
