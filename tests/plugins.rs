@@ -611,3 +611,63 @@ fn a_scaffolded_plugin_builds_for_webassembly_and_passes_plugin_check_as_generat
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("fits model 'mlp' (versions 1, 2) as its preprocessor"), "{stdout}");
 }
+
+/// What one call leaves in a plugin's memory, the next call must not see:
+/// under the default instance policy (`reset`) each call starts from the
+/// image frozen after warm-up. The same plugin with `instances = "reuse"`
+/// shows the test would catch it.
+#[tokio::test]
+async fn what_one_call_leaves_in_memory_the_next_does_not_see_unless_instances_are_reused() {
+    let plugins = tempfile::tempdir().expect("temp dir");
+    for name in ["hostile", "kept"] {
+        std::fs::copy(root().join("target/plugins/hostile.wasm"), plugins.path().join(format!("{name}.wasm")))
+            .expect("copy");
+    }
+    let config = format!(
+        r#"
+[plugins]
+dir = "{dir}"
+
+[plugins.limits.kept]
+instances = "reuse"
+
+[[models]]
+name = "mlp"
+base_path = "$ROOT/examples/models/mlp"
+onnx = {{ sessions = 1, intra_op_threads = 1 }}
+
+[[pipelines]]
+name = "hostile"
+model = "mlp"
+preprocess = {{ plugin = "hostile" }}
+
+[[pipelines]]
+name = "kept"
+model = "mlp"
+preprocess = {{ plugin = "kept" }}
+"#,
+        dir = plugins.path().display()
+    );
+    let server = Server::with_config(&config);
+    let mut client = server.predict_client().await;
+    let call = |pipeline: &str, what: &str| {
+        let mut request = attack(what, 1);
+        request.model_spec.as_mut().expect("spec").name = pipeline.to_string();
+        request
+    };
+    for round in 0..3 {
+        let secret = format!("card 4111-1111-1111-{round:04}");
+        client.predict(call("hostile", &format!("remember:{secret}"))).await.expect("remember");
+        let recalled = client.predict(call("hostile", "recall")).await.expect_err("recall answers with an error");
+        assert_eq!(recalled.code(), Code::InvalidArgument);
+        assert!(recalled.message().contains(r#"remembered: """#), "round {round}: {}", recalled.message());
+        assert!(!recalled.message().contains("4111"), "round {round}: {}", recalled.message());
+
+        client.predict(call("kept", &format!("remember:{secret}"))).await.expect("remember");
+        let recalled = client.predict(call("kept", "recall")).await.expect_err("recall");
+        assert!(recalled.message().contains(&secret), "reused instances keep state: {}", recalled.message());
+    }
+    // Between the calls, the plugin still answers as it should.
+    let ok = client.predict(call("hostile", "none")).await.expect("none");
+    assert_eq!(dims(&ok.into_inner().outputs["logits"]), vec![1, 10]);
+}

@@ -13,6 +13,9 @@ use sluice::plugin::types::{Dtype, TensorSpec};
 
 struct Hostile;
 
+/// What `remember` keeps for `recall`.
+static REMEMBERED: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
 fn spec(name: &str, dtype: Dtype, shape: &[i64]) -> TensorSpec {
     TensorSpec { name: name.into(), dtype, shape: shape.to_vec() }
 }
@@ -132,6 +135,18 @@ impl Guest for Hostile {
                     eprintln!("{line}");
                 }
                 Ok(vec![x])
+            }
+            // State across calls: what one call leaves in memory, the next
+            // must not see (unless the plugin's instances are reused).
+            "remember" => {
+                if let Ok(mut kept) = REMEMBERED.lock() {
+                    *kept = argument.to_string();
+                }
+                Ok(vec![x])
+            }
+            "recall" => {
+                let kept = REMEMBERED.lock().map(|k| k.clone()).unwrap_or_default();
+                Err(PluginError::InvalidInput(format!("remembered: {kept:?}")))
             }
             other => Err(PluginError::InvalidInput(format!("unknown attack '{other}'"))),
         }
