@@ -80,7 +80,7 @@ pub struct AdminConfig {
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        AdminConfig { enabled: false, port: None, max_upload_bytes: 20 << 20, tokens: Vec::new() }
+        AdminConfig { enabled: false, port: None, max_upload_bytes: 64 << 20, tokens: Vec::new() }
     }
 }
 

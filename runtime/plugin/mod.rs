@@ -234,6 +234,18 @@ impl Plugin {
                 PluginFault::InvalidInput,
                 format!("{} rejected the input: {}", self.label, plugin_text(&message)),
             )),
+            // An interpreter refused memory raises its own error (Python's
+            // MemoryError) instead of trapping: the cause is still the limit.
+            Ok(Err(PluginError::Internal(message))) if live.store.data().limiter.memory_denied => {
+                Err(Error::plugin_said(
+                    PluginFault::OutOfMemory,
+                    format!(
+                        "{} tried to grow its memory past its limit of {} MiB and was stopped",
+                        self.label, self.limits.memory_mib
+                    ),
+                    Some(plugin_text(&message)),
+                ))
+            }
             Ok(Err(PluginError::Internal(message))) => Err(Error::plugin_said(
                 PluginFault::Failed,
                 format!("{} failed", self.label),
