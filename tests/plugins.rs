@@ -322,6 +322,17 @@ async fn a_plugin_importing_what_the_host_lacks_is_refused_with_the_imports_list
     assert!(!output.status.success());
     assert!(stderr.contains("evil:plugin/exfiltrate"), "{stderr}");
     assert!(stderr.contains("does not provide"), "{stderr}");
+    // wasi:http, which JavaScript toolchains import by default: refused,
+    // with the flag that drops it.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["plugin", "check"])
+        .arg(root().join("target/plugins/bad_imports_http.wasm"))
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("wasi:http/outgoing-handler@0.3.0"), "{stderr}");
+    assert!(stderr.contains("--disable http fetch-event"), "{stderr}");
 
     // Served, the plugin fails its own pipeline, never the server: the
     // pipeline answers UNAVAILABLE with the reason, the model serves.

@@ -33,13 +33,6 @@ const PROVIDED: &[&str] = &[
     "sluice:plugin/types@",
 ];
 
-/// Import namespaces linked as denials: every function fails the call that
-/// reaches it. JavaScript toolchains import `wasi:http` by default (a
-/// `fetch` the plugin may never call); refusing those builds would make
-/// every JavaScript author find the flag that turns it off, and granting
-/// nothing is what a denial gives anyway.
-const DENIED: &[&str] = &["wasi:http/"];
-
 /// The engine, its linker and its cache.
 pub struct PluginEngine {
     engine: Engine,
@@ -317,25 +310,6 @@ impl PluginEngine {
         }
     }
 
-    /// The linker to instantiate `component` with: the engine's own, or,
-    /// for a component that imports what [`DENIED`] lists, a copy in which
-    /// each of those functions fails its call ("unknown import … has not
-    /// been defined"), so nothing behind them is ever reached.
-    pub fn linker_for(&self, component: &Component) -> Result<std::borrow::Cow<'_, Linker<HostState>>> {
-        let denied = component
-            .component_type()
-            .imports(&self.engine)
-            .any(|(name, _)| DENIED.iter().any(|d| name.starts_with(d)));
-        if !denied {
-            return Ok(std::borrow::Cow::Borrowed(&self.linker));
-        }
-        let mut linker = self.linker.clone();
-        linker
-            .define_unknown_imports_as_traps(component)
-            .map_err(|e| Error::invalid_argument(format!("linking its wasi:http imports as denials failed: {e:#}")))?;
-        Ok(std::borrow::Cow::Owned(linker))
-    }
-
     /// Imports of `component` that the linker does not provide.
     pub fn missing_imports(&self, component: &Component) -> Vec<String> {
         component
@@ -343,8 +317,7 @@ impl PluginEngine {
             .imports(&self.engine)
             .map(|(name, _)| name.to_string())
             .filter(|name| {
-                let linked = PROVIDED.iter().chain(DENIED).any(|p| name.starts_with(p));
-                !linked || (name.starts_with("wasi:") && !name.contains("@0.2."))
+                !PROVIDED.iter().any(|p| name.starts_with(p)) || (name.starts_with("wasi:") && !name.contains("@0.2."))
             })
             .collect()
     }

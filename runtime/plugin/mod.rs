@@ -118,9 +118,17 @@ impl Plugin {
         let component = engine.compile(wasm)?;
         let missing = engine.missing_imports(&component);
         if !missing.is_empty() {
+            // JavaScript toolchains import wasi:http unless told not to;
+            // say how, rather than only what.
+            let hint = if missing.iter().any(|m| m.starts_with("wasi:http/")) {
+                "; plugins get no network: build without wasi:http (componentize-js / jco componentize: \
+                 `--disable http fetch-event`; componentize-qjs imports none)"
+            } else {
+                ""
+            };
             return Err(Error::invalid_argument(format!(
                 "the plugin imports what the host does not provide: {}; a plugin may import only WASI 0.2 \
-                 (every capability off; wasi:http linked, every call failing) and sluice:plugin/log",
+                 (every capability off) and sluice:plugin/log{hint}",
                 missing.join(", ")
             )));
         }
@@ -477,7 +485,7 @@ fn instantiate_pre(engine: &PluginEngine, component: &Component) -> Result<(Worl
         }
     };
     let instance_pre = engine
-        .linker_for(component)?
+        .linker()
         .instantiate_pre(component)
         .map_err(|e| Error::invalid_argument(format!("the component cannot be linked: {e:#}")))?;
     let mismatch = |e: wasmtime::Error| {
