@@ -1,10 +1,16 @@
-//! `sluice plugin new NAME --world preprocessor|postprocessor [--model DIR]`:
-//! a plugin crate that builds and passes `sluice plugin check` as
-//! generated — `Cargo.toml` with `cdylib`, `.cargo/config.toml` with the
-//! WebAssembly target's stack size and a `cargo wasm` alias, a `lib.rs`
-//! whose `describe` matches the model's inputs (a preprocessor) or outputs
-//! (a postprocessor) when `--model` is given, and a test that runs its
-//! sample under the host's checks.
+//! `sluice plugin new NAME --world preprocessor|postprocessor [--model DIR]
+//! [--lang rust|python|js]`: a plugin project that builds and passes
+//! `sluice plugin check` as generated, declaring the model's inputs (a
+//! preprocessor) or outputs (a postprocessor) when `--model` is given.
+//!
+//! - Rust: a crate — `Cargo.toml` with `cdylib`, `.cargo/config.toml` with
+//!   the WebAssembly target's stack size and a `cargo wasm` alias, a
+//!   `lib.rs`, and a test that runs its sample under the host's checks.
+//! - Python and JavaScript: the project in `sdk/python/template` or
+//!   `sdk/js/template` (built into this binary), with the SDK module and
+//!   the WIT contract copied beside it, so it builds with nothing but its
+//!   own script (componentize-py in a venv of its own; componentize-qjs
+//!   from npm).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -27,6 +33,17 @@ pub enum WorldArg {
     Postprocessor,
 }
 
+/// The language the plugin is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Lang {
+    /// A Rust crate on the sluice-sdk crate.
+    Rust,
+    /// Python, built by componentize-py.
+    Python,
+    /// JavaScript, built by componentize-qjs (QuickJS).
+    Js,
+}
+
 /// The flags of `sluice plugin new`.
 #[derive(Debug, Clone, Args)]
 pub struct NewArgs {
@@ -40,7 +57,10 @@ pub struct NewArgs {
     /// to fit its latest version.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Where to create the crate (a new directory NAME inside it).
+    /// The language: a Rust crate, or a Python or JavaScript project.
+    #[arg(long, value_enum, default_value_t = Lang::Rust)]
+    pub lang: Lang,
+    /// Where to create the project (a new directory NAME inside it).
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// The sluice-sdk crate to depend on (by path; it is not published).
@@ -66,6 +86,9 @@ pub async fn create(args: &NewArgs) -> anyhow::Result<String> {
         Some(dir) => Some(model_side(dir, args.world).await?),
         None => None,
     };
+    if args.lang != Lang::Rust {
+        return from_template(args, &root, specs.as_deref());
+    }
     let sdk = std::fs::canonicalize(&args.sdk)
         .with_context(|| format!("--sdk {}: the sluice-sdk crate is not there", args.sdk.display()))?;
     std::fs::create_dir_all(root.join("src"))?;
@@ -85,6 +108,117 @@ pub async fn create(args: &NewArgs) -> anyhow::Result<String> {
         root = root.display(),
         name = args.name
     ))
+}
+
+/// A file of a Python or JavaScript project: its path in the project, its
+/// text, and whether it is a script to run.
+type TemplateFile = (&'static str, &'static str, bool);
+
+/// The Python project: `sdk/python/template` with the SDK and the WIT.
+const PYTHON: &[TemplateFile] = &[
+    ("app.py", include_str!("../../sdk/python/template/app.py"), false),
+    ("test_app.py", include_str!("../../sdk/python/template/test_app.py"), false),
+    ("build.sh", include_str!("../../sdk/python/template/build.sh"), true),
+    ("README.md", include_str!("../../sdk/python/template/README.md"), false),
+    (".gitignore", include_str!("../../sdk/python/template/.gitignore"), false),
+    ("sluice_plugin.py", include_str!("../../sdk/python/sluice_plugin.py"), false),
+    ("wit/plugin.wit", include_str!("../../sdk/wit/plugin.wit"), false),
+];
+
+/// The JavaScript project: `sdk/js/template` with the SDK and the WIT.
+const JS: &[TemplateFile] = &[
+    ("app.js", include_str!("../../sdk/js/template/app.js"), false),
+    ("test.mjs", include_str!("../../sdk/js/template/test.mjs"), false),
+    ("package.json", include_str!("../../sdk/js/template/package.json"), false),
+    ("README.md", include_str!("../../sdk/js/template/README.md"), false),
+    (".gitignore", include_str!("../../sdk/js/template/.gitignore"), false),
+    ("sluice_plugin.js", include_str!("../../sdk/js/sluice_plugin.js"), false),
+    ("wit/plugin.wit", include_str!("../../sdk/wit/plugin.wit"), false),
+];
+
+/// Writes a Python or JavaScript project from its template.
+fn from_template(args: &NewArgs, root: &Path, model: Option<&[TensorSpec]>) -> anyhow::Result<String> {
+    let generic = [TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![-1, -1], unknown_rank: false }];
+    let specs = model.unwrap_or(&generic);
+    let (files, indent, none, next) = match args.lang {
+        Lang::Python => (
+            PYTHON,
+            "        ",
+            "None",
+            "./build.sh test                 # runs the plugin on its sample in plain Python\n  \
+             ./build.sh                      # builds NAME.wasm (componentize-py, in .venv)",
+        ),
+        Lang::Js => (
+            JS,
+            "    ",
+            "null",
+            "npm install && npm test         # runs the plugin on its sample in Node.js\n  \
+             npm run build                   # builds NAME.wasm (componentize-qjs)",
+        ),
+        Lang::Rust => unreachable!("Rust plugins are crates, not templates"),
+    };
+    let lines = |specs: &[TensorSpec]| -> String {
+        specs
+            .iter()
+            .map(|s| {
+                let dims: Vec<String> = s.shape.iter().map(i64::to_string).collect();
+                format!("{indent}spec({:?}, {:?}, [{}]),", s.name, wit_dtype(s.dtype), dims.join(", "))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let world = match args.world {
+        WorldArg::Preprocessor => "preprocessor",
+        WorldArg::Postprocessor => "postprocessor",
+    };
+    for (path, text, executable) in files {
+        let filled = text
+            .replace("{{name}}", &args.name)
+            .replace("{{world}}", world)
+            .replace("{{inputs}}", &lines(specs))
+            .replace("{{outputs}}", &lines(specs))
+            .replace("{{sample}}", none);
+        let target = root.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&target, filled).with_context(|| format!("writing {}", target.display()))?;
+        if *executable {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))?;
+        }
+    }
+    let check = match &args.model {
+        Some(dir) => format!(" --model {}", dir.display()),
+        None => String::new(),
+    };
+    Ok(format!(
+        "created {root}\n  cd {root}\n  {next}\n  sluice plugin check {name}.wasm{check}",
+        root = root.display(),
+        next = next.replace("NAME", &args.name),
+        name = args.name
+    ))
+}
+
+/// A dtype as the WIT contract (and the Python and JavaScript SDKs) spell
+/// it.
+fn wit_dtype(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::I8 => "i8",
+        DType::I16 => "i16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::U8 => "u8",
+        DType::U16 => "u16",
+        DType::U32 => "u32",
+        DType::U64 => "u64",
+        DType::Bool => "boolean",
+        DType::String => "string",
+    }
 }
 
 /// The tensors the plugin must produce (a preprocessor: the model's

@@ -109,18 +109,58 @@ impl Captured {
         }
     }
 
-    /// What the guest said last before failing: a Rust panic's location
-    /// and message when there is one, otherwise the last line that is not
-    /// the standard backtrace hint.
+    /// What the guest said last before failing: a Python traceback's
+    /// exception and where it was raised (componentize-py prints it, then
+    /// traps with a panic that says only "Python function threw an
+    /// unexpected exception"), a Rust panic's location and message, or
+    /// else the last line that is not the standard backtrace hint.
     pub fn last_words(&self) -> Option<String> {
         let inner = self.0.lock().ok()?;
         let text = String::from_utf8_lossy(&inner.kept);
-        let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-        if let Some(at) = lines.iter().rposition(|l| l.contains("panicked at")) {
-            let message = lines.get(at + 1).filter(|l| !l.starts_with("note:")).copied().unwrap_or("");
-            return Some(format!("{} {message}", lines[at]).trim().to_string());
+        last_words(&text)
+    }
+}
+
+fn last_words(text: &str) -> Option<String> {
+    let raw: Vec<&str> = text.lines().collect();
+    if let Some(start) = raw.iter().rposition(|l| l.starts_with("Traceback (most recent call last)")) {
+        let block = &raw[start + 1..];
+        if let Some(at) = block.iter().position(|l| !l.starts_with(' ') && !l.trim().is_empty()) {
+            let place = block[..at].iter().rev().find(|l| l.trim_start().starts_with("File ")).map(|l| l.trim());
+            return Some(match place {
+                Some(place) => format!("{} ({place})", block[at].trim()),
+                None => block[at].trim().to_string(),
+            });
         }
-        lines.iter().rev().find(|l| !l.starts_with("note: run with")).map(|l| l.to_string())
+    }
+    let lines: Vec<&str> = raw.iter().map(|l| l.trim()).filter(|l| !l.is_empty()).collect();
+    if let Some(at) = lines.iter().rposition(|l| l.contains("panicked at")) {
+        let message = lines.get(at + 1).filter(|l| !l.starts_with("note:")).copied().unwrap_or("");
+        return Some(format!("{} {message}", lines[at]).trim().to_string());
+    }
+    lines.iter().rev().find(|l| !l.starts_with("note: run with")).map(|l| l.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_words;
+
+    #[test]
+    fn a_python_traceback_gives_its_exception_and_where_it_was_raised() {
+        let printed =
+            "Traceback (most recent call last):\n  File \"/0/app.py\", line 50, in run\n    raise ValueError(x)\n\
+                       ValueError: the plugin raises on purpose\nthread '<unnamed>' panicked at src/lib.rs:9:5:\n\
+                       Python function threw an unexpected exception\n";
+        assert_eq!(
+            last_words(printed).as_deref(),
+            Some("ValueError: the plugin raises on purpose (File \"/0/app.py\", line 50, in run)")
+        );
+    }
+
+    #[test]
+    fn a_rust_panic_gives_its_place_and_message() {
+        let printed = "thread '<unnamed>' panicked at src/lib.rs:88:5:\nboom\nnote: run with `RUST_BACKTRACE=1`\n";
+        assert_eq!(last_words(printed).as_deref(), Some("thread '<unnamed>' panicked at src/lib.rs:88:5: boom"));
     }
 }
 
