@@ -23,7 +23,9 @@ use sluice::tensor::{DType, NamedTensor, Tensor};
 use sluice_sdk::transforms::{image_normalize, ImageNormalize};
 
 fn load(engine: &Arc<PluginEngine>, name: &str, instances: InstancePolicy) -> Plugin {
-    let limits = PluginLimits { instances, timeout_ms: 1000, ..PluginLimits::default() };
+    // A reused Python instance leaks (componentize-py keeps ~0.3 KiB a
+    // call): room for the hundreds of thousands of calls a measurement makes.
+    let limits = PluginLimits { instances, timeout_ms: 1000, memory_mib: 256, ..PluginLimits::default() };
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/plugins").join(format!("{name}.wasm"));
     Plugin::load_file(engine, &path, limits, None).unwrap_or_else(|e| panic!("{e} (run scripts/build-plugins)"))
 }

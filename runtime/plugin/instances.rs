@@ -123,6 +123,20 @@ impl Instances {
         }
     }
 
+    /// Makes one instance ahead of the first call, under the `reset` and
+    /// `reuse` policies, so that call does not pay for it (a Python
+    /// plugin's takes milliseconds).
+    pub fn prepare(&self) -> wasmtime::Result<()> {
+        if self.policy() == InstancePolicy::Fresh {
+            return Ok(());
+        }
+        let live = self.create(self.policy())?;
+        if let Ok(mut warm) = self.warm.lock() {
+            warm.push(live);
+        }
+        Ok(())
+    }
+
     /// An instance for one call, armed with the call's limits: a kept one
     /// when there is one, else a new one.
     pub fn take(&self) -> wasmtime::Result<Live> {
@@ -203,6 +217,8 @@ impl Instances {
         // Warm up before freezing: what an interpreter sets up on its first
         // call (caches, a grown heap) is then in the image, not redone, or
         // grown again, on every call.
+        // Its own time budget: making the instance already spent some.
+        self.arm(&mut live.store)?;
         live.store.data_mut().start_call();
         let warmed = live.instance.run(&mut live.store, &self.warm_up);
         live.store.data().discard_output();

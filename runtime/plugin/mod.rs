@@ -157,6 +157,12 @@ impl Plugin {
         let instances = Instances::new(engine, pre, limits.clone(), label.clone(), warm_up);
         let plugin =
             Plugin { engine: engine.clone(), component, world, description, label, limits, sha256, instances, metrics };
+        // Not fatal: `describe` ran, so it instantiates; the first call
+        // makes its instance when this one could not be (all
+        // `max_instances` in use).
+        if let Err(e) = plugin.instances.prepare() {
+            tracing::debug!(plugin = %plugin.label, "no instance made ahead of the first call: {e:#}");
+        }
         if let Some(sample) = plugin.description.sample.clone() {
             plugin.call(sample).map_err(|e| e.context("its sample failed"))?;
         }

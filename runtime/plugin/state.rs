@@ -255,12 +255,12 @@ impl HostState {
         }
     }
 
-    /// Clears what one call counts (log lines, memory refused, peak), so a
-    /// kept instance's next call starts with the whole of its budgets.
+    /// Clears what one call counts (log lines, memory refused), so a kept
+    /// instance's next call starts with the whole of its budgets. The peak
+    /// stays: a memory never shrinks, so it is the instance's size.
     pub fn start_call(&mut self) {
         self.log_lines = 0;
         self.limiter.memory_denied = false;
-        self.limiter.peak = 0;
     }
 
     /// Host resources (streams, pollables) the guest holds.
