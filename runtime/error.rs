@@ -481,9 +481,15 @@ impl Error {
 
     /// This error as a refusal of an upload's content (422), keeping the
     /// message: a plugin that fails its checks is the uploader's problem,
-    /// whatever the check found.
+    /// whatever the check found — except a limit of the server's own
+    /// (one compilation at a time, the compile budget), which stays 429.
     pub fn into_unprocessable(self, context: impl fmt::Display) -> Self {
-        Error::Unprocessable(format!("{context}: {self}"))
+        match self {
+            // The server was busy (another compilation, a compile over its
+            // budget): a refusal to retry or resize, not a malformed plugin.
+            Error::LimitExceeded(message) => Error::LimitExceeded(format!("{context}: {message}")),
+            other => Error::Unprocessable(format!("{context}: {other}")),
+        }
     }
 }
 

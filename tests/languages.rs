@@ -424,3 +424,53 @@ fn python_and_javascript_scaffolds_test_build_and_fit_the_model_as_generated() {
         assert!(stdout.contains("fits model 'mlp' (versions 1, 2) as its preprocessor"), "{lang}: {stdout}");
     }
 }
+
+/// The compile budget is CPU time over the compiler's threads: a Python
+/// plugin (~9 CPU seconds) is refused under a 1 s budget, by name, and
+/// nothing is stored.
+#[tokio::test]
+async fn a_compile_over_its_cpu_budget_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugins dir");
+    std::fs::copy(plugin_file("identity"), plugins.join("features.wasm")).expect("copy identity");
+    let config = format!(
+        r#"
+[plugins]
+dir = "{plugins}"
+compile_cpu_seconds = 1
+
+[admin]
+enabled = true
+
+[[admin.tokens]]
+id = "ml-ci"
+team = "ml"
+role = "team"
+sha256 = "{token}"
+
+[[models]]
+name = "mlp"
+base_path = "$ROOT/examples/models/mlp"
+
+[[pipelines]]
+name = "scored"
+model = "mlp"
+team = "ml"
+preprocess = {{ plugin = "features" }}
+"#,
+        plugins = plugins.display(),
+        token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes())),
+    );
+    let server = Server::with_config(&config);
+    let body = std::fs::read(plugin_file("scale_py")).expect("read plugin");
+    let (status, answer) = server.admin(Method::PUT, "/admin/v1/plugins/features", Some(TOKEN), body).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    let message = answer.to_string();
+    assert!(message.contains("budget of 1 CPU seconds (plugins.compile_cpu_seconds)"), "{message}");
+    let (status, shown) = server.admin(Method::GET, "/admin/v1/plugins/features", Some(TOKEN), vec![]).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["versions"].as_array().map(Vec::len), Some(1), "only version 0 (the file): {shown}");
+    let mut client = server.predict_client().await;
+    client.predict(scale_request("scored", 1, 1)).await.expect("the pipeline serves on");
+}

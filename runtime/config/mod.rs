@@ -761,5 +761,12 @@ mod tests {
         assert!(err.message.contains("server.compute_nice = 20: must be between 0 and 19"), "{err}");
         let err = parse("[server]\ncompute_nice = -1\n").unwrap_err();
         assert!(err.message.contains("compute_nice"), "{err}");
+        // The plugin compile limits: named, bounded, never zero.
+        let err = parse("[plugins]\nmax_code_mib = 0\n").unwrap_err();
+        assert!(err.message.contains("plugins.max_code_mib = 0: must be between 1 and 256"), "{err}");
+        let err = parse("[plugins]\ncompile_cpu_seconds = 100000\n").unwrap_err();
+        assert!(err.message.contains("plugins.compile_cpu_seconds = 100000: must be between 1 and 3600"), "{err}");
+        let err = parse("[plugins.limits.p]\ninstances = \"sometimes\"\n").unwrap_err();
+        assert!(err.message.contains("sometimes"), "{err}");
     }
 }

@@ -442,8 +442,8 @@ pub fn check_structure(wasm: &[u8], limits: &CompileLimits) -> Result<()> {
     let (mut functions, mut code, mut modules) = (0u64, 0u64, 0u64);
     let invalid =
         |e: wasmparser::BinaryReaderError| Error::invalid_argument(format!("not a valid WebAssembly component: {e}"));
-    let over = |what: &str, n: u64, max: u64| {
-        Error::invalid_argument(format!("it has {n} {what}; a plugin may have at most {max}"))
+    let over = |what: &str, n: u64, max: u64, key: &str| {
+        Error::invalid_argument(format!("it has {n} {what}; a plugin may have at most {max} (plugins.{key})"))
     };
     // What people hand in by mistake, named before a parser error would.
     match wasm.get(..8) {
@@ -492,13 +492,13 @@ pub fn check_structure(wasm: &[u8], limits: &CompileLimits) -> Result<()> {
             _ => {}
         }
         if functions > limits.max_functions {
-            return Err(over("functions", functions, limits.max_functions));
+            return Err(over("functions", functions, limits.max_functions, "max_functions"));
         }
         if code > limits.max_code_bytes {
-            return Err(over("bytes of code", code, limits.max_code_bytes));
+            return Err(over("bytes of code", code, limits.max_code_bytes, "max_code_mib"));
         }
         if modules > limits.max_modules {
-            return Err(over("core modules", modules, limits.max_modules));
+            return Err(over("core modules", modules, limits.max_modules, "max_modules"));
         }
     }
     Ok(())
