@@ -70,8 +70,9 @@ enum PluginCommand {
     /// Load a plugin as the server would, print what it declares, and run a
     /// sample under the real limits, with its time and peak memory.
     Check(sluice::cli::plugin_check::CheckArgs),
-    /// Create a plugin crate that builds and passes `plugin check` as
-    /// generated, fitted to a model with --model.
+    /// Create a plugin project (a Rust crate, or Python or JavaScript with
+    /// --lang) that builds and passes `plugin check` as generated, fitted to
+    /// a model with --model.
     New(sluice::cli::plugin_new::NewArgs),
     /// Upload a plugin to a running server (admin API) and, by default,
     /// activate it for the pipeline. The token comes from SLUICE_TOKEN.
@@ -99,8 +100,11 @@ struct ServeArgs {
     #[arg(long, env = "SLUICE_PORT")]
     port: Option<u16>,
 
-    /// HTTP port for Prometheus metrics (/monitoring/prometheus/metrics,
-    /// /metrics). 0 picks a free port; the bound address is printed on stdout.
+    /// HTTP port: TF Serving's REST API (/v1/models/…), KServe v2's REST API,
+    /// health (/healthz, /readyz), Prometheus metrics
+    /// (/monitoring/prometheus/metrics, /metrics) and, unless it has a port
+    /// of its own, the admin API. 0 picks a free port; the bound address is
+    /// printed on stdout.
     #[arg(long = "rest_api_port", env = "SLUICE_REST_API_PORT")]
     rest_api_port: Option<u16>,
 

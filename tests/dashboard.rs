@@ -36,7 +36,9 @@ impl Exported {
             }
             let name_end = line.find(['{', ' ']).unwrap_or(line.len());
             let keys = labels.entry(line[..name_end].to_string()).or_default();
-            if let Some(inside) = line.get(name_end..).and_then(|r| r.strip_prefix('{')).and_then(|r| r.split('}').next()) {
+            if let Some(inside) =
+                line.get(name_end..).and_then(|r| r.strip_prefix('{')).and_then(|r| r.split('}').next())
+            {
                 for pair in inside.split("\",") {
                     if let Some((key, _)) = pair.split_once('=') {
                         keys.insert(key.trim().to_string());
@@ -55,9 +57,9 @@ impl Exported {
             return true;
         }
         let family_of = |suffixes: &[&str], kind: &str| {
-            suffixes.iter().any(|s| {
-                name.strip_suffix(s).is_some_and(|family| self.kinds.get(family).is_some_and(|k| k == kind))
-            })
+            suffixes
+                .iter()
+                .any(|s| name.strip_suffix(s).is_some_and(|family| self.kinds.get(family).is_some_and(|k| k == kind)))
         };
         family_of(&["_total"], "counter")
             || family_of(&["_bucket", "_sum", "_count"], "histogram")

@@ -47,8 +47,8 @@ pub enum Lang {
 /// The flags of `sluice plugin new`.
 #[derive(Debug, Clone, Args)]
 pub struct NewArgs {
-    /// The plugin's name: the crate, the `.wasm` file and what pipelines
-    /// name in `plugin = "…"` (letters, digits, `_`).
+    /// The plugin's name: the project's directory, the `.wasm` file and
+    /// what pipelines name in `plugin = "…"` (letters, digits, `_`).
     pub name: String,
     /// Before or after the model.
     #[arg(long, value_enum)]
@@ -63,8 +63,10 @@ pub struct NewArgs {
     /// Where to create the project (a new directory NAME inside it).
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,
-    /// The sluice-sdk crate to depend on (by path; it is not published).
-    /// Default: the `sdk/` of the checkout this binary was built from.
+    /// Rust only: the sluice-sdk crate to depend on (by path; it is not
+    /// published). Default: the `sdk/` of the checkout this binary was
+    /// built from. Python and JavaScript projects get the SDK module
+    /// copied in.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk"))]
     pub sdk: PathBuf,
 }

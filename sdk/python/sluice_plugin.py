@@ -493,19 +493,41 @@ def check(cls, inputs=None):
     """Runs a plugin as the host would, in plain CPython, for unit tests.
 
     `inputs` (a list of tensors) defaults to the plugin's sample, else zeros
-    shaped from its declared inputs (-1 as 1). Returns the outputs after
-    checking them against the declared outputs; raises InvalidInput or
-    RuntimeError (an internal error, with its traceback) or AssertionError.
+    shaped from its declared inputs (-1 as 1). They are checked as the host
+    checks a request (names, dtypes, ranks, fixed dimensions) before `run`;
+    the outputs are checked against the declared outputs. Raises
+    InvalidInput, RuntimeError (an internal error, with its traceback) or
+    AssertionError (outputs that do not match the declaration).
     """
     info = _info(cls)
     if inputs is None:
         inputs = info.sample if info.sample is not None else [zeros(s) for s in info.inputs]
+    inputs = list(inputs)
+    # What the host checks before it calls a plugin: every declared input
+    # is there, with its dtype, rank and fixed dimensions, and nothing else.
+    declared = {s.name: s for s in info.inputs}
+    given = [t.name for t in inputs]
+    if sorted(given) != sorted(declared):
+        raise InvalidInput(f"inputs {sorted(given)}, but the plugin declares {sorted(declared)}")
+    for t in inputs:
+        s = declared[t.name]
+        if t.dtype is not s.dtype:
+            raise InvalidInput(f"input '{t.name}' is {_NAMES[t.dtype]}, but the plugin expects {_NAMES[s.dtype]}")
+        fits = len(t.shape) == len(s.shape) and all(w < 0 or g == w for g, w in zip(t.shape, s.shape))
+        if not fits:
+            raise InvalidInput(f"input '{t.name}' has shape {list(t.shape)}, but the plugin expects {list(s.shape)}")
+    failure = None
     try:
-        outputs = _caller(cls)(None, list(inputs))
+        outputs = _caller(cls)(None, inputs)
     except Err as e:
-        if isinstance(e.value, PluginError_InvalidInput):
-            raise InvalidInput(e.value.value) from None
-        raise RuntimeError(e.value.value) from None
+        # Raised after the except block: componentize-py's Err is a frozen
+        # dataclass, and an exception raised inside the block would carry
+        # it as context, which unittest cannot annotate.
+        failure = e.value
+    if failure is not None:
+        if isinstance(failure, PluginError_InvalidInput):
+            raise InvalidInput(failure.value)
+        raise RuntimeError(failure.value)
     names = [t.name for t in outputs]
     assert names == [s.name for s in info.outputs], f"outputs {names}, declared {[s.name for s in info.outputs]}"
     for t, s in zip(outputs, info.outputs):

@@ -19,6 +19,8 @@ so it builds and passes `sluice plugin check` as it is. To make it yours:
 Then `./build.sh test` and `./build.sh` (see README.md).
 """
 
+from array import array  # noqa: F401  (typed values: array("f", ...), array("q", ...))
+
 import sluice_plugin
 from sluice_plugin import InvalidInput, log, spec, strings_tensor, tensor, zeros  # noqa: F401
 

@@ -1,6 +1,7 @@
 """Unit tests, run in plain CPython by `./build.sh test`."""
 
 import unittest
+from array import array  # noqa: F401  (for tests like the one below)
 
 import sluice_plugin
 
