@@ -27,9 +27,10 @@ pub struct PluginsConfig {
     pub max_calls_per_team: usize,
     /// The largest `memory_mib` any plugin may be given.
     pub max_memory_mib: u64,
-    /// Linear memory kept mapped between instances of a pool slot, zeroed
-    /// instead of unmapped (KiB): faster fresh instances, at the cost of
-    /// that much resident memory per slot used.
+    /// Per `reset` instance: how much of the memory a call wrote is put
+    /// back by copying the frozen image over it and kept mapped (KiB), so
+    /// the next call writes it without page faults; written pages past it
+    /// are dropped and fault in again.
     pub keep_resident_kib: u64,
     /// Functions a plugin may define, over all its core modules (a Rust
     /// plugin has hundreds, a Python one built by componentize-py ~13,000).
@@ -145,7 +146,7 @@ impl PluginsConfig {
 pub struct PluginLimits {
     /// Wall time per call, in milliseconds.
     pub timeout_ms: u64,
-    /// Linear memory per instance, in MiB.
+    /// Linear memory per instance, over all its memories, in MiB.
     pub memory_mib: u64,
     /// Fuel (roughly, instructions) per call; needs `[plugins] fuel = true`.
     pub fuel: Option<u64>,

@@ -270,7 +270,11 @@ impl PluginEngine {
         let slot = self.compiling.clone();
         let spent_before = self.compiler.cpu_time();
         self.compiler.pool.spawn(move || {
-            let compiled = Component::new(&engine, &wasm);
+            // A panic in the compiler on an uploaded component fails that
+            // upload; it must neither abort the process (rayon aborts on a
+            // job's panic) nor keep the compile slot taken.
+            let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Component::new(&engine, &wasm)))
+                .unwrap_or_else(|_| Err(wasmtime::Error::msg("the compiler panicked on it")));
             slot.store(false, Ordering::Release);
             let _ = done.send(compiled);
         });
@@ -400,6 +404,9 @@ impl CompilerPool {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
             .thread_name(|i| format!("wasm-compile-{i}"))
+            // Jobs catch their own panics; this keeps any other one from
+            // aborting the process.
+            .panic_handler(|_| tracing::error!("a plugin compiler thread panicked"))
             .start_handler(move |_| {
                 crate::threads::lower_to_background();
                 let mut clock: libc::clockid_t = 0;

@@ -131,8 +131,16 @@ impl Instances {
             return Ok(());
         }
         let live = self.create(self.policy())?;
-        if let Ok(mut warm) = self.warm.lock() {
-            warm.push(live);
+        // Only an instance the policy will take: a reset one that froze.
+        let kept = match self.policy() {
+            InstancePolicy::Reset => live.frozen.is_some(),
+            InstancePolicy::Reuse => true,
+            InstancePolicy::Fresh => false,
+        };
+        if kept {
+            if let Ok(mut warm) = self.warm.lock() {
+                warm.push(live);
+            }
         }
         Ok(())
     }
@@ -171,7 +179,7 @@ impl Instances {
                     // A memory that grew cannot shrink: this instance goes,
                     // the next one is made at the frozen size again.
                     Err(Unfreezable::Grew) => return,
-                    Err(Unfreezable::Unsupported(why)) => {
+                    Err(Unfreezable::Unsupported(why) | Unfreezable::Broken(why)) => {
                         self.fall_back_to_fresh(&why);
                         return;
                     }
@@ -235,6 +243,12 @@ impl Instances {
             }
             Err(Unfreezable::Grew) => {}
             Err(Unfreezable::Unsupported(why)) => self.fall_back_to_fresh(&why),
+            // Its memory is gone: this instance must never run.
+            Err(Unfreezable::Broken(why)) => {
+                drop(live);
+                self.fall_back_to_fresh(&why);
+                return self.create(InstancePolicy::Fresh);
+            }
         }
         Ok(live)
     }

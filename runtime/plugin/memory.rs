@@ -21,17 +21,20 @@
 //! returns to where it was when a call returns; compilers keep no program
 //! data in globals) and table contents (function references only). A
 //! memory that grew during a call cannot shrink: that instance is dropped
-//! instead of reused.
+//! instead of reused. Whatever the guest keeps in memory comes back as it
+//! was frozen, its random generators' state included: each call draws the
+//! same "random" numbers unless it reseeds from `wasi:random`.
+//!
+//! The image holds only the pages that hold anything (those written while
+//! the instance was made and warmed up); the rest of the file is a hole,
+//! so an instance costs what it uses, not what it declares.
 
 use std::cell::RefCell;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 
 use wasmtime::{LinearMemory, MemoryCreator, MemoryType};
-
-/// Host page size.
-const PAGE: usize = 4096;
 
 /// Creates every linear memory of the engine as an mmap reservation of its
 /// own, and tells [`collect`] about it.
@@ -45,10 +48,36 @@ thread_local! {
 /// Runs `instantiate` and returns, with its result, the memories it
 /// created on this thread.
 pub fn collect<R>(instantiate: impl FnOnce() -> R) -> (R, Vec<Arc<Mapping>>) {
-    let outer = COLLECTED.with(|c| c.borrow_mut().replace(Vec::new()));
+    /// Puts the outer collection back however `instantiate` ends (a panic
+    /// included), so no memory stays pinned in the thread-local.
+    struct Restore(Option<Vec<Arc<Mapping>>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = self.0.take();
+            COLLECTED.with(|c| *c.borrow_mut() = outer);
+        }
+    }
+    let restore = Restore(COLLECTED.with(|c| c.borrow_mut().replace(Vec::new())));
     let result = instantiate();
-    let mine = COLLECTED.with(|c| std::mem::replace(&mut *c.borrow_mut(), outer)).unwrap_or_default();
+    let mine = COLLECTED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    drop(restore);
     (result, mine)
+}
+
+/// The host's page size.
+fn page() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *PAGE.get_or_init(|| usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(4096))
+}
+
+/// `/proc/self/pagemap`, opened once for the process.
+fn pagemap() -> Result<&'static std::fs::File, String> {
+    static PAGEMAP: OnceLock<Result<std::fs::File, String>> = OnceLock::new();
+    PAGEMAP
+        .get_or_init(|| std::fs::File::open("/proc/self/pagemap").map_err(|e| format!("/proc/self/pagemap: {e}")))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// One linear memory's address range: reserved whole at creation, never
@@ -59,8 +88,6 @@ pub struct Mapping {
     reserved: usize,
     /// Bytes accessible to the guest.
     size: AtomicUsize,
-    /// The frozen image, once frozen.
-    image: Mutex<Option<OwnedFd>>,
 }
 
 impl Drop for Mapping {
@@ -89,7 +116,7 @@ impl Mapping {
         if base == libc::MAP_FAILED {
             return Err(format!("reserving {reserved} bytes failed: {}", std::io::Error::last_os_error()));
         }
-        let mapping = Mapping { base: base as usize, reserved, size: AtomicUsize::new(0), image: Mutex::new(None) };
+        let mapping = Mapping { base: base as usize, reserved, size: AtomicUsize::new(0) };
         mapping.grant(0, minimum)?;
         mapping.size.store(minimum, Ordering::Release);
         Ok(mapping)
@@ -158,7 +185,7 @@ unsafe impl MemoryCreator for MappedMemories {
         reserved_size_in_bytes: Option<usize>,
         guard_size_in_bytes: usize,
     ) -> Result<Box<dyn LinearMemory>, String> {
-        let capacity = reserved_size_in_bytes.or(maximum).unwrap_or(4 << 30).max(minimum).next_multiple_of(PAGE);
+        let capacity = reserved_size_in_bytes.or(maximum).unwrap_or(4 << 30).max(minimum).next_multiple_of(page());
         let mapping = Arc::new(Mapping::reserve(capacity, guard_size_in_bytes, minimum)?);
         COLLECTED.with(|c| {
             if let Some(mine) = c.borrow_mut().as_mut() {
@@ -172,9 +199,8 @@ unsafe impl MemoryCreator for MappedMemories {
 /// An instance's memories, frozen: each maps its image copy-on-write.
 pub struct Frozen {
     memories: Vec<FrozenMemory>,
-    pagemap: std::fs::File,
-    /// Bytes of written pages restored by copying (and kept resident);
-    /// the rest are dropped.
+    /// Bytes of written pages restored by copying (and kept resident),
+    /// whole pages; the rest are dropped.
     keep_resident: usize,
 }
 
@@ -202,8 +228,13 @@ impl Drop for FrozenMemory {
 pub enum Unfreezable {
     /// A memory grew during the call.
     Grew,
-    /// The kernel refused (no memfd, no `PAGEMAP_SCAN`): say why.
+    /// The kernel refused (no memfd, no `PAGEMAP_SCAN`): say why. The
+    /// instance's memories are as they were.
     Unsupported(String),
+    /// Mapping the image over a memory failed after the kernel had
+    /// unmapped what was there: the memory is gone (its range reserved
+    /// again, inaccessible) and the instance must never run again.
+    Broken(String),
 }
 
 /// What one thaw did.
@@ -220,57 +251,76 @@ impl Frozen {
     /// runs in their instance.
     pub fn freeze(memories: Vec<Arc<Mapping>>, keep_resident: usize) -> Result<Frozen, Unfreezable> {
         let unsupported = |what: &str, e: std::io::Error| Unfreezable::Unsupported(format!("{what}: {e}"));
-        let pagemap = std::fs::File::open("/proc/self/pagemap").map_err(|e| unsupported("/proc/self/pagemap", e))?;
+        let pagemap = pagemap().map_err(Unfreezable::Unsupported)?;
         let mut frozen = Vec::with_capacity(memories.len());
         for mapping in memories {
-            let len = mapping.len();
+            let (base, len) = (mapping.base, mapping.len());
+            // The pages that hold anything: written since the memory was
+            // made (its data segments, the warm-up). Only those go into the
+            // image; the rest of it is a hole and reads as zeros.
+            let filled = written(pagemap, base, len, true)
+                .map_err(|e| Unfreezable::Unsupported(format!("PAGEMAP_SCAN: {e}")))?;
             // SAFETY: a new anonymous file, owned by the OwnedFd below.
             let fd = unsafe { libc::memfd_create(c"sluice-plugin-memory".as_ptr(), libc::MFD_CLOEXEC) };
             if fd < 0 {
                 return Err(unsupported("memfd_create", std::io::Error::last_os_error()));
             }
             // SAFETY: `fd` is open and owned by nothing else.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            // SAFETY: base..base+len is the guest-accessible part of the
-            // mapping, readable, and no call runs.
-            let contents = unsafe { std::slice::from_raw_parts(mapping.base as *const u8, len) };
-            let file = std::fs::File::from(fd.try_clone().map_err(|e| unsupported("dup", e))?);
-            std::os::unix::fs::FileExt::write_all_at(&file, contents, 0).map_err(|e| unsupported("writing", e))?;
-            if len > 0 {
-                // SAFETY: replaces the accessible part of our own
-                // reservation with the same bytes, mapped privately.
-                let mapped = unsafe {
+            let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            file.set_len(len as u64).map_err(|e| unsupported("sizing the image", e))?;
+            for (start, end) in filled {
+                // SAFETY: inside base..base+len, the guest-accessible part of
+                // the mapping, readable; no call runs.
+                let pages = unsafe { std::slice::from_raw_parts(start as *const u8, end - start) };
+                std::os::unix::fs::FileExt::write_all_at(&file, pages, (start - base) as u64)
+                    .map_err(|e| unsupported("writing the image", e))?;
+            }
+            if len == 0 {
+                frozen.push(FrozenMemory { mapping, len, image: 0 });
+                continue;
+            }
+            // SAFETY: a read-only shared view of the image file.
+            let view = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) };
+            if view == libc::MAP_FAILED {
+                return Err(unsupported("mapping the image's view", std::io::Error::last_os_error()));
+            }
+            // From here the view is unmapped with the FrozenMemory.
+            let memory = FrozenMemory { mapping, len, image: view as usize };
+            // SAFETY: replaces the accessible part of our own reservation
+            // with the same bytes, mapped privately; no call runs.
+            let mapped = unsafe {
+                libc::mmap(
+                    base as *mut libc::c_void,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                    fd,
+                    0,
+                )
+            };
+            if mapped == libc::MAP_FAILED {
+                let error = std::io::Error::last_os_error();
+                // The kernel may have unmapped the old pages before failing:
+                // reserve the range again, inaccessible, so nothing else is
+                // ever mapped where the guest's memory was.
+                // SAFETY: our own reservation's range.
+                unsafe {
                     libc::mmap(
-                        mapping.base as *mut libc::c_void,
+                        base as *mut libc::c_void,
                         len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_PRIVATE | libc::MAP_FIXED,
-                        fd.as_raw_fd(),
+                        libc::PROT_NONE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                        -1,
                         0,
                     )
                 };
-                if mapped == libc::MAP_FAILED {
-                    return Err(unsupported("mapping the image", std::io::Error::last_os_error()));
-                }
+                return Err(Unfreezable::Broken(format!("mapping the image: {error}")));
             }
-            let image = if len > 0 {
-                // SAFETY: a read-only shared view of the image file.
-                let view = unsafe {
-                    libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0)
-                };
-                if view == libc::MAP_FAILED {
-                    return Err(unsupported("mapping the image's view", std::io::Error::last_os_error()));
-                }
-                view as usize
-            } else {
-                0
-            };
-            if let Ok(mut kept) = mapping.image.lock() {
-                *kept = Some(fd);
-            }
-            frozen.push(FrozenMemory { mapping, len, image });
+            frozen.push(memory);
+            // The file is closed here; the two mappings keep it.
         }
-        let frozen = Frozen { memories: frozen, pagemap, keep_resident };
+        let page = page();
+        let frozen = Frozen { memories: frozen, keep_resident: keep_resident / page * page };
         // Fail here, not after a call, where the kernel lacks the scan.
         frozen.thaw()?;
         Ok(frozen)
@@ -295,7 +345,10 @@ impl Frozen {
             if memory.mapping.len() != memory.len {
                 return Err(Unfreezable::Grew);
             }
-            let ranges = written(&self.pagemap, memory.mapping.base, memory.len)
+            let pagemap = pagemap().map_err(Unfreezable::Unsupported)?;
+            // Zero pages count too: in a private file mapping only KSM puts
+            // one there, over a page the guest wrote zeros to.
+            let ranges = written(pagemap, memory.mapping.base, memory.len, false)
                 .map_err(|e| Unfreezable::Unsupported(format!("PAGEMAP_SCAN: {e}")))?;
             for (start, end) in ranges {
                 let copied = (end - start).min(budget);
@@ -308,7 +361,7 @@ impl Frozen {
                     unsafe {
                         std::ptr::copy_nonoverlapping((memory.image + offset) as *const u8, start as *mut u8, copied)
                     };
-                    thawed.copied += copied.div_ceil(PAGE);
+                    thawed.copied += copied / page();
                 }
                 if start + copied < end {
                     let from = start + copied;
@@ -321,7 +374,7 @@ impl Frozen {
                             std::io::Error::last_os_error()
                         )));
                     }
-                    thawed.dropped += (end - from).div_ceil(PAGE);
+                    thawed.dropped += (end - from) / page();
                 }
             }
         }
@@ -363,9 +416,16 @@ const PAGE_IS_SWAPPED: u64 = 1 << 4;
 const PAGE_IS_PFNZERO: u64 = 1 << 5;
 
 /// The address ranges of `base..base + len` written since they were
-/// mapped: present or swapped pages that are neither the file's (the
-/// image) nor the shared zero page.
-fn written(pagemap: &std::fs::File, base: usize, len: usize) -> std::io::Result<Vec<(usize, usize)>> {
+/// mapped: present or swapped pages that are not the file's (the image)
+/// and, with `skip_zero_page`, not the shared zero page (an anonymous page
+/// only ever read).
+fn written(
+    pagemap: &std::fs::File,
+    base: usize,
+    len: usize,
+    skip_zero_page: bool,
+) -> std::io::Result<Vec<(usize, usize)>> {
+    let unwritten = if skip_zero_page { PAGE_IS_PFNZERO | PAGE_IS_FILE } else { PAGE_IS_FILE };
     let end = (base + len) as u64;
     let mut ranges = Vec::new();
     let mut regions = [PageRegion::default(); 64];
@@ -380,8 +440,8 @@ fn written(pagemap: &std::fs::File, base: usize, len: usize) -> std::io::Result<
             vec: regions.as_mut_ptr() as u64,
             vec_len: regions.len() as u64,
             max_pages: 0,
-            category_inverted: PAGE_IS_PFNZERO | PAGE_IS_FILE,
-            category_mask: PAGE_IS_PFNZERO | PAGE_IS_FILE,
+            category_inverted: unwritten,
+            category_mask: unwritten,
             // A written page the kernel swapped out is written all the same.
             category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
             return_mask: 0,

@@ -40,26 +40,32 @@ const LOG_LINE_CAP: usize = 1024;
 /// is: running out of memory.
 pub struct Limiter {
     memory_bytes: usize,
+    /// Linear memory granted, over all the instance's memories.
+    total: usize,
     /// Set when the guest asked for more memory than allowed.
     pub memory_denied: bool,
-    /// The most linear memory granted, in bytes.
+    /// The most linear memory granted, in bytes, over all memories.
     pub peak: usize,
 }
 
 impl Limiter {
-    /// A limiter allowing `memory_bytes` of linear memory per memory.
+    /// A limiter allowing `memory_bytes` of linear memory in all, over
+    /// every memory of the instance (a component may declare several).
     pub fn new(memory_bytes: usize) -> Limiter {
-        Limiter { memory_bytes, memory_denied: false, peak: 0 }
+        Limiter { memory_bytes, total: 0, memory_denied: false, peak: 0 }
     }
 }
 
 impl ResourceLimiter for Limiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.memory_bytes {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        // Called for a new memory too (from 0 to its initial size).
+        let total = self.total.saturating_sub(current).saturating_add(desired);
+        if total > self.memory_bytes {
             self.memory_denied = true;
             return Ok(false);
         }
-        self.peak = self.peak.max(desired);
+        self.total = total;
+        self.peak = self.peak.max(total);
         Ok(true)
     }
 
@@ -77,7 +83,8 @@ impl ResourceLimiter for Limiter {
     }
 
     fn memories(&self) -> usize {
-        16
+        // Python and JavaScript components have one or two.
+        4
     }
 }
 

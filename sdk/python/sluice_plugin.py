@@ -446,6 +446,12 @@ def _caller(cls):
     run = cls().run
 
     def call(self, inputs):
+        # Each call starts from the image frozen after warm-up, random
+        # generator included: reseed it from wasi:random, so calls do not
+        # all draw the same numbers (only when the plugin uses `random`).
+        rand = sys.modules.get("random")
+        if rand is not None:
+            rand.seed()
         try:
             outputs = run(Inputs(inputs))
             if not isinstance(outputs, (list, tuple)):
