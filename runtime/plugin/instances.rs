@@ -17,6 +17,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use wasmtime::Store;
 
@@ -33,6 +34,10 @@ use super::{InstancePolicy, PluginLimits};
 /// a guest that forgets handles (its memory, where it kept them, is reset)
 /// must not grow the host's table call after call.
 const SPARE_RESOURCES: usize = 16;
+
+/// How long a kept instance may wait unused before it is dropped (all but
+/// the most recently used one of a plugin).
+const IDLE_KEPT: Duration = Duration::from_secs(60);
 
 /// The instance-to-be of a plugin: its component, linked.
 #[derive(Clone)]
@@ -77,6 +82,8 @@ pub struct Live {
     resources: usize,
     /// Its place among the engine's `max_instances`.
     _permit: engine::InstancePermit,
+    /// When it was last handed back.
+    idle_since: Instant,
 }
 
 /// The instances of one plugin.
@@ -138,9 +145,7 @@ impl Instances {
             InstancePolicy::Fresh => false,
         };
         if kept {
-            if let Ok(mut warm) = self.warm.lock() {
-                warm.push(live);
-            }
+            self.keep(live);
         }
         Ok(())
     }
@@ -189,9 +194,26 @@ impl Instances {
                 }
             }
         }
-        if let Ok(mut warm) = self.warm.lock() {
-            warm.push(live);
-        }
+        self.keep(live);
+    }
+
+    /// Puts a clean instance in the pool, and drops those idle for longer
+    /// than [`IDLE_KEPT`] beyond the first: a burst of calls must not hold
+    /// its instances (their memory, and places among `max_instances` that
+    /// other plugins need) for good.
+    fn keep(&self, mut live: Live) {
+        live.idle_since = Instant::now();
+        let stale: Vec<Live> = match self.warm.lock() {
+            Ok(mut warm) => {
+                warm.push(live);
+                // Popped from the end, so the front is the least recently used.
+                let stale = warm.iter().take(warm.len() - 1).take_while(|l| l.idle_since.elapsed() > IDLE_KEPT).count();
+                warm.drain(..stale).collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        // Torn down outside the lock.
+        drop(stale);
     }
 
     fn fall_back_to_fresh(&self, why: &str) {
@@ -216,7 +238,8 @@ impl Instances {
             Pre::Postprocessor(pre) => pre.instantiate(&mut store).map(Instance::Postprocessor),
         });
         let instance = instance?;
-        let mut live = Live { store, instance, frozen: None, resources: 0, _permit: permit };
+        let mut live =
+            Live { store, instance, frozen: None, resources: 0, _permit: permit, idle_since: Instant::now() };
         if policy != InstancePolicy::Reset {
             return Ok(live);
         }
