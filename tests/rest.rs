@@ -318,6 +318,16 @@ async fn each_bad_rest_request_gets_its_status_and_a_message_and_the_server_keep
             "':classify' is not served",
         ),
         (Method::GET, "/v1/models/nope", String::new(), StatusCode::NOT_FOUND, "nope"),
+        // As TF Serving: a path under /v1 that is no API is a malformed
+        // request (400), and a name is split on the path's raw '/' and ':'
+        // before it is decoded, so reserved characters make an unknown
+        // model (404), not a malformed path.
+        (Method::GET, "/v1/foo", String::new(), StatusCode::BAD_REQUEST, "Malformed request: GET /v1/foo"),
+        (Method::POST, "/v1/foo", good.clone(), StatusCode::BAD_REQUEST, "Malformed request: POST /v1/foo"),
+        (Method::GET, "/v1/models", String::new(), StatusCode::BAD_REQUEST, "Malformed request: GET /v1/models"),
+        (Method::GET, "/v1/models/a%2Fb", String::new(), StatusCode::NOT_FOUND, "model 'a/b' is not served"),
+        (Method::POST, "/v1/models/a%3Ab:predict", good.clone(), StatusCode::NOT_FOUND, "model 'a:b' is not served"),
+        (Method::GET, "/v1/models/a!$&'()*+,;=@[]b", String::new(), StatusCode::NOT_FOUND, "is not served"),
         (Method::GET, "/v1/models/mlp/versions/7/metadata", String::new(), StatusCode::NOT_FOUND, "version 7"),
         (Method::GET, "/v2/models", String::new(), StatusCode::NOT_FOUND, "no such endpoint"),
     ];

@@ -51,7 +51,7 @@ pub(super) async fn predict(
             return Err(Error::invalid_argument(format!("\"signature_name\" is {other}; expected a string")))
         }
     };
-    let target = cx.resolve(endpoints, path.choice, &signature_name)?;
+    let target = cx.resolve(endpoints, path.choice(), &signature_name)?;
     predict_on(&target, request, cx.deadline).await
 }
 

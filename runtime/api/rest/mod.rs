@@ -72,6 +72,9 @@ pub fn router(state: RestState) -> Router {
         .route("/metrics", get(scrape))
         .route("/monitoring/prometheus/metrics", get(scrape))
         .route("/v1/models/{*path}", any(models))
+        // Anything else under /v1 is TF Serving's 400 "Malformed request".
+        .route("/v1", any(malformed))
+        .route("/v1/{*path}", any(malformed))
         .route("/v2", any(v2_root))
         .route("/v2/{*path}", any(v2_call))
         .fallback(|method: Method, uri: axum::http::Uri| async move {
@@ -81,6 +84,14 @@ pub fn router(state: RestState) -> Router {
             )))
         })
         .with_state(state)
+}
+
+/// What TF Serving answers for a path under `/v1` that is not an API.
+async fn malformed(method: Method, uri: axum::http::Uri) -> Response {
+    error_response(&Error::invalid_argument(format!(
+        "Malformed request: {method} {}; the API is /v1/models/NAME[/versions/N|/labels/L][:predict|/metadata]",
+        uri.path()
+    )))
 }
 
 /// The admin API alone, for its own port.
@@ -117,12 +128,41 @@ enum Call<'a> {
 /// A parsed `/v1/models/…` path: the name, the version choice, the call.
 #[derive(Debug, PartialEq, Eq)]
 struct ModelPath<'a> {
-    name: &'a str,
-    choice: VersionChoice<'a>,
+    name: std::borrow::Cow<'a, str>,
+    version: Version<'a>,
     call: Call<'a>,
 }
 
-/// Parses `NAME[/versions/N|/labels/L][:verb|/metadata]`.
+/// The version part of a path, its label percent-decoded.
+#[derive(Debug, PartialEq, Eq)]
+enum Version<'a> {
+    Latest,
+    Number(i64),
+    Label(std::borrow::Cow<'a, str>),
+}
+
+impl ModelPath<'_> {
+    /// The version the path chooses.
+    fn choice(&self) -> VersionChoice<'_> {
+        match &self.version {
+            Version::Latest => VersionChoice::Latest,
+            Version::Number(n) => VersionChoice::Number(*n),
+            Version::Label(label) => VersionChoice::Label(label),
+        }
+    }
+}
+
+/// A name or label from the path, percent-decoded: as TF Serving, the path
+/// is split on its raw `/` and `:`, so an encoded one (`%2F`) belongs to
+/// the name, which is then simply not served (404), not a malformed path.
+fn decoded(segment: &str) -> Result<std::borrow::Cow<'_, str>> {
+    percent_encoding::percent_decode_str(segment).decode_utf8().map_err(|_| {
+        Error::invalid_argument(format!("Malformed request: '{segment}' in the path is not UTF-8 once decoded"))
+    })
+}
+
+/// Parses `NAME[/versions/N|/labels/L][:verb|/metadata]`, as sent (not
+/// percent-decoded).
 fn parse_path(path: &str) -> Result<ModelPath<'_>> {
     let (rest, call) = match path.rsplit_once(':') {
         Some((rest, "predict")) => (rest, Call::Predict),
@@ -133,12 +173,17 @@ fn parse_path(path: &str) -> Result<ModelPath<'_>> {
         },
     };
     let segments: Vec<&str> = rest.split('/').collect();
-    let choice = match segments.as_slice() {
-        [_] => VersionChoice::Latest,
-        [_, "versions", n] => VersionChoice::Number(n.parse().map_err(|_| {
+    let version = match segments.as_slice() {
+        [name, ..] if name.is_empty() => {
+            return Err(Error::invalid_argument(format!(
+                "Malformed request: /v1/models/{path}; the model name is empty"
+            )))
+        }
+        [_] => Version::Latest,
+        [_, "versions", n] => Version::Number(n.parse().map_err(|_| {
             Error::invalid_argument(format!("the version in the URL is '{n}'; versions are whole numbers"))
         })?),
-        [_, "labels", label] if !label.is_empty() => VersionChoice::Label(label),
+        [_, "labels", label] if !label.is_empty() => Version::Label(decoded(label)?),
         // TF Serving answers a path it cannot parse 400 "Malformed request".
         _ => {
             return Err(Error::invalid_argument(format!(
@@ -146,18 +191,20 @@ fn parse_path(path: &str) -> Result<ModelPath<'_>> {
         )))
         }
     };
-    Ok(ModelPath { name: segments[0], choice, call })
+    Ok(ModelPath { name: decoded(segments[0])?, version, call })
 }
 
 async fn models(
     State(state): State<RestState>,
-    Path(path): Path<String>,
+    uri: axum::http::Uri,
     method: Method,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let given_id = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok());
-    with_request_id(route(&state, &path, &method, &headers, given_id, body).await)
+    // The path as sent: names and labels are decoded one by one.
+    let path = uri.path().strip_prefix("/v1/models/").unwrap_or_default();
+    with_request_id(route(&state, path, &method, &headers, given_id, body).await)
 }
 
 /// The answer with its request's id in the `x-request-id` header.
@@ -218,7 +265,7 @@ async fn route(
         return (request_id(given_id), error_response(&error));
     }
     let deadline = state.request_timeout.map_or(Deadline::NONE, Deadline::after);
-    let cx = RequestContext::new(&state.metrics, api, "rest", given_id, parsed.name, deadline);
+    let cx = RequestContext::new(&state.metrics, api, "rest", given_id, &parsed.name, deadline);
     run_call(cx, async |cx| {
         let serving = state.lifecycle.serving()?;
         let endpoints = &serving.endpoints;
@@ -226,14 +273,14 @@ async fn route(
             Call::Predict => {
                 // The URL names the pipeline: a full one refuses before
                 // the body (up to server.max_message_bytes) is read.
-                cx.resolve(endpoints, parsed.choice, "")?.pipeline.refuse_if_full()?;
+                cx.resolve(endpoints, parsed.choice(), "")?.pipeline.refuse_if_full()?;
                 let bytes =
                     read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
                         .await?;
                 json::predict(cx, endpoints, &parsed, &bytes, state.max_json_values).await
             }
-            Call::Metadata => json::metadata_json(&cx.resolve(endpoints, parsed.choice, "")?),
-            _ => json::status_json(endpoints, parsed.name, parsed.choice),
+            Call::Metadata => json::metadata_json(&cx.resolve(endpoints, parsed.choice(), "")?),
+            _ => json::status_json(endpoints, &parsed.name, parsed.choice()),
         }?;
         Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
     })
@@ -316,17 +363,28 @@ mod tests {
 
     #[test]
     fn paths_parse_as_tf_serving_writes_them() {
-        let p = parse_path("mlp:predict").unwrap();
-        assert_eq!((p.name, p.choice, p.call), ("mlp", VersionChoice::Latest, Call::Predict));
-        let p = parse_path("mlp/versions/2:predict").unwrap();
-        assert_eq!((p.name, p.choice, p.call), ("mlp", VersionChoice::Number(2), Call::Predict));
-        let p = parse_path("mlp/labels/stable/metadata").unwrap();
-        assert_eq!((p.name, p.choice, p.call), ("mlp", VersionChoice::Label("stable"), Call::Metadata));
-        let p = parse_path("mlp/versions/3").unwrap();
-        assert_eq!((p.name, p.choice, p.call), ("mlp", VersionChoice::Number(3), Call::Status));
+        fn parts(p: &str) -> (String, Version<'_>, Call<'_>) {
+            let p = parse_path(p).unwrap();
+            (p.name.to_string(), p.version, p.call)
+        }
+        assert_eq!(parts("mlp:predict"), ("mlp".into(), Version::Latest, Call::Predict));
+        assert_eq!(parts("mlp/versions/2:predict"), ("mlp".into(), Version::Number(2), Call::Predict));
+        assert_eq!(
+            parts("mlp/labels/stable/metadata"),
+            ("mlp".into(), Version::Label("stable".into()), Call::Metadata)
+        );
+        assert_eq!(parts("mlp/versions/3"), ("mlp".into(), Version::Number(3), Call::Status));
         assert_eq!(parse_path("mlp:classify").unwrap().call, Call::Other("classify"));
         let err = parse_path("mlp/versions/x:predict").unwrap_err();
         assert!(err.message().contains("'x'"), "{err}");
+        // Split as sent, then decoded: an encoded '/' or ':' is part of the
+        // name (TF Serving then answers 404, the model is not served).
+        assert_eq!(parts("a%2Fb:predict"), ("a/b".into(), Version::Latest, Call::Predict));
+        assert_eq!(parts("a%3Ab/metadata"), ("a:b".into(), Version::Latest, Call::Metadata));
+        assert_eq!(parts("mlp/labels/x%2Fy:predict"), ("mlp".into(), Version::Label("x/y".into()), Call::Predict));
+        assert_eq!(parts("a!$&'()*+,;=@[]b"), ("a!$&'()*+,;=@[]b".into(), Version::Latest, Call::Status));
+        assert_eq!(parse_path(":predict").unwrap_err().code(), Code::InvalidArgument);
+        assert_eq!(parse_path("%FF:predict").unwrap_err().code(), Code::InvalidArgument);
         assert_eq!(parse_path("mlp/versions").unwrap_err().code(), Code::InvalidArgument);
     }
 }
