@@ -174,7 +174,7 @@ fn parse_path(path: &str) -> Result<ModelPath<'_>> {
     };
     let segments: Vec<&str> = rest.split('/').collect();
     let version = match segments.as_slice() {
-        [name, ..] if name.is_empty() => {
+        ["", ..] => {
             return Err(Error::invalid_argument(format!(
                 "Malformed request: /v1/models/{path}; the model name is empty"
             )))
