@@ -371,6 +371,8 @@ fn plugin_check_prints_the_declaration_time_and_peak_memory() {
         "ids DT_INT64",
         "peak memory",
         " ms",
+        // What a call costs while serving, after the first.
+        "ms a call in a kept instance (instances = \"reset\", the best of 5)",
     ] {
         assert!(stdout.contains(fragment), "{fragment:?} not in {stdout}");
     }
