@@ -3,7 +3,7 @@
 //! Under the default policy, `reset`, an instance is made once, warmed up
 //! on the plugin's sample (or zeros shaped like its inputs), and its
 //! memories frozen ([`super::memory`]); after each call every page the
-//! call wrote is dropped back to the frozen image and the instance waits,
+//! call wrote is put back to the frozen image and the instance waits,
 //! clean, in a pool of this plugin's own (per pipeline stage, never shared
 //! between pipelines) for the next call. No call sees what another left,
 //! and interpreters do not pay their instantiation per call. `fresh` makes
@@ -138,13 +138,13 @@ impl Instances {
             return Ok(());
         }
         let live = self.create(self.policy())?;
-        // Only an instance the policy will take: a reset one that froze.
-        let kept = match self.policy() {
+        // Kept only if the policy will take it: a reset instance that froze
+        // (making it may have turned the policy to fresh).
+        let takes = match self.policy() {
             InstancePolicy::Reset => live.frozen.is_some(),
-            InstancePolicy::Reuse => true,
-            InstancePolicy::Fresh => false,
+            policy => policy == InstancePolicy::Reuse,
         };
-        if kept {
+        if takes {
             self.keep(live);
         }
         Ok(())
