@@ -259,6 +259,9 @@ pub struct Metrics {
     pub plugin_calls: Family<PluginCallLabels, Counter>,
     /// Time per plugin call, instantiation included.
     pub plugin_seconds: Family<PluginLabels, Histogram, SecondsBuckets>,
+    /// Plugin instances made: under the `reset` policy a steady rate means
+    /// resets that fail (memories that grow, traps), under `fresh` one a call.
+    pub plugin_instances_made: Family<PluginLabels, Counter>,
     /// Feature lookups (one per request and table).
     pub feature_lookups: Family<TableLabels, Counter>,
     /// Feature keys looked up, by outcome (`hit`, `miss`).
@@ -334,6 +337,7 @@ impl Metrics {
             resident_memory: Gauge::default(),
             plugin_calls: Family::default(),
             plugin_seconds: Family::new_with_constructor(SecondsBuckets),
+            plugin_instances_made: Family::default(),
             feature_lookups: Family::default(),
             feature_keys: Family::default(),
             feature_errors: Family::default(),
@@ -412,6 +416,11 @@ impl Metrics {
             "sluice_plugin_seconds",
             "Time per plugin call, instantiation included",
             metrics.plugin_seconds.clone(),
+        );
+        registry.register(
+            "sluice_plugin_instances_made",
+            "Plugin instances made (under instances = reset, only when one cannot be put back)",
+            metrics.plugin_instances_made.clone(),
         );
         registry.register(
             "sluice_feature_lookups",
@@ -665,6 +674,9 @@ impl Metrics {
                 .plugin_calls
                 .get_or_create_owned(&PluginCallLabels { plugin: plugin.to_string(), outcome: "ok".to_string() }),
             calls: self.plugin_calls.clone(),
+            instances_made: self
+                .plugin_instances_made
+                .get_or_create_owned(&PluginLabels { plugin: plugin.to_string() }),
         }
     }
 }
@@ -678,6 +690,8 @@ pub struct PluginMetrics {
     /// Successful calls, resolved once: the common case.
     ok: Counter,
     calls: Family<PluginCallLabels, Counter>,
+    /// Instances made.
+    pub instances_made: Counter,
 }
 
 impl PluginMetrics {
@@ -688,6 +702,7 @@ impl PluginMetrics {
             seconds: SecondsBuckets.new_metric(),
             ok: Counter::default(),
             calls: Family::default(),
+            instances_made: Counter::default(),
         }
     }
 

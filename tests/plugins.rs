@@ -632,7 +632,7 @@ fn a_scaffolded_plugin_builds_for_webassembly_and_passes_plugin_check_as_generat
 #[tokio::test]
 async fn what_one_call_leaves_in_memory_the_next_does_not_see_unless_instances_are_reused() {
     let plugins = tempfile::tempdir().expect("temp dir");
-    for name in ["hostile", "kept"] {
+    for name in ["hostile", "kept", "fresh"] {
         std::fs::copy(root().join("target/plugins/hostile.wasm"), plugins.path().join(format!("{name}.wasm")))
             .expect("copy");
     }
@@ -643,6 +643,9 @@ dir = "{dir}"
 
 [plugins.limits.kept]
 instances = "reuse"
+
+[plugins.limits.fresh]
+instances = "fresh"
 
 [[models]]
 name = "mlp"
@@ -658,6 +661,11 @@ preprocess = {{ plugin = "hostile" }}
 name = "kept"
 model = "mlp"
 preprocess = {{ plugin = "kept" }}
+
+[[pipelines]]
+name = "fresh"
+model = "mlp"
+preprocess = {{ plugin = "fresh" }}
 "#,
         dir = plugins.path().display()
     );
@@ -683,4 +691,15 @@ preprocess = {{ plugin = "kept" }}
     // Between the calls, the plugin still answers as it should.
     let ok = client.predict(call("hostile", "none")).await.expect("none");
     assert_eq!(dims(&ok.into_inner().outputs["logits"]), vec![1, 10]);
+    // A fresh instance per call forgets too, by making one per call.
+    client.predict(call("fresh", "remember:secret")).await.expect("remember");
+    let recalled = client.predict(call("fresh", "recall")).await.expect_err("recall");
+    assert!(recalled.message().contains(r#"remembered: """#), "{}", recalled.message());
+
+    // Seven calls, and the reset pipeline made its instance once (ahead of
+    // the first call), as the reused one did; the fresh one made one per call.
+    let made = |plugin: &str| format!(r#"sluice_plugin_instances_made_total{{plugin="{plugin}"}}"#);
+    assert_eq!(server.metric(&made("hostile")).await, 1.0);
+    assert_eq!(server.metric(&made("kept")).await, 1.0);
+    assert!(server.metric(&made("fresh")).await >= 2.0);
 }

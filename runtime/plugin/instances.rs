@@ -98,6 +98,8 @@ pub struct Instances {
     /// Set when this plugin's instances turned out not to be resettable
     /// here: it gets fresh instances from then on.
     reset_unsupported: AtomicBool,
+    /// Counts the instances made (`sluice_plugin_instances_made_total`).
+    made: prometheus_client::metrics::counter::Counter,
 }
 
 impl Instances {
@@ -109,6 +111,7 @@ impl Instances {
         limits: PluginLimits,
         label: Arc<str>,
         warm_up: Vec<Tensor>,
+        made: prometheus_client::metrics::counter::Counter,
     ) -> Instances {
         Instances {
             engine: engine.clone(),
@@ -118,6 +121,7 @@ impl Instances {
             warm: Mutex::new(Vec::new()),
             warm_up,
             reset_unsupported: AtomicBool::new(false),
+            made,
         }
     }
 
@@ -227,6 +231,7 @@ impl Instances {
 
     fn create(&self, policy: InstancePolicy) -> wasmtime::Result<Live> {
         let permit = self.engine.instance_permit()?;
+        self.made.inc();
         let bytes = (self.limits.memory_mib as usize) << 20;
         let mut store = Store::new(self.engine.engine(), HostState::new(self.label.clone(), bytes));
         store.limiter(|state| &mut state.limiter);

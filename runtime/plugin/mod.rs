@@ -137,7 +137,8 @@ impl Plugin {
         // `describe` runs once, in an instance of its own, before the
         // plugin's name is known.
         let unnamed = PluginLimits { instances: InstancePolicy::Fresh, ..limits.clone() };
-        let describing = Instances::new(engine, pre.clone(), unnamed.clone(), Arc::from("plugin"), Vec::new());
+        let describing =
+            Instances::new(engine, pre.clone(), unnamed.clone(), Arc::from("plugin"), Vec::new(), Default::default());
         let description = describe(&describing, &unnamed)?;
         let (name, version) = (&description.name, &description.version);
         let label: Arc<str> = Arc::from(format!("plugin '{name}' {version}"));
@@ -154,7 +155,8 @@ impl Plugin {
                 .map(|z| z.iter().map(tensor_out).collect())
                 .unwrap_or_default(),
         };
-        let instances = Instances::new(engine, pre, limits.clone(), label.clone(), warm_up);
+        let instances =
+            Instances::new(engine, pre, limits.clone(), label.clone(), warm_up, metrics.instances_made.clone());
         let plugin =
             Plugin { engine: engine.clone(), component, world, description, label, limits, sha256, instances, metrics };
         // Not fatal: `describe` ran, so it instantiates; the first call
