@@ -346,19 +346,6 @@ preprocess = {{ plugin = "features", workers = 2 }}
     assert!(answers[0] > 0 && answers[1] > 0, "both answers were served: {answers:?}");
 }
 
-fn sluice(args: &[&str]) -> (Option<i32>, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run sluice");
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
 fn run(program: &str, args: &[&str], dir: &std::path::Path, env: &[(&str, &std::path::Path)]) {
     let mut command = std::process::Command::new(program);
     command.args(args).current_dir(dir);
@@ -384,7 +371,7 @@ fn python_and_javascript_scaffolds_test_build_and_fit_the_model_as_generated() {
     let dir = tempfile::tempdir().expect("temp dir");
     let toolchains = root().join(".cache");
     for (lang, name) in [("python", "scaffolded_py"), ("js", "scaffolded_js")] {
-        let (code, stdout, stderr) = sluice(&[
+        let (code, stdout, stderr) = run_sluice(&[
             "plugin",
             "new",
             name,
@@ -419,7 +406,7 @@ fn python_and_javascript_scaffolds_test_build_and_fit_the_model_as_generated() {
         }
         let wasm = project.join(format!("{name}.wasm"));
         let (code, stdout, stderr) =
-            sluice(&["plugin", "check", wasm.to_str().expect("utf-8"), "--model", "examples/models/mlp"]);
+            run_sluice(&["plugin", "check", wasm.to_str().expect("utf-8"), "--model", "examples/models/mlp"]);
         assert_eq!(code, Some(0), "{lang}: {stderr}");
         assert!(stdout.contains("fits model 'mlp' (versions 1, 2) as its preprocessor"), "{lang}: {stdout}");
     }

@@ -477,19 +477,6 @@ async fn a_team_whose_plugin_burns_its_budget_leaves_another_teams_answers_right
 }
 
 /// `sluice ARGS…` from the repository root: exit code, stdout, stderr.
-fn sluice(args: &[&str]) -> (Option<i32>, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run sluice");
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
 /// Each mistake an author makes against the example MLP, and what the
 /// message must say: what the plugin produces beside what the model takes.
 const MISTAKES: &[(&str, &[&str])] = &[
@@ -501,12 +488,12 @@ const MISTAKES: &[(&str, &[&str])] = &[
 #[test]
 fn plugin_check_against_the_model_names_each_mistake_side_by_side() {
     let (code, stdout, stderr) =
-        sluice(&["plugin", "check", "target/plugins/identity.wasm", "--model", "examples/models/mlp"]);
+        run_sluice(&["plugin", "check", "target/plugins/identity.wasm", "--model", "examples/models/mlp"]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("fits model 'mlp' (versions 1, 2) as its preprocessor"), "{stdout}");
     for (mistake, parts) in MISTAKES {
         let file = format!("target/plugins/mistake_{mistake}.wasm");
-        let (code, _, stderr) = sluice(&["plugin", "check", &file, "--model", "examples/models/mlp"]);
+        let (code, _, stderr) = run_sluice(&["plugin", "check", &file, "--model", "examples/models/mlp"]);
         assert_eq!(code, Some(1), "{mistake} passed plugin check --model");
         for part in *parts {
             assert!(stderr.contains(part), "{mistake}: {part:?} not in {stderr}");
@@ -515,7 +502,7 @@ fn plugin_check_against_the_model_names_each_mistake_side_by_side() {
     }
     // --config --pipeline: the pipeline's model and the stage of the
     // plugin's world, with that plugin's limits.
-    let (code, stdout, stderr) = sluice(&[
+    let (code, stdout, stderr) = run_sluice(&[
         "plugin",
         "check",
         "target/plugins/topk_labels.wasm",
@@ -543,14 +530,14 @@ fn config_check_loads_every_plugin_and_refuses_one_that_does_not_fit() {
             ),
         )
         .expect("write config");
-        let (code, stdout, stderr) = sluice(&["config", "check", config.to_str().expect("utf-8")]);
+        let (code, stdout, stderr) = run_sluice(&["config", "check", config.to_str().expect("utf-8")]);
         assert_eq!(code, Some(1), "{mistake}: config check printed {stdout}");
         assert!(stderr.contains("pipeline 'scored' preprocess plugin 'mistake_"), "{mistake}: {stderr}");
         for part in *parts {
             assert!(stderr.contains(part), "{mistake}: {part:?} not in {stderr}");
         }
     }
-    let (code, stdout, stderr) = sluice(&["config", "check", "examples/sluice.toml"]);
+    let (code, stdout, stderr) = run_sluice(&["config", "check", "examples/sluice.toml"]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stdout.contains("pipeline 'recommend' preprocess plugin 'feature_transform': plugin 'feature-transform' 1.0.0"),
@@ -575,7 +562,7 @@ fn plugin_check_input_gets_the_checks_a_request_gets() {
     for (i, (inputs, says)) in cases.into_iter().enumerate() {
         let path = dir.path().join(format!("{i}.json"));
         std::fs::write(&path, serde_json::json!({ "inputs": inputs }).to_string()).expect("write");
-        let (code, _, stderr) = sluice(&[
+        let (code, _, stderr) = run_sluice(&[
             "plugin",
             "check",
             "target/plugins/feature_transform.wasm",
@@ -590,7 +577,7 @@ fn plugin_check_input_gets_the_checks_a_request_gets() {
 #[test]
 fn a_scaffolded_plugin_builds_for_webassembly_and_passes_plugin_check_as_generated() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (code, stdout, stderr) = sluice(&[
+    let (code, stdout, stderr) = run_sluice(&[
         "plugin",
         "new",
         "scaffolded",
@@ -620,7 +607,7 @@ fn a_scaffolded_plugin_builds_for_webassembly_and_passes_plugin_check_as_generat
     }
     let wasm = root().join("target/wasm32-wasip2/release/scaffolded.wasm");
     let (code, stdout, stderr) =
-        sluice(&["plugin", "check", wasm.to_str().expect("utf-8"), "--model", "examples/models/mlp"]);
+        run_sluice(&["plugin", "check", wasm.to_str().expect("utf-8"), "--model", "examples/models/mlp"]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("fits model 'mlp' (versions 1, 2) as its preprocessor"), "{stdout}");
 }

@@ -28,6 +28,20 @@ pub fn root() -> PathBuf {
 }
 
 /// `examples/models/NAME/VERSION/model.onnx`.
+/// `sluice ARGS…` run in the repository root: exit code, stdout, stderr.
+pub fn run_sluice(args: &[&str]) -> (Option<i32>, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run sluice");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 pub fn example_model(name: &str, version: i64) -> PathBuf {
     root().join("examples/models").join(name).join(version.to_string()).join("model.onnx")
 }
