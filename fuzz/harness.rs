@@ -143,16 +143,12 @@ pub fn admin_input(data: &[u8]) {
 
 /// A TF Serving warmup file: TFRecord framing of PredictionLog records.
 pub fn warmup_file(data: &[u8]) {
-    let Ok(records) = sluice::models::warmup::tfrecord::records(data) else { return };
+    let Ok(records) = sluice::models::tfrecord::records(data) else { return };
     for record in records {
         let _ = PredictionLog::decode(record);
     }
-    let framed = sluice::models::warmup::tfrecord::write(
-        &sluice::models::warmup::tfrecord::records(data)
-            .unwrap_or_default()
-            .iter()
-            .map(|r| r.to_vec())
-            .collect::<Vec<_>>(),
+    let framed = sluice::models::tfrecord::write(
+        &sluice::models::tfrecord::records(data).unwrap_or_default().iter().map(|r| r.to_vec()).collect::<Vec<_>>(),
     );
     assert_eq!(framed, data, "records re-frame to the same file");
 }

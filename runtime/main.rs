@@ -45,6 +45,17 @@ enum Command {
     /// Work with feature tables.
     #[command(subcommand)]
     Features(FeaturesCommand),
+    /// Work with TF Serving warmup files.
+    #[command(subcommand)]
+    Warmup(WarmupCommand),
+}
+
+#[derive(Subcommand)]
+enum WarmupCommand {
+    /// Write a model version's warmup file
+    /// (assets.extra/tf_serving_warmup_requests) from a request log, each
+    /// request checked against the version and run through it.
+    Make(sluice::cli::warmup_make::MakeArgs),
 }
 
 #[derive(Subcommand)]
@@ -179,6 +190,16 @@ struct ServeArgs {
     /// runtime per core, the default) or shared (`server.grpc_threads`).
     #[arg(long = "grpc_threads", value_enum, env = "SLUICE_GRPC_THREADS")]
     grpc_threads: Option<GrpcThreads>,
+
+    /// Export request traces over OTLP/gRPC to this collector
+    /// (`http://collector:4317`; `tracing.otlp_endpoint`).
+    #[arg(long = "otlp_endpoint", env = "SLUICE_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+
+    /// The share of requests without a W3C traceparent that are traced,
+    /// 0–1 (`tracing.sampling_ratio`; default 0.01).
+    #[arg(long = "trace_sampling_ratio", env = "SLUICE_TRACE_SAMPLING_RATIO")]
+    trace_sampling_ratio: Option<f64>,
 
     #[command(flatten)]
     tf_serving: TfServingFlags,
@@ -354,6 +375,12 @@ impl ServeArgs {
         if let Some(threads) = self.grpc_threads {
             config.server.grpc_threads = threads;
         }
+        if let Some(endpoint) = self.otlp_endpoint {
+            config.tracing.otlp_endpoint = Some(endpoint);
+        }
+        if let Some(ratio) = self.trace_sampling_ratio {
+            config.tracing.sampling_ratio = ratio;
+        }
         self.tf_serving.apply(&mut config)?;
         let defaults = config.lifecycle.model_defaults.clone();
         for model in &mut config.models {
@@ -372,19 +399,30 @@ impl ServeArgs {
     }
 }
 
-fn init_logging(filter: &str, format: &str) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).with_context(|| format!("--log_level {filter}"))?;
+/// Installs the log (text or JSON lines on stderr, filtered by `filter`)
+/// and, when `tracing` names a collector, the trace exporter, whose handle
+/// must live until the end. Call it inside the async runtime.
+fn init_logging(
+    filter: &str,
+    format: &str,
+    tracing: Option<&sluice::config::TracingConfig>,
+) -> anyhow::Result<Option<sluice::server::telemetry::Telemetry>> {
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-    Ok(())
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).with_context(|| format!("--log_level {filter}"))?;
+    let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
+    let log = if format == "json" { log.json().boxed() } else { log.boxed() };
+    let (traces, telemetry) = match tracing {
+        Some(config) => match sluice::server::telemetry::layer(config)? {
+            Some((layer, telemetry)) => (Some(layer), Some(telemetry)),
+            None => (None, None),
+        },
+        None => (None, None),
+    };
+    tracing_subscriber::registry().with(log.with_filter(filter)).with(traces).try_init()?;
+    Ok(telemetry)
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
@@ -433,18 +471,13 @@ impl sluice::server::Announce for StdoutAnnounce {
     }
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = args.into_config()?;
+async fn serve(config: Config) -> anyhow::Result<()> {
     sluice::server::serve(config, shutdown_signal(), StdoutAnnounce).await?;
     Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = init_logging(&cli.log_level, &cli.log_format) {
-        eprintln!("sluice: {e:#}");
-        return ExitCode::from(2);
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -452,10 +485,42 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let serving = matches!(cli.command, Command::Serve(_));
+    // A server's config is read before its log starts, as it says whether
+    // traces are exported; what reading it logs goes to a plain log.
+    let (command, server_config) = match cli.command {
+        Command::Serve(args) => {
+            let early = tracing_subscriber::fmt().with_writer(std::io::stderr).finish();
+            match tracing::subscriber::with_default(early, || args.into_config()) {
+                Ok(config) => (None, Some(config)),
+                Err(e) => {
+                    eprintln!("sluice: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        other => (Some(other), None),
+    };
+    // Kept to the end, and dropped before the runtime: it flushes traces.
+    let _telemetry = {
+        let _in_runtime = runtime.enter();
+        match init_logging(&cli.log_level, &cli.log_format, server_config.as_ref().map(|c| &c.tracing)) {
+            Ok(telemetry) => telemetry,
+            Err(e) => {
+                eprintln!("sluice: {e:#}");
+                return ExitCode::from(2);
+            }
+        }
+    };
+    let serving = server_config.is_some();
     let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve(args) => serve(args).await,
+        let Some(command) = command else {
+            return match server_config {
+                Some(config) => serve(config).await,
+                None => Err(anyhow::anyhow!("no command and no server config, this is a bug")),
+            };
+        };
+        match command {
+            Command::Serve(_) => Err(anyhow::anyhow!("serve is started above, this is a bug")),
             Command::Bench(args) => sluice::cli::bench::run(args).await,
             Command::Plugin(PluginCommand::Check(args)) => {
                 let report = tokio::task::spawn_blocking(move || sluice::cli::plugin_check::run(&args))
@@ -494,6 +559,10 @@ fn main() -> ExitCode {
             }
             Command::Features(FeaturesCommand::Load(args)) => {
                 println!("{}", sluice::cli::features_load::load(&args).await?);
+                Ok(())
+            }
+            Command::Warmup(WarmupCommand::Make(args)) => {
+                println!("{}", sluice::cli::warmup_make::make(&args).await?);
                 Ok(())
             }
             Command::Config(ConfigCommand::Check { file }) => {

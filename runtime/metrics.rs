@@ -60,6 +60,15 @@ pub struct ModelNameLabels {
     pub model: String,
 }
 
+/// Labels of a model's request log records.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLogLabels {
+    /// Model name.
+    pub model: String,
+    /// `written`, `dropped_queue_full`, `dropped_failing`.
+    pub outcome: &'static str,
+}
+
 /// Labels of a model's versions in one state.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionStateLabels {
@@ -316,6 +325,12 @@ pub struct Metrics {
     pub plugin_registry_revision: Gauge,
     /// Syncs with the shared plugin registry that failed.
     pub plugin_registry_sync_failures: Counter,
+    /// Request log records, by outcome.
+    pub request_log_records: Family<RequestLogLabels, Counter>,
+    /// Bytes written to request logs.
+    pub request_log_bytes: Family<ModelNameLabels, Counter>,
+    /// Times a request log could not be written and stopped for a while.
+    pub request_log_failures: Family<ModelNameLabels, Counter>,
 }
 
 impl Metrics {
@@ -365,6 +380,9 @@ impl Metrics {
             batch_latency_estimate: Family::default(),
             plugin_registry_revision: Gauge::default(),
             plugin_registry_sync_failures: Counter::default(),
+            request_log_records: Family::default(),
+            request_log_bytes: Family::default(),
+            request_log_failures: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -549,6 +567,21 @@ impl Metrics {
             "Auto batching: the learned seconds a model version takes per batch, by batch size",
             metrics.batch_latency_estimate.clone(),
         );
+        registry.register(
+            "sluice_request_log_records",
+            "Request log records by outcome: written, dropped_queue_full, dropped_failing (the log could not be written)",
+            metrics.request_log_records.clone(),
+        );
+        registry.register(
+            "sluice_request_log_bytes",
+            "Bytes written to a model's request log files",
+            metrics.request_log_bytes.clone(),
+        );
+        registry.register(
+            "sluice_request_log_failures",
+            "Times a model's request log could not be written (disk full, directory gone) and stopped for a while",
+            metrics.request_log_failures.clone(),
+        );
         Arc::new(Metrics { registry, ..metrics })
     }
 
@@ -651,6 +684,21 @@ impl Metrics {
         handles
     }
 
+    /// The request log handles of model `model`.
+    pub fn request_log(&self, model: &str) -> RequestLogMetrics {
+        let records = |outcome| {
+            self.request_log_records.get_or_create_owned(&RequestLogLabels { model: model.to_string(), outcome })
+        };
+        let labels = ModelNameLabels { model: model.to_string() };
+        RequestLogMetrics {
+            written: records("written"),
+            dropped_queue_full: records("dropped_queue_full"),
+            dropped_failing: records("dropped_failing"),
+            bytes: self.request_log_bytes.get_or_create_owned(&labels),
+            failures: self.request_log_failures.get_or_create_owned(&labels),
+        }
+    }
+
     /// The handles of one model version.
     pub fn model(&self, model: &str, version: i64) -> ModelMetrics {
         let labels = ModelLabels { model: model.to_string(), version: version.to_string() };
@@ -679,6 +727,21 @@ impl Metrics {
                 .get_or_create_owned(&PluginLabels { plugin: plugin.to_string() }),
         }
     }
+}
+
+/// The metrics of one model's request log.
+#[derive(Clone)]
+pub struct RequestLogMetrics {
+    /// Records written.
+    pub written: Counter,
+    /// Records dropped because the writer's queue was full.
+    pub dropped_queue_full: Counter,
+    /// Records dropped while the log could not be written.
+    pub dropped_failing: Counter,
+    /// Bytes written.
+    pub bytes: Counter,
+    /// Times writing failed and the log stopped for a while.
+    pub failures: Counter,
 }
 
 /// The metrics of one plugin.

@@ -183,6 +183,7 @@ async fn every_dashboard_query_names_an_exported_metric_and_its_labels() {
         "sluice_stage_seconds_bucket",
         "sluice_plugin_seconds_bucket",
         "sluice_feature_cache_total",
+        "sluice_request_log_records_total",
     ] {
         assert!(used.contains(wanted), "{DASHBOARD}: no panel shows {wanted}");
     }

@@ -25,6 +25,12 @@ fn plugin_file(name: &str) -> PathBuf {
     path
 }
 
+/// How long a server serving the Python and JavaScript plugins may take to
+/// start: on a cold compile cache each of them compiles for seconds of CPU
+/// (nextest runs these tests one at a time, `.config/nextest.toml`, so
+/// only the first starts cold).
+const COLD_START: Duration = Duration::from_secs(360);
+
 /// Where compiled plugins are kept between tests and runs: a Python
 /// plugin takes seconds of CPU to compile, and the cache is keyed by the
 /// component's bytes and the engine's settings.
@@ -118,7 +124,7 @@ fn recommend_request(pipeline: &str, raw: &[f32], users: &[String]) -> PredictRe
 
 #[tokio::test]
 async fn python_and_javascript_plugins_answer_exactly_what_their_rust_twins_answer() {
-    let server = Server::with_config(&config());
+    let server = Server::with_config_within(&config(), COLD_START);
     let mut client = server.predict_client().await;
     for (rows, seed) in [(1i64, 3u64), (5, 4), (32, 5)] {
         let rust = client.predict(scale_request("scale", rows, seed)).await.expect("scale").into_inner();
@@ -179,7 +185,7 @@ fn attack(pipeline: &str, what: &str, rows: i64) -> PredictRequest {
 /// same pipeline serves the next request.
 #[tokio::test]
 async fn hostile_python_and_javascript_plugins_are_contained_as_rust_ones_are() {
-    let server = Server::with_config(&config());
+    let server = Server::with_config_within(&config(), COLD_START);
     let mut client = server.predict_client().await;
     for (suffix, language) in LANGUAGES {
         let pipeline = format!("hostile_{suffix}");
@@ -270,7 +276,7 @@ preprocess = {{ plugin = "features", workers = 2 }}
         cache = compile_cache(),
         token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes())),
     );
-    let server = Server::with_config(&config);
+    let server = Server::with_config_within(&config, COLD_START);
     // Versions: 1 Python scale, 2 Rust identity, 3 JavaScript scale.
     for name in ["scale_py", "identity", "scale_js"] {
         let body = std::fs::read(plugin_file(name)).expect("read plugin");
@@ -449,7 +455,7 @@ preprocess = {{ plugin = "features" }}
         plugins = plugins.display(),
         token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes())),
     );
-    let server = Server::with_config(&config);
+    let server = Server::with_config_within(&config, COLD_START);
     let body = std::fs::read(plugin_file("scale_py")).expect("read plugin");
     let (status, answer) = server.admin(Method::PUT, "/admin/v1/plugins/features", Some(TOKEN), body).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");

@@ -22,8 +22,8 @@ use sluice::proto::tensorflow::serving::file_system_storage_path_source_config::
 };
 use sluice::proto::tensorflow::serving::file_system_storage_path_source_config::ServableVersionPolicy;
 use sluice::proto::tensorflow::serving::{
-    model_server_config, prediction_log, GetModelStatusRequest, ModelConfig, ModelConfigList, ModelServerConfig,
-    PredictLog, PredictionLog, ReloadConfigRequest,
+    model_server_config, prediction_log, GetModelStatusRequest, LogCollectorConfig, LoggingConfig, ModelConfig,
+    ModelConfigList, ModelServerConfig, PredictLog, PredictionLog, ReloadConfigRequest, SamplingConfig,
 };
 use tonic::Code;
 
@@ -344,7 +344,7 @@ fn warmup_file(input: &str, batches: &[i64]) -> Vec<u8> {
             let request =
                 predict_request("mlp", vec![(input, f32_typed(&[rows, 64], &values(rows as u64, 64 * rows as usize)))]);
             let log = PredictionLog {
-                log_metadata: Bytes::new(),
+                log_metadata: None,
                 log_type: Some(prediction_log::LogType::PredictLog(PredictLog {
                     request: Some(request),
                     response: None,
@@ -449,12 +449,30 @@ async fn grpc_config_reloads_add_and_remove_models_and_change_policies_and_label
     assert!(err.message().contains("canary") && err.message().contains("version 7"), "{}", err.message());
     assert!(err.message().contains("not AVAILABLE"), "{}", err.message());
 
-    // Fields sluice does not serve are named.
+    // A request log without a place, or at a rate past 1, is named.
     let mut logging = model_config("mlp", &mlp, &[1, 2], &[]);
-    logging.logging_config = Bytes::from_static(&[10, 0]);
+    logging.logging_config = Some(LoggingConfig {
+        log_collector_config: Some(LogCollectorConfig { r#type: String::new(), filename_prefix: String::new() }),
+        sampling_config: Some(SamplingConfig { sampling_rate: 0.5 }),
+    });
+    let err = models.handle_reload_config_request(reload_request(vec![logging.clone()])).await.expect_err("logging");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("logging_config.log_collector_config.filename_prefix is missing"),
+        "{}",
+        err.message()
+    );
+    let logs = tempfile::tempdir().expect("log dir");
+    logging.logging_config = Some(LoggingConfig {
+        log_collector_config: Some(LogCollectorConfig {
+            r#type: String::new(),
+            filename_prefix: logs.path().join("mlp").display().to_string(),
+        }),
+        sampling_config: Some(SamplingConfig { sampling_rate: 3.0 }),
+    });
     let err = models.handle_reload_config_request(reload_request(vec![logging])).await.expect_err("logging");
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    assert!(err.message().contains("logging_config"), "{}", err.message());
+    assert!(err.message().contains("logging.sampling_rate = 3: must be between 0 and 1"), "{}", err.message());
     let err = models.handle_reload_config_request(ReloadConfigRequest { config: None }).await.expect_err("empty");
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
 

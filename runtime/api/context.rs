@@ -20,6 +20,7 @@ use crate::error::Result;
 use crate::metrics::{LatencyLabels, Metrics, RequestLabels};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::trace::{self, TraceSampler};
 use crate::pipeline::{Endpoints, Target};
 
 /// The header (and gRPC metadata key) carrying a request's id.
@@ -49,6 +50,8 @@ pub struct ServingState {
     /// The shared runtime, where work that outlives a call (a reload's
     /// loads and batching tasks) runs.
     pub runtime: tokio::runtime::Handle,
+    /// Which calls are traced.
+    pub tracing: TraceSampler,
 }
 
 /// A request's id: the client's `x-request-id` when it sent a usable one
@@ -68,6 +71,9 @@ pub struct RequestContext {
     pub deadline: Deadline,
     /// The span every line logged for the request carries.
     pub span: tracing::Span,
+    /// A traced request's trace span (a child of `span` for the log, the
+    /// caller's span's child in the trace); none for the others.
+    pub trace: tracing::Span,
     /// What the request asked for (`model_spec.name`), for metrics of
     /// requests that resolved to nothing.
     name: String,
@@ -80,7 +86,9 @@ pub struct RequestContext {
 
 impl RequestContext {
     /// Starts an `api` call (`predict`, `get_model_metadata`, …) that came
-    /// in through `entrypoint` (`grpc`, `rest`) asking for `name`.
+    /// in through `entrypoint` (`grpc`, `rest`) asking for `name`, traced
+    /// when `sampler` picks it (`carrier`: its W3C trace context).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         metrics: &Arc<Metrics>,
         api: &'static str,
@@ -88,13 +96,17 @@ impl RequestContext {
         id: Option<&str>,
         name: &str,
         deadline: Deadline,
+        sampler: &TraceSampler,
+        carrier: &dyn opentelemetry::propagation::Extractor,
     ) -> RequestContext {
         let id = request_id(id);
         let span = tracing::info_span!("request", id = %id, model = name);
+        let trace = sampler.request_span(api, entrypoint, name, carrier, &span);
         RequestContext {
             id,
             deadline,
             span,
+            trace,
             name: name.to_string(),
             metrics: metrics.clone(),
             api,
@@ -113,6 +125,9 @@ impl RequestContext {
         signature_name: &str,
     ) -> Result<Target> {
         let target = Target::resolve(endpoints, &self.name, choice, signature_name)?;
+        if trace::is_traced(&self.trace) {
+            self.trace.record("sluice.version", target.version.version());
+        }
         self.target = Some(target.clone());
         Ok(target)
     }
@@ -125,6 +140,7 @@ impl RequestContext {
         if let Err(e) = result {
             // Failures are worth a line; successes are what metrics are for.
             tracing::info!(code = %e.code(), api = self.api, "request failed: {e}");
+            trace::record_error(&self.trace, &format_args!("{}: {e}", e.code()));
         }
         // The common case, a request that reached its pipeline: handles
         // resolved when the pipeline was built, no label lookup.

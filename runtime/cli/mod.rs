@@ -1,8 +1,9 @@
 //! The commands besides `serve`: `sluice bench` ([`bench`]), `sluice
 //! plugin check`, `new` and `push`/`list`/… ([`plugin_check`],
 //! [`plugin_new`], [`plugin_push`]), `sluice
-//! config check` ([`config_check`]) and `sluice features load`
-//! ([`features_load`]). They sit above the library: they use
+//! config check` ([`config_check`]), `sluice features load`
+//! ([`features_load`]) and `sluice warmup make` ([`warmup_make`]). They
+//! sit above the library: they use
 //! it, nothing in it uses them.
 
 pub mod bench;
@@ -11,3 +12,4 @@ pub mod features_load;
 pub mod plugin_check;
 pub mod plugin_new;
 pub mod plugin_push;
+pub mod warmup_make;

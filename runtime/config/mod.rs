@@ -11,9 +11,11 @@
 pub mod batching;
 pub mod features;
 pub mod lifecycle;
+pub mod logging;
 pub mod onnx;
 pub mod plugins;
 pub mod stage;
+pub mod telemetry;
 pub mod tf_model_config;
 pub mod upstream;
 
@@ -28,9 +30,11 @@ use crate::invalid;
 pub use self::batching::{BatchingMode, BatchingParameters};
 pub use self::features::{FeatureFetchConfig, FeaturesConfig};
 pub use self::lifecycle::{LifecycleConfig, ModelDefaults};
+pub use self::logging::LoggingConfig;
 pub use self::onnx::OnnxOptions;
 pub use self::plugins::{InstancePolicy, PluginLimits, PluginsConfig};
 pub use self::stage::{StageConfig, StageKind, StageRole};
+pub use self::telemetry::TracingConfig;
 pub use self::upstream::UpstreamConfig;
 
 /// Everything the server is configured with.
@@ -61,6 +65,9 @@ pub struct Config {
     /// Repository polling, warmup and config reloads.
     #[serde(default)]
     pub lifecycle: LifecycleConfig,
+    /// OpenTelemetry traces of requests; off unless an endpoint is given.
+    #[serde(default)]
+    pub tracing: TracingConfig,
 }
 
 /// The plugin admin API (on the REST port, under `/admin/v1/`).
@@ -356,6 +363,8 @@ pub struct ModelConfig {
     pub batching: Option<BatchingParameters>,
     /// Forward inference to TF Serving instead of running ONNX Runtime.
     pub upstream: Option<UpstreamConfig>,
+    /// Request logging (TF Serving's `logging_config`); off when absent.
+    pub logging: Option<LoggingConfig>,
 }
 
 /// What `server.inline_inference_micros` is unless set: below the cost
@@ -408,6 +417,7 @@ impl ModelConfig {
             onnx: OnnxOptions::default(),
             batching: None,
             upstream: None,
+            logging: None,
         }
     }
 }
@@ -442,6 +452,11 @@ impl Config {
         for model in &mut config.models {
             if model.upstream.is_none() && model.base_path.is_relative() {
                 model.base_path = base.join(&model.base_path);
+            }
+            if let Some(logging) = &mut model.logging {
+                if logging.filename_prefix.is_relative() {
+                    logging.filename_prefix = base.join(&logging.filename_prefix);
+                }
             }
         }
         for pipeline in &mut config.pipelines {
@@ -490,6 +505,7 @@ impl Config {
             check_at_most(key, value, MAX_COUNT)?;
         }
         check_between("server.compute_nice", self.server.compute_nice, 0, 19)?;
+        self.tracing.check()?;
         check_at_most(
             "server.inline_inference_micros",
             usize::try_from(self.server.inline_inference_micros).unwrap_or(usize::MAX),
@@ -666,6 +682,9 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
             (None, false) => {}
         }
         check_between(&format!("{key}.max_in_flight"), model.max_in_flight, 1, MAX_COUNT)?;
+        if let Some(logging) = &model.logging {
+            logging.check(&format!("{key}.logging"))?;
+        }
         check_between(&format!("{key}.onnx.sessions"), model.onnx.sessions, 1, MAX_THREADS)?;
         check_between(&format!("{key}.onnx.intra_op_threads"), model.onnx.intra_op_threads, 1, MAX_THREADS)?;
         if let VersionPolicy::Specific(versions) = &model.version_policy {

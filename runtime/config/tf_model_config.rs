@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{ModelConfig, VersionPolicy};
+use super::{LoggingConfig, ModelConfig, VersionPolicy};
 use crate::error::Invalid;
 use crate::invalid;
 use crate::proto::tensorflow::serving::ModelServerConfig;
@@ -106,8 +106,10 @@ fn model(fields: Vec<(String, Node)>, base: &Path, index: usize) -> Result<Model
     let (mut name, mut base_path) = (None, None);
     let mut policy = VersionPolicy::default();
     let mut labels = BTreeMap::new();
+    let mut logging = None;
     for (field, node) in fields {
         match field.as_str() {
+            "logging_config" => logging = Some(logging_config(node, &key("logging_config"))?),
             "name" => name = Some(scalar("name", node)?),
             "base_path" => base_path = Some(PathBuf::from(scalar("base_path", node)?)),
             "model_platform" => check_platform(&scalar("model_platform", node)?, &key("model_platform"))?,
@@ -134,7 +136,7 @@ fn model(fields: Vec<(String, Node)>, base: &Path, index: usize) -> Result<Model
             other => {
                 return Err(invalid!(
                     "{} is not served by sluice; served: name, base_path, model_platform, model_version_policy, \
-                     version_labels",
+                     version_labels, logging_config",
                     key(other)
                 ))
             }
@@ -148,7 +150,52 @@ fn model(fields: Vec<(String, Node)>, base: &Path, index: usize) -> Result<Model
     let mut model = ModelConfig::from_flags(name, base_path);
     model.version_policy = policy;
     model.version_labels = labels;
+    model.logging = logging.map(|mut logging: LoggingConfig| {
+        if logging.filename_prefix.is_relative() {
+            logging.filename_prefix = base.join(&logging.filename_prefix);
+        }
+        logging
+    });
     Ok(model)
+}
+
+/// `logging_config { log_collector_config { type filename_prefix }
+/// sampling_config { sampling_rate } }`.
+fn logging_config(node: Node, key: &str) -> Result<LoggingConfig, Invalid> {
+    let Node::Message(fields) = node else { return Err(invalid!("{key} must be a message")) };
+    let (mut collector, mut prefix, mut rate) = (String::new(), None, 0.0);
+    for (field, node) in fields {
+        let Node::Message(inner) = node else {
+            return Err(invalid!("{key}.{field} must be a message"));
+        };
+        for (name, value) in inner {
+            let Node::Scalar(value) = value else {
+                return Err(invalid!("{key}.{field}.{name} is a message; expected a value"));
+            };
+            match (field.as_str(), name.as_str()) {
+                ("log_collector_config", "type") => collector = value,
+                ("log_collector_config", "filename_prefix") => prefix = Some(PathBuf::from(value)),
+                ("sampling_config", "sampling_rate") => {
+                    rate = value.parse().map_err(|_| {
+                        invalid!("{key}.sampling_config.sampling_rate = {value}: expected a number in [0, 1]")
+                    })?
+                }
+                ("log_collector_config" | "sampling_config", other) => {
+                    return Err(invalid!(
+                        "{key}.{field}.{other} is not served; served: log_collector_config {{ type filename_prefix }}, \
+                         sampling_config {{ sampling_rate }}"
+                    ))
+                }
+                (other, _) => {
+                    return Err(invalid!(
+                        "{key}.{other} is not a field; expected log_collector_config, sampling_config"
+                    ))
+                }
+            }
+        }
+    }
+    let prefix = prefix.ok_or_else(|| invalid!("{key}.log_collector_config.filename_prefix is missing"))?;
+    Ok(LoggingConfig::new(collector, prefix, rate))
 }
 
 /// The models a `ModelServerConfig` message lists (HandleReloadConfigRequest),
@@ -176,9 +223,6 @@ pub fn from_proto(config: ModelServerConfig) -> Result<Vec<ModelConfig>, Invalid
         if !config.model_platform.is_empty() {
             check_platform(&config.model_platform, &key("model_platform"))?;
         }
-        if !config.logging_config.is_empty() {
-            return Err(invalid!("{} is not served by sluice; request logging is not there", key("logging_config")));
-        }
         if config.model_type != 0 {
             return Err(invalid!(
                 "{} is deprecated in TF Serving and not served; use model_platform",
@@ -199,6 +243,17 @@ pub fn from_proto(config: ModelServerConfig) -> Result<Vec<ModelConfig>, Invalid
         let mut model = ModelConfig::from_flags(config.name, PathBuf::from(config.base_path));
         model.version_policy = policy;
         model.version_labels = config.version_labels.into_iter().collect();
+        if let Some(logging) = config.logging_config {
+            let prefix = logging.log_collector_config.as_ref().map(|c| c.filename_prefix.as_str()).unwrap_or("");
+            if prefix.is_empty() {
+                return Err(invalid!("{}.log_collector_config.filename_prefix is missing", key("logging_config")));
+            }
+            model.logging = Some(LoggingConfig::new(
+                logging.log_collector_config.as_ref().map(|c| c.r#type.clone()).unwrap_or_default(),
+                PathBuf::from(prefix),
+                logging.sampling_config.map_or(0.0, |s| s.sampling_rate),
+            ));
+        }
         models.push(model);
     }
     Ok(models)
@@ -416,9 +471,22 @@ model_config_list {
 
     #[test]
     fn fields_sluice_does_not_serve_are_named() {
-        let err = parse("model_config_list { config { name: 'm' base_path: 'x' logging_config { } } }", Path::new("/"))
-            .unwrap_err();
-        assert!(err.0.contains("config[0].logging_config is not served"), "{err}");
+        let err =
+            parse("model_config_list { config { name: 'm' base_path: 'x' platform_config { } } }", Path::new("/"))
+                .unwrap_err();
+        assert!(err.0.contains("config[0].platform_config is not served"), "{err}");
+        let err = parse(
+            "model_config_list { config { name: 'm' base_path: 'x' logging_config { sampling_config { rate: 1 } } } }",
+            Path::new("/"),
+        )
+        .unwrap_err();
+        assert!(err.0.contains("logging_config.sampling_config.rate is not served"), "{err}");
+        let err = parse(
+            "model_config_list { config { name: 'm' base_path: 'x' logging_config { sampling_config { sampling_rate: 1 } } } }",
+            Path::new("/"),
+        )
+        .unwrap_err();
+        assert!(err.0.contains("filename_prefix is missing"), "{err}");
         let err = parse("custom_model_config { }", Path::new("/")).unwrap_err();
         assert!(err.0.contains("custom_model_config is not served"), "{err}");
         let err = parse(
@@ -429,6 +497,22 @@ model_config_list {
         assert!(err.0.contains("\"pytorch\""), "{err}");
         let err = parse("model_config_list { config { name: 'm' ", Path::new("/")).unwrap_err();
         assert!(err.0.contains("not closed"), "{err}");
+    }
+
+    #[test]
+    fn reads_tf_servings_logging_config() {
+        let text = r#"model_config_list { config {
+            name: 'm' base_path: 'x'
+            logging_config {
+              log_collector_config { type: "" filename_prefix: "logs/m" }
+              sampling_config { sampling_rate: 0.25 }
+            }
+        } }"#;
+        let models = parse(text, Path::new("/base")).unwrap();
+        let logging = models[0].logging.as_ref().unwrap();
+        assert_eq!(logging.filename_prefix, Path::new("/base/logs/m"));
+        assert_eq!(logging.sampling_rate, 0.25);
+        assert_eq!(logging.collector, "");
     }
 
     #[test]

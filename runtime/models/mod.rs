@@ -7,6 +7,7 @@
 
 pub mod repository;
 pub mod status;
+pub mod tfrecord;
 pub mod warmup;
 
 use std::fmt;

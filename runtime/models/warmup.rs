@@ -9,15 +9,14 @@
 //! signature: zeros at each batch size the model will run. A request that
 //! does not fit the model, or fails, fails the version.
 
-use std::io::Read;
 use std::path::Path;
 
 use prost::Message;
 
-use super::ModelVersion;
+use super::{tfrecord, ModelVersion};
 use crate::error::{Error, Result};
 use crate::infer::Batch;
-use crate::proto::tensorflow::serving::{prediction_log, PredictionLog};
+use crate::proto::tensorflow::serving::{prediction_log, PredictRequest, PredictResponse, PredictionLog};
 use crate::tensor::spec::{check_tensor, Signature};
 use crate::tensor::{proto, Tensor};
 
@@ -112,120 +111,66 @@ pub fn synthesised(signature: &Signature, batch_sizes: &[usize]) -> Result<Vec<V
 /// The Predict requests of a TF Serving warmup file, each checked against
 /// `signature` and put in its input order.
 pub fn from_file(path: &Path, signature: &Signature, max_tensor_bytes: usize) -> Result<Vec<Vec<Tensor>>> {
-    let bytes = read_bounded(path)?;
-    let records = tfrecord::records(&bytes)?;
-    if records.len() > MAX_RECORDS {
+    let bytes = tfrecord::read_bounded(path, MAX_FILE_BYTES)?;
+    let requests = predict_requests(&bytes)?;
+    if requests.len() > MAX_RECORDS {
         return Err(Error::invalid_argument(format!(
             "it holds {} records; at most {MAX_RECORDS} are allowed (TF Serving's limit)",
-            records.len()
+            requests.len()
         )));
     }
+    requests
+        .into_iter()
+        .enumerate()
+        .map(|(i, request)| {
+            fit(request, signature, max_tensor_bytes).map_err(|e| e.context(format_args!("record {i}")))
+        })
+        .collect()
+}
+
+/// The inputs of `request` checked against `signature`, in its input order.
+pub fn fit(request: PredictRequest, signature: &Signature, max_tensor_bytes: usize) -> Result<Vec<Tensor>> {
     let owner = "the model";
-    let mut requests = Vec::with_capacity(records.len());
-    for (i, record) in records.into_iter().enumerate() {
-        let at = |e: Error| e.context(format_args!("record {i}"));
-        let log = PredictionLog::decode(record)
-            .map_err(|e| at(Error::invalid_argument(format!("not a PredictionLog: {e}"))))?;
-        let request = match log.log_type {
-            Some(prediction_log::LogType::PredictLog(log)) => log.request.unwrap_or_default(),
-            other => {
-                let kind = match other {
-                    Some(prediction_log::LogType::ClassifyLog(_)) => "classify_log",
-                    Some(prediction_log::LogType::RegressLog(_)) => "regress_log",
-                    Some(prediction_log::LogType::PredictStreamedLog(_)) => "predict_streamed_log",
-                    Some(prediction_log::LogType::MultiInferenceLog(_)) => "multi_inference_log",
-                    Some(prediction_log::LogType::SessionRunLog(_)) => "session_run_log",
-                    _ => "empty",
-                };
-                return Err(at(Error::invalid_argument(format!(
-                    "it is a {kind} record; sluice warms up with predict_log records"
-                ))));
-            }
-        };
-        signature.check_input_names(&owner, request.inputs.keys().map(String::as_str)).map_err(at)?;
-        let mut inputs = request.inputs;
-        let mut ordered = Vec::with_capacity(signature.inputs.len());
-        for spec in &signature.inputs {
-            let given =
-                inputs.remove(&spec.name).ok_or_else(|| at(Error::internal("an input vanished, this is a bug")))?;
-            let tensor = proto::decode(&spec.name, given, max_tensor_bytes).map_err(at)?;
-            check_tensor(&owner, "input", spec, &tensor).map_err(at)?;
-            ordered.push(tensor);
-        }
-        signature.check_rows(&owner, &ordered).map_err(at)?;
-        requests.push(ordered);
+    signature.check_input_names(&owner, request.inputs.keys().map(String::as_str))?;
+    let mut inputs = request.inputs;
+    let mut ordered = Vec::with_capacity(signature.inputs.len());
+    for spec in &signature.inputs {
+        let given = inputs.remove(&spec.name).ok_or_else(|| Error::internal("an input vanished, this is a bug"))?;
+        let tensor = proto::decode(&spec.name, given, max_tensor_bytes)?;
+        check_tensor(&owner, "input", spec, &tensor)?;
+        ordered.push(tensor);
     }
-    Ok(requests)
+    signature.check_rows(&owner, &ordered)?;
+    Ok(ordered)
 }
 
-fn read_bounded(path: &Path) -> Result<Vec<u8>> {
-    let cannot = |e: std::io::Error| Error::invalid_argument(format!("cannot read it: {e}"));
-    let file = std::fs::File::open(path).map_err(cannot)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(cannot)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(Error::invalid_argument(format!("it is larger than {MAX_FILE_BYTES} bytes")));
-    }
-    Ok(bytes)
+/// The Predict requests of a TFRecord file of `PredictionLog` records (a
+/// warmup file, a request log); a record that is not one is named.
+pub fn predict_requests(bytes: &[u8]) -> Result<Vec<PredictRequest>> {
+    tfrecord::records(bytes)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, record)| predict_log(record).map(|log| log.0).map_err(|e| e.context(format_args!("record {i}"))))
+        .collect()
 }
 
-/// TFRecord framing, as TensorFlow writes it: each record is its length
-/// (u64, little-endian), the masked CRC-32C of those 8 bytes, the data,
-/// and the masked CRC-32C of the data.
-pub mod tfrecord {
-    use crate::error::{Error, Result};
-
-    /// TensorFlow's CRC mask: a CRC stored next to data that is itself a
-    /// CRC would otherwise be easy to get right by accident.
-    pub fn masked_crc(data: &[u8]) -> u32 {
-        let crc = crc32c::crc32c(data);
-        crc.rotate_right(15).wrapping_add(0xa282_ead8)
-    }
-
-    /// The records of a TFRecord file, every checksum checked.
-    pub fn records(mut bytes: &[u8]) -> Result<Vec<&[u8]>> {
-        let mut records = Vec::new();
-        while !bytes.is_empty() {
-            let at = records.len();
-            let bad = |what: &str| Error::invalid_argument(format!("record {at}: {what}; not a TFRecord file?"));
-            if bytes.len() < 12 {
-                return Err(bad("the file ends inside a record header"));
-            }
-            let (length_bytes, rest) = bytes.split_at(8);
-            let length = u64::from_le_bytes(length_bytes.try_into().map_err(|_| bad("short length"))?);
-            let length_crc = u32::from_le_bytes(rest[..4].try_into().map_err(|_| bad("short checksum"))?);
-            if masked_crc(length_bytes) != length_crc {
-                return Err(bad("the checksum of its length is wrong"));
-            }
-            let rest = &rest[4..];
-            let length =
-                usize::try_from(length).ok().filter(|&n| n.checked_add(4).is_some_and(|end| end <= rest.len()));
-            let Some(length) = length else {
-                return Err(bad("its length runs past the end of the file"));
+/// The request and response of one `PredictionLog` record.
+pub fn predict_log(record: &[u8]) -> Result<(PredictRequest, Option<PredictResponse>)> {
+    let log =
+        PredictionLog::decode(record).map_err(|e| Error::invalid_argument(format!("not a PredictionLog: {e}")))?;
+    match log.log_type {
+        Some(prediction_log::LogType::PredictLog(log)) => Ok((log.request.unwrap_or_default(), log.response)),
+        other => {
+            let kind = match other {
+                Some(prediction_log::LogType::ClassifyLog(_)) => "classify_log",
+                Some(prediction_log::LogType::RegressLog(_)) => "regress_log",
+                Some(prediction_log::LogType::PredictStreamedLog(_)) => "predict_streamed_log",
+                Some(prediction_log::LogType::MultiInferenceLog(_)) => "multi_inference_log",
+                Some(prediction_log::LogType::SessionRunLog(_)) => "session_run_log",
+                _ => "empty",
             };
-            let (data, rest) = rest.split_at(length);
-            let data_crc = u32::from_le_bytes(rest[..4].try_into().map_err(|_| bad("short checksum"))?);
-            if masked_crc(data) != data_crc {
-                return Err(bad("the checksum of its data is wrong"));
-            }
-            records.push(data);
-            bytes = &rest[4..];
+            Err(Error::invalid_argument(format!("it is a {kind} record; sluice reads predict_log records")))
         }
-        Ok(records)
-    }
-
-    /// Frames `records` as a TFRecord file (for tools and tests that write
-    /// warmup files).
-    pub fn write(records: &[Vec<u8>]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for data in records {
-            let length = (data.len() as u64).to_le_bytes();
-            out.extend_from_slice(&length);
-            out.extend_from_slice(&masked_crc(&length).to_le_bytes());
-            out.extend_from_slice(data);
-            out.extend_from_slice(&masked_crc(data).to_le_bytes());
-        }
-        out
     }
 }
 
@@ -234,28 +179,6 @@ mod tests {
     use super::*;
     use crate::tensor::spec::TensorSpec;
     use crate::tensor::DType;
-
-    #[test]
-    fn crc32c_is_castagnoli() {
-        // The standard check value of CRC-32C.
-        assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
-    }
-
-    #[test]
-    fn records_round_trip_and_damage_is_named() {
-        let file = tfrecord::write(&[b"one".to_vec(), Vec::new(), b"three".to_vec()]);
-        let records = tfrecord::records(&file).unwrap();
-        assert_eq!(records, vec![&b"one"[..], &b""[..], &b"three"[..]]);
-        let mut damaged = file.clone();
-        damaged[13] ^= 1;
-        assert!(tfrecord::records(&damaged).unwrap_err().message().contains("record 0"));
-        let err = tfrecord::records(&file[..file.len() - 1]).unwrap_err();
-        assert!(err.message().contains("record 2"), "{err}");
-        let mut huge = file.clone();
-        huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
-        huge[8..12].copy_from_slice(&tfrecord::masked_crc(&u64::MAX.to_le_bytes()).to_le_bytes());
-        assert!(tfrecord::records(&huge).unwrap_err().message().contains("past the end"));
-    }
 
     fn spec(name: &str, shape: Vec<i64>) -> TensorSpec {
         TensorSpec { name: name.into(), dtype: DType::F32, shape, unknown_rank: false }

@@ -24,14 +24,17 @@ pub mod fetch;
 pub mod inference;
 pub mod lifecycle;
 pub mod request;
+pub mod request_log;
 pub mod served;
 pub mod stage;
 pub mod stages;
+pub mod trace;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use tracing::Instrument;
 
 use self::admission::Admission;
 use self::deadline::Deadline;
@@ -41,6 +44,7 @@ pub use self::request::{RequestBuilder, Target, ValidRequest};
 pub use self::served::{ServedModel, ServedVersion};
 use self::stage::StageRunner;
 use self::stages::plugin::PluginPlace;
+use self::trace::current_step;
 use crate::config::{check_models, Config, Mode, ModelConfig, PipelineConfig, StageConfig, StageRole};
 use crate::error::{Error, Result};
 use crate::feature::FeatureTables;
@@ -277,7 +281,8 @@ impl Pipeline {
             None => inputs,
             Some(fetch) => {
                 let named = name_tensors(&signature.inputs, inputs);
-                let all = fetch.run(named, deadline, self.max_tensor_bytes).await?;
+                let all =
+                    fetch.run(named, deadline, self.max_tensor_bytes).instrument(current_step("feature_fetch")).await?;
                 let next = self.preprocess.as_ref().map_or(&model.inputs[..], |pre| pre.stage().inputs());
                 order_as(next, all, "the feature fetch stage", version)?
             }
@@ -286,16 +291,18 @@ impl Pipeline {
             None => inputs,
             Some(stage) => {
                 let named = name_tensors(stage.stage().inputs(), inputs);
-                let produced = stage.run(named, deadline, self.max_tensor_bytes).await?;
+                let produced =
+                    stage.run(named, deadline, self.max_tensor_bytes).instrument(current_step("preprocess")).await?;
                 order_as(&model.inputs, produced, "the preprocess stage", version)?
             }
         };
-        let outputs = version.inference().run(model_inputs, deadline).await?;
+        let outputs = version.inference().run(model_inputs, deadline).instrument(current_step("inference")).await?;
         match &self.postprocess {
             None => Ok(outputs),
             Some(stage) => {
                 let named = name_tensors(&model.outputs, outputs);
-                let produced = stage.run(named, deadline, self.max_tensor_bytes).await?;
+                let produced =
+                    stage.run(named, deadline, self.max_tensor_bytes).instrument(current_step("postprocess")).await?;
                 Ok(produced.into_iter().map(|t| t.tensor).collect())
             }
         }
@@ -591,6 +598,7 @@ impl Endpoints {
                         base_path: config.base_path.clone(),
                         version_policy: config.version_policy.clone(),
                         version_labels: config.version_labels.clone(),
+                        logging: config.logging.clone(),
                         ..ModelConfig::clone(&served)
                     };
                     *config = kept;
@@ -607,9 +615,11 @@ impl Endpoints {
         for config in configs.iter().filter(|c| current.contains_key(&c.name)) {
             let model = &current[&config.name];
             let previous = model.config();
-            model.set_config(config.clone());
+            model.set_config(config.clone())?;
             if let Err(error) = self.manager.reconcile(model, true).await {
-                model.set_config(ModelConfig::clone(&previous));
+                if let Err(e) = model.set_config(ModelConfig::clone(&previous)) {
+                    tracing::error!(model = %config.name, error = %e, "cannot restore the request log after a failed reload");
+                }
                 return Err(error);
             }
         }

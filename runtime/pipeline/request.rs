@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use super::admission::AdmissionPermit;
 use super::deadline::Deadline;
+use super::request_log::LogEntry;
 use super::{Endpoints, Pipeline, ServedVersion};
 use crate::error::{Error, Result};
 use crate::models::VersionChoice;
@@ -83,7 +84,7 @@ impl Target {
         let signature = self.signature();
         signature.check_input_names(self, inputs)?;
         let outputs = signature.resolve_output_filter(self, output_filter)?;
-        let admitted = self.pipeline.admission.try_admit()?;
+        let admitted = super::trace::current_step("admission").in_scope(|| self.pipeline.admission.try_admit())?;
         Ok(RequestBuilder {
             target: self,
             signature,
@@ -113,6 +114,9 @@ impl ValidRequest {
     pub async fn run(self) -> Result<Vec<(String, Tensor)>> {
         let ValidRequest { target, inputs, outputs: selected, deadline, _admitted } = self;
         let signature = target.signature();
+        // Sampled before it runs; the inputs are shared, not copied.
+        let log = target.pipeline.model().request_log().as_ref().filter(|log| log.sample()).cloned();
+        let logged_inputs = log.as_ref().map(|_| inputs.clone());
         // Bounding the whole wait by the deadline also drops the request
         // from whatever queue it is in: the queues skip requests whose
         // caller has gone.
@@ -126,11 +130,23 @@ impl ValidRequest {
                 signature.outputs.len()
             )));
         }
+        let all_in_order = selected.iter().copied().eq(0..signature.outputs.len());
         let mut taken: Vec<Option<Tensor>> = outputs.into_iter().map(Some).collect();
-        Ok(selected
+        let answer: Vec<(String, Tensor)> = selected
             .into_iter()
             .filter_map(|i| taken[i].take().map(|t| (signature.outputs[i].name.clone(), t)))
-            .collect())
+            .collect();
+        if let (Some(log), Some(inputs)) = (log, logged_inputs) {
+            log.submit(LogEntry {
+                name: target.pipeline.name_label(),
+                version: target.version.version(),
+                signature: target.signature.clone(),
+                inputs,
+                output_filter: if all_in_order { Vec::new() } else { answer.iter().map(|(n, _)| n.clone()).collect() },
+                outputs: answer.clone(),
+            });
+        }
+        Ok(answer)
     }
 
     /// Its inputs, in signature order.

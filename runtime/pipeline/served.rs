@@ -12,9 +12,10 @@ use std::fmt;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::inference::InferenceStage;
+use super::request_log::RequestLog;
 use super::Pipeline;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -81,6 +82,10 @@ pub struct ServedModel {
     pipelines: Mutex<Vec<Weak<Pipeline>>>,
     /// The upstreams a forwarded model's versions are served by.
     upstream: Option<Arc<Fleet>>,
+    /// Its request log, when `logging` is configured; swapped when a
+    /// reload changes it.
+    request_log: ArcSwapOption<RequestLog>,
+    metrics: Arc<Metrics>,
 }
 
 impl ServedModel {
@@ -88,8 +93,12 @@ impl ServedModel {
     /// upstreams when it is forwarded).
     pub fn new(config: ModelConfig, metrics: Arc<Metrics>) -> Result<Arc<ServedModel>> {
         let upstream = config.upstream.as_ref().map(|u| Fleet::start(&config.name, u, &metrics)).transpose()?;
+        let request_log =
+            config.logging.as_ref().map(|logging| RequestLog::start(&config.name, logging, &metrics)).transpose()?;
         Ok(Arc::new(ServedModel {
             upstream,
+            request_log: ArcSwapOption::new(request_log),
+            metrics: metrics.clone(),
             status: ModelStatus::new(&config.name, metrics),
             name: config.name.as_str().into(),
             config: ArcSwap::from_pointee(config),
@@ -216,8 +225,22 @@ impl ServedModel {
         self.table.load_full()
     }
 
-    pub(super) fn set_config(&self, config: ModelConfig) {
+    /// Serves as `config` from now on; a changed request log is started
+    /// first, so a log that cannot start leaves everything as it was.
+    pub(super) fn set_config(&self, config: ModelConfig) -> Result<()> {
+        let log = self.request_log.load();
+        if log.as_ref().map(|l| l.config()) != config.logging.as_ref() {
+            let started =
+                config.logging.as_ref().map(|l| RequestLog::start(&self.name, l, &self.metrics)).transpose()?;
+            self.request_log.store(started);
+        }
         self.config.store(Arc::new(config));
+        Ok(())
+    }
+
+    /// Its request log, when requests are logged.
+    pub fn request_log(&self) -> arc_swap::Guard<Option<Arc<RequestLog>>> {
+        self.request_log.load()
     }
 
     /// Routes traffic to `version` from now on.

@@ -15,6 +15,7 @@ use std::time::Instant;
 use tokio::sync::oneshot;
 
 use super::deadline::Deadline;
+use super::trace;
 use crate::error::{Error, Result};
 use crate::metrics::QueueMetrics;
 use crate::tensor::spec::TensorSpec;
@@ -80,8 +81,10 @@ struct StageJob {
     enqueued: Instant,
     reply: oneshot::Sender<Result<Vec<NamedTensor>>>,
     /// The request's span: what a worker (or a plugin's captured output)
-    /// logs carries the request id.
+    /// logs carries the request id; a traced request's stage span.
     span: tracing::Span,
+    /// A traced request's wait for a worker, ended when one takes it.
+    queue_wait: tracing::Span,
 }
 
 /// Runs one stage of one pipeline, through its own queue and threads or
@@ -150,7 +153,8 @@ impl StageRunner {
             // Sequential: here, now, on this thread; the runtime moves its
             // other tasks away while the stage blocks it.
             let cx = StageCx::new(deadline, &never_gone, max_tensor_bytes);
-            let run = || run_stage(&*self.stage, &self.label, tensors, &cx, &self.metrics);
+            let span = trace::current_step(self.stage.name());
+            let run = || span.in_scope(|| run_stage(&*self.stage, &self.label, tensors, &cx, &self.metrics));
             // A single-threaded runtime (a gRPC core's) has no other
             // thread to move its tasks to: the stage just runs.
             return match tokio::runtime::Handle::current().runtime_flavor() {
@@ -166,6 +170,7 @@ impl StageRunner {
             enqueued: Instant::now(),
             reply,
             span: tracing::Span::current(),
+            queue_wait: trace::current_step("queue_wait"),
         };
         queue.try_send(job).map_err(|e| match e {
             async_channel::TrySendError::Full(_) => {
@@ -192,6 +197,7 @@ impl Drop for StageRunner {
 
 fn worker(stage: Arc<dyn Stage>, label: &str, jobs: async_channel::Receiver<StageJob>, metrics: QueueMetrics) {
     while let Ok(job) = jobs.recv_blocking() {
+        drop(job.queue_wait);
         let _in_request = job.span.enter();
         metrics.depth.dec();
         metrics.wait.observe(job.enqueued.elapsed().as_secs_f64());
@@ -207,7 +213,8 @@ fn worker(stage: Arc<dyn Stage>, label: &str, jobs: async_channel::Receiver<Stag
         let reply = job.reply;
         let gone = || reply.is_closed();
         let cx = StageCx::new(job.deadline, &gone, job.max_tensor_bytes);
-        let result = run_stage(&*stage, label, job.tensors, &cx, &metrics);
+        let result =
+            trace::step(&job.span, stage.name()).in_scope(|| run_stage(&*stage, label, job.tensors, &cx, &metrics));
         if let Err(Error::Cancelled(_)) = &result {
             metrics.cancelled.inc();
         }

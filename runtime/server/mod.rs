@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 mod connections;
 mod cores;
+pub mod telemetry;
 
 use self::connections::Limits;
 use crate::api::context::ServingState;
@@ -32,6 +33,7 @@ use crate::metrics::Metrics;
 use crate::models::LoadSettings;
 use crate::pipeline::lifecycle::ModelManager;
 use crate::pipeline::stages::plugin::TeamShares;
+use crate::pipeline::trace::TraceSampler;
 use crate::pipeline::{BuildContext, Endpoints};
 use crate::plugin::registry::PluginRegistry;
 use crate::plugin::PluginEngine;
@@ -108,6 +110,7 @@ pub async fn serve(
         request_timeout: config.server.rest_api_timeout_ms.map(Duration::from_millis),
         metrics_path: config.server.metrics_path.clone(),
         body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
+        tracing: TraceSampler::new(&config.tracing),
     };
     let (http_stop_tx, http_stop_rx) = watch::channel(false);
     let admin_server = admin_listener.map(|listener| {
@@ -145,6 +148,7 @@ pub async fn serve(
         model_defaults: Arc::new(config.lifecycle.model_defaults.clone()),
         health: reporter,
         runtime: tokio::runtime::Handle::current(),
+        tracing: TraceSampler::new(&config.tracing),
     };
 
     let max = config.server.max_message_bytes;

@@ -59,15 +59,20 @@ impl Server {
     /// Starts `sluice serve --host 127.0.0.1 --port 0 ARGS…` and waits for
     /// its ready line.
     pub fn start(args: &[&str]) -> Server {
+        Server::start_within(args, Duration::from_secs(120))
+    }
+
+    /// [`Server::start`], waiting up to `timeout` for it to be ready (a
+    /// config whose plugins compile for long on a cold cache).
+    pub fn start_within(args: &[&str], timeout: Duration) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
         command
             .arg("serve")
             .args(["--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0"])
             .args(args)
             .current_dir(root());
-        let process =
-            ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true)
-                .unwrap_or_else(|e| panic!("{e}"));
+        let process = ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", timeout, true)
+            .unwrap_or_else(|e| panic!("{e}"));
         let http = process
             .stdout_after("sluice: serving HTTP on ")
             .and_then(|a| a.parse().ok())
@@ -78,10 +83,15 @@ impl Server {
     /// Serves the config `text` (written to a temporary file; relative
     /// paths in it are taken from the repository root).
     pub fn with_config(text: &str) -> Server {
+        Server::with_config_within(text, Duration::from_secs(120))
+    }
+
+    /// [`Server::with_config`], waiting up to `timeout` for it to be ready.
+    pub fn with_config_within(text: &str, timeout: Duration) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("sluice.toml");
         std::fs::write(&path, text.replace("$ROOT", &root().display().to_string())).expect("write config");
-        let server = Server::start(&["--model_config_file", path.to_str().expect("utf-8 path")]);
+        let server = Server::start_within(&["--model_config_file", path.to_str().expect("utf-8 path")], timeout);
         drop(dir);
         server
     }
@@ -267,6 +277,29 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
     stream.read_to_string(&mut response).await.expect("read");
     let (head, body) = response.split_once("\r\n\r\n").expect("http response");
     assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
+    body.to_string()
+}
+
+/// A plain HTTP/1.1 POST of a JSON `body` on loopback, returning the body
+/// of the answer, whatever its status.
+pub async fn http_post(addr: SocketAddr, path: &str, body: &str) -> String {
+    http_post_with(addr, path, body, &[]).await
+}
+
+/// [`http_post`] with extra headers.
+pub async fn http_post_with(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str)]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect http");
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n{extra}\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let (_, body) = response.split_once("\r\n\r\n").expect("http response");
     body.to_string()
 }
 

@@ -9,6 +9,7 @@
 //! encoding. The request id is echoed; the requested outputs select and
 //! order the answer.
 
+use crate::pipeline::trace::current_step;
 use tonic::{Request, Response, Status};
 
 use super::{context_named, serve};
@@ -159,6 +160,7 @@ async fn infer(
         Given::Typed(contents) => decode_contents(dtype, shape, contents.unwrap_or_default(), limit, what),
     })
     .await?;
+    let _encode = current_step("encode").entered();
     let mut tensors = Vec::with_capacity(answered.len());
     let mut raw_output_contents = Vec::with_capacity(answered.len());
     for (name, tensor) in answered {

@@ -26,6 +26,7 @@ use super::context::{RequestContext, ServingState, REQUEST_ID};
 use crate::error::{Error, Result};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::trace::MetadataCarrier;
 use crate::pipeline::Target;
 use crate::proto::tensorflow::serving::{model_spec, ModelSpec};
 
@@ -66,7 +67,8 @@ fn context_named<T>(state: &ServingState, api: &'static str, request: &Request<T
     let metadata = request.metadata();
     let deadline = Deadline::from_grpc_timeout(metadata.get("grpc-timeout").and_then(|v| v.to_str().ok()));
     let id = metadata.get(REQUEST_ID).and_then(|v| v.to_str().ok());
-    RequestContext::new(&state.metrics, api, "grpc", id, name, deadline)
+    let carrier = MetadataCarrier(metadata);
+    RequestContext::new(&state.metrics, api, "grpc", id, name, deadline, &state.tracing, &carrier)
 }
 
 /// Runs one call: `work` in the request's span (refused while the server
@@ -77,11 +79,12 @@ async fn serve<T>(
     mut cx: RequestContext,
     work: impl AsyncFnOnce(&mut RequestContext) -> Result<T>,
 ) -> Result<Response<T>, Status> {
-    let span = cx.span.clone();
+    let (span, trace) = (cx.span.clone(), cx.trace.clone());
     let result = async {
         state.phase.check_ready()?;
         work(&mut cx).await
     }
+    .instrument(trace)
     .instrument(span);
     // A bug that panics answers this call INTERNAL instead of resetting
     // the stream.

@@ -17,6 +17,7 @@ use crate::api::context::ServingState;
 use crate::config::OutputEncoding;
 use crate::error::Error;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::trace::current_step;
 use crate::pipeline::Target;
 use crate::proto::tensorflow::serving::prediction_service_server::PredictionService;
 use crate::proto::tensorflow::serving::{
@@ -91,6 +92,7 @@ async fn predict(
         builder.put(&name, tensor)?;
     }
     let outputs = builder.finish()?.run().await?;
+    let _encode = current_step("encode").entered();
     Ok(PredictResponse {
         model_spec: Some(served_spec(target.pipeline.name(), target.version.version())),
         outputs: outputs.into_iter().map(|(name, tensor)| (name, encode(&tensor, encoding))).collect(),

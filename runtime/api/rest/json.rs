@@ -72,6 +72,7 @@ async fn predict_on(target: &Target, mut request: Map<String, Value>, deadline: 
     };
     // Other top-level keys are ignored, as TF Serving ignores them.
     let outputs = valid.run().await?;
+    let _encode = crate::pipeline::trace::current_step("encode").entered();
     let written = match form {
         Form::Columnar => write_columnar(&outputs),
         Form::Row => write_rows(&outputs)?,

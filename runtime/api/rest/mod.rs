@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::trace::{HeaderCarrier, TraceSampler};
 
 /// The OpenMetrics text format prometheus-client writes.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -58,6 +59,8 @@ pub struct RestState {
     pub metrics_path: Option<String>,
     /// How long a request body may take to arrive.
     pub body_read_timeout: std::time::Duration,
+    /// Which requests are traced.
+    pub tracing: TraceSampler,
 }
 
 /// The routes of the HTTP port.
@@ -265,7 +268,9 @@ async fn route(
         return (request_id(given_id), error_response(&error));
     }
     let deadline = state.request_timeout.map_or(Deadline::NONE, Deadline::after);
-    let cx = RequestContext::new(&state.metrics, api, "rest", given_id, &parsed.name, deadline);
+    let carrier = HeaderCarrier(headers);
+    let cx =
+        RequestContext::new(&state.metrics, api, "rest", given_id, &parsed.name, deadline, &state.tracing, &carrier);
     run_call(cx, async |cx| {
         let serving = state.lifecycle.serving()?;
         let endpoints = &serving.endpoints;
@@ -294,8 +299,8 @@ pub(crate) async fn run_call(
     mut cx: RequestContext,
     work: impl AsyncFnOnce(&mut RequestContext) -> Result<Response>,
 ) -> (String, Response) {
-    let span = cx.span.clone();
-    let result = AssertUnwindSafe(work(&mut cx).instrument(span))
+    let (span, trace) = (cx.span.clone(), cx.trace.clone());
+    let result = AssertUnwindSafe(work(&mut cx).instrument(trace).instrument(span))
         .catch_unwind()
         .await
         .unwrap_or_else(|_| Err(Error::internal("the server hit a bug answering this request (it panicked)")));

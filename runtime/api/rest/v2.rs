@@ -113,7 +113,8 @@ pub(super) async fn route(
         Call::Infer(name, _) => ("model_infer", name),
     };
     let deadline = state.request_timeout.map_or(Deadline::NONE, Deadline::after);
-    let cx = RequestContext::new(&state.metrics, api, "rest", given_id, name, deadline);
+    let carrier = crate::pipeline::trace::HeaderCarrier(headers);
+    let cx = RequestContext::new(&state.metrics, api, "rest", given_id, name, deadline, &state.tracing, &carrier);
     run_call(cx, async |cx| {
         let endpoints = &state.lifecycle.serving()?.endpoints;
         match call {
@@ -279,6 +280,7 @@ async fn infer(
         Given::Json(data) => decode_json(dtype, shape, &data, limit, what),
     })
     .await?;
+    let _encode = crate::pipeline::trace::current_step("encode").entered();
     answer(target, request.id, answered, binary_of)
 }
 

@@ -1,6 +1,7 @@
 //! The requests the load generator sends: read from a JSON file in TF
-//! Serving's REST form, or made up from the model's signature
-//! (GetModelMetadata) as a pool of distinct random inputs.
+//! Serving's REST form, replayed from a request log, or made up from the
+//! model's signature (GetModelMetadata) as a pool of distinct random
+//! inputs.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,7 +24,8 @@ use crate::tensor::{element_count, DType, Tensor};
 pub struct RequestPool {
     /// Encoded `PredictRequest`s, sent round-robin.
     pub requests: Vec<Bytes>,
-    /// Rows per request (dimension 0 of the first input).
+    /// Rows per request (dimension 0 of the first input; for a replayed
+    /// log, the mean).
     pub rows: u64,
 }
 
@@ -138,6 +140,55 @@ fn random_tensor(dtype: DType, shape: Vec<i64>, n: usize, rng: &mut impl Rng) ->
             Tensor::from_strings(shape, strings).expect("n strings for a shape of n elements")
         }
     }
+}
+
+/// The requests of a request log, and the names they call.
+pub struct LoggedRequests {
+    /// The requests, in logged order.
+    pub pool: RequestPool,
+    /// The names the requests call, in order of first appearance.
+    pub models: Vec<String>,
+}
+
+/// The Predict requests of the request log at `path` (a file, a directory
+/// or a `filename_prefix`), in logged order: sent to `model` when given,
+/// else to the name each one called; to `version` when given, else to
+/// whatever the server serves.
+pub fn from_request_log(
+    path: &Path,
+    max_bytes: u64,
+    model: Option<&str>,
+    version: Option<i64>,
+) -> anyhow::Result<LoggedRequests> {
+    let logged = crate::pipeline::request_log::read_requests(path, max_bytes).map_err(anyhow::Error::new)?;
+    if logged.is_empty() {
+        anyhow::bail!("{}: the request log holds no requests", path.display());
+    }
+    let mut models: Vec<String> = Vec::new();
+    let mut total_rows = 0u64;
+    let mut requests = Vec::with_capacity(logged.len());
+    for mut request in logged {
+        let mut spec = request.model_spec.take().unwrap_or_default();
+        if let Some(model) = model {
+            spec.name = model.to_string();
+        }
+        spec.version_choice = version.map(crate::proto::tensorflow::serving::model_spec::VersionChoice::Version);
+        if !models.contains(&spec.name) {
+            models.push(spec.name.clone());
+        }
+        // Rows: dimension 0 of the first input by name, as the server batches.
+        let rows = request
+            .inputs
+            .iter()
+            .min_by(|a, b| a.0.cmp(b.0))
+            .and_then(|(_, t)| t.tensor_shape.as_ref()?.dim.first().map(|d| d.size))
+            .unwrap_or(1);
+        total_rows += rows.max(1) as u64;
+        request.model_spec = Some(spec);
+        requests.push(Bytes::from(request.encode_to_vec()));
+    }
+    let rows = (total_rows as f64 / requests.len() as f64).round().max(1.0) as u64;
+    Ok(LoggedRequests { pool: RequestPool { requests, rows }, models })
 }
 
 /// One request from a JSON file in TF Serving's REST form: columnar

@@ -4,8 +4,10 @@
 //! It loads a target in a closed loop (`--concurrency` workers) or an open
 //! loop (`--rps`, latency counted from when each request was due), or in
 //! steps of rising rate until the error rate or p99 crosses a limit — the
-//! knee. Requests come from a JSON file or are made up from the model's
-//! signature; they are encoded once and sent as bytes ([`client`]).
+//! knee. Requests come from a JSON file, from a request log (replayed in
+//! their recorded order and mix: varied inputs, as production sends them),
+//! or are made up from the model's signature; they are encoded once and
+//! sent as bytes ([`client`]).
 
 pub mod batching;
 pub mod client;
@@ -29,9 +31,10 @@ pub struct BenchArgs {
     /// The server's gRPC address.
     #[arg(long, default_value = "http://127.0.0.1:8500")]
     pub target: String,
-    /// The model (or pipeline) to call.
-    #[arg(long)]
-    pub model: String,
+    /// The model (or pipeline) to call; with --requests-from, default: the
+    /// name each logged request called.
+    #[arg(long, required_unless_present = "requests_from")]
+    pub model: Option<String>,
     /// A model version to ask for.
     #[arg(long)]
     pub version: Option<i64>,
@@ -56,6 +59,16 @@ pub struct BenchArgs {
     /// Request from a JSON file in TF Serving's REST form ({"inputs": …} or {"instances": …}).
     #[arg(long)]
     pub input: Option<PathBuf>,
+    /// Replay a request log (TF Serving's `logging_config` files): a
+    /// `.tfrecord` file, a directory of them, or the `filename_prefix` the
+    /// log was written with. Each logged Predict request is sent once per
+    /// round, in the order logged, at --rps, --concurrency or the --step
+    /// plan; versions are not pinned unless --version is given.
+    #[arg(long = "requests-from", conflicts_with = "input")]
+    pub requests_from: Option<PathBuf>,
+    /// With --requests-from: the most MiB of log files read.
+    #[arg(long, default_value_t = 1024)]
+    pub max_log_mib: u64,
     /// Without --input: rows per random request.
     #[arg(long, default_value_t = 1)]
     pub batch: i64,
@@ -137,25 +150,51 @@ pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
 
 /// Runs `sluice bench` and prints its result.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let spec = ModelSpec {
-        name: args.model.clone(),
-        version_choice: args.version.map(model_spec::VersionChoice::Version),
-        signature_name: String::new(),
-    };
-    let specs = inputs::input_specs(&args.target, &spec).await?;
-    let pool = match &args.input {
-        Some(path) => inputs::from_json_file(path, &specs, &spec)?,
+    let (model, pool) = match &args.requests_from {
+        Some(log) => {
+            let pool = inputs::from_request_log(log, args.max_log_mib << 20, args.model.as_deref(), args.version)?;
+            let model = match (&args.model, pool.models.as_slice()) {
+                (Some(model), _) => model.clone(),
+                (None, [only]) => only.clone(),
+                (None, many) => many.join(","),
+            };
+            if !args.json {
+                println!(
+                    "replaying {} logged requests of {} from {}",
+                    pool.pool.requests.len(),
+                    pool.models.join(", "),
+                    log.display()
+                );
+            }
+            (model, pool.pool)
+        }
         None => {
-            let shapes = args.shapes.iter().cloned().collect();
-            inputs::random_pool(&specs, &spec, args.batch, &shapes, args.pool, 42)?
+            let model = args.model.clone().unwrap_or_default();
+            let spec = ModelSpec {
+                name: model.clone(),
+                version_choice: args.version.map(model_spec::VersionChoice::Version),
+                signature_name: String::new(),
+            };
+            let specs = inputs::input_specs(&args.target, &spec).await?;
+            let pool = match &args.input {
+                Some(path) => inputs::from_json_file(path, &specs, &spec)?,
+                None => {
+                    let shapes = args.shapes.iter().cloned().collect();
+                    inputs::random_pool(&specs, &spec, args.batch, &shapes, args.pool, 42)?
+                }
+            };
+            (model, pool)
         }
     };
     let (target, rest_path, requests) = match &args.rest {
         None => (args.target.clone(), None, pool.requests),
         Some(rest) => {
+            if model.contains(',') {
+                anyhow::bail!("--rest sends to one model; the log holds requests of {model}: give --model");
+            }
             let path = match args.version {
-                Some(v) => format!("/v1/models/{}/versions/{v}:predict", args.model),
-                None => format!("/v1/models/{}:predict", args.model),
+                Some(v) => format!("/v1/models/{model}/versions/{v}:predict"),
+                None => format!("/v1/models/{model}:predict"),
             };
             (rest.clone(), Some(path), inputs::rest_bodies(&pool.requests)?)
         }
@@ -176,7 +215,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let metrics_url = args.metrics.clone().or_else(|| args.rest.as_ref().map(|rest| format!("{rest}/metrics")));
     if !args.step {
         let summary = load::run(&plan, pool.requests, pool.rows).await?;
-        let batching = auto_batching(metrics_url.as_deref(), &args.model).await;
+        let batching = auto_batching(metrics_url.as_deref(), &model).await;
         if args.json {
             let mut out = serde_json::to_value(&summary).map_err(anyhow::Error::new)?;
             if let Some(fields) = out.as_object_mut() {
@@ -219,7 +258,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         rate *= 1.0 + args.step_percent / 100.0;
     }
     let knee = steps.iter().rev().find(|s| s.within_limits);
-    let batching = auto_batching(metrics_url.as_deref(), &args.model).await;
+    let batching = auto_batching(metrics_url.as_deref(), &model).await;
     if args.json {
         let out = serde_json::json!({ "steps": steps, "knee": knee, "auto_batching": batching });
         println!("{}", serde_json::to_string_pretty(&out).map_err(anyhow::Error::new)?);
@@ -234,7 +273,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         print!("{}", batching::text(&batching));
     }
     if let Some(path) = &args.report {
-        let title = format!("sluice bench: {} at {}", args.model, args.target);
+        let title = format!("sluice bench: {model} at {}", args.target);
         std::fs::write(path, report::html(&title, &steps, args.max_p99_ms))
             .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
         if !args.json {

@@ -29,11 +29,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
 // Tokio's clock: the system's, and a test's paused clock when one pauses it.
 use tokio::time::Instant;
 
 use self::plan::{Plan, Policy};
 use super::deadline::Deadline;
+use super::trace;
 use crate::config::BatchingParameters;
 use crate::error::{Error, Result};
 use crate::infer::{Backend, Batch, Completion};
@@ -52,6 +54,10 @@ struct Entry {
     reply: oneshot::Sender<Result<Vec<Tensor>>>,
     /// Its rows' place in the queue, freed when the batch leaves the queue.
     _place: OwnedSemaphorePermit,
+    /// A traced request's inference span, which its batch links to.
+    span: tracing::Span,
+    /// A traced request's wait in the queue, ended when its batch leaves.
+    _queue_wait: tracing::Span,
 }
 
 /// The entrance to one model version's batch queue.
@@ -192,7 +198,16 @@ impl Batcher {
         place: OwnedSemaphorePermit,
     ) -> Result<oneshot::Receiver<Result<Vec<Tensor>>>> {
         let (reply, answer) = oneshot::channel();
-        let entry = Entry { inputs, rows, deadline, enqueued: Instant::now(), reply, _place: place };
+        let entry = Entry {
+            inputs,
+            rows,
+            deadline,
+            enqueued: Instant::now(),
+            reply,
+            _place: place,
+            span: tracing::Span::current(),
+            _queue_wait: trace::current_step("batch_queue"),
+        };
         self.entries.try_send(entry).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {
                 self.queue_metrics.full.inc();
@@ -259,7 +274,8 @@ impl Shared {
         self.model_metrics.padding_rows.inc_by((padded - rows) as u64);
         let batch = Batch { requests: vec![inputs], padded_rows: padded, deadline: deadline.instant() };
         let started = Instant::now();
-        let result = run_now(self.version.backend().as_ref(), batch, deadline).await;
+        let span = trace::batch_span(std::iter::once(&tracing::Span::current()), padded);
+        let result = run_now(self.version.backend().as_ref(), batch, deadline).instrument(span).await;
         drop(slot);
         let outputs = result?;
         self.ran(padded, started.elapsed());
@@ -277,6 +293,7 @@ impl Shared {
         let mut inputs = Vec::with_capacity(batch.len());
         let mut replies = Vec::with_capacity(batch.len());
         let mut rows = Vec::with_capacity(batch.len());
+        let mut spans = Vec::new();
         // The batch is worth running until its last request gives up.
         let mut due = Some(None);
         for entry in batch {
@@ -299,6 +316,9 @@ impl Shared {
             rows.push(entry.rows);
             inputs.push(entry.inputs);
             replies.push(entry.reply);
+            if trace::is_traced(&entry.span) {
+                spans.push(entry.span);
+            }
             // The entry's place in the queue is freed here, as it leaves.
         }
         if inputs.is_empty() {
@@ -309,8 +329,14 @@ impl Shared {
         self.model_metrics.batch_rows.observe(total as f64);
         self.model_metrics.padding_rows.inc_by((padded - total) as u64);
         let shared = self.clone();
+        // Ends when the backend answers, on the thread that ran it.
+        let batch_span = trace::batch_span(spans.iter(), padded);
         let done: Completion = Box::new(move |result| {
             let _slot = slot;
+            if let Err(e) = &result {
+                trace::record_error(&batch_span, e);
+            }
+            drop(batch_span);
             if result.is_ok() {
                 shared.ran(padded, now.elapsed());
             }

@@ -1,0 +1,161 @@
+//! `sluice warmup make LOG --model DIR`: turns a request log into TF
+//! Serving's warmup file for one model version
+//! (`DIR/assets.extra/tf_serving_warmup_requests`), so a new version warms
+//! up on the inputs production sends rather than on zeros.
+//!
+//! Up to `--max-records` (TF Serving's limit, 1000) requests are taken,
+//! evenly spread over the log to keep its mix; each is checked against the
+//! version's signature and run through it once before anything is
+//! written, so the server will not refuse the file when it loads the
+//! version.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message;
+
+use crate::config::OnnxOptions;
+use crate::error::{Error, Result};
+use crate::infer::onnx::OnnxBackend;
+use crate::metrics::Metrics;
+use crate::models::repository::MODEL_FILE;
+use crate::models::warmup::{self, MAX_RECORDS, WARMUP_FILE};
+use crate::models::{tfrecord, ModelVersion};
+use crate::pipeline::request_log;
+use crate::proto::tensorflow::serving::{prediction_log, PredictLog, PredictRequest, PredictionLog};
+
+/// The arguments of `sluice warmup make`.
+#[derive(Debug, clap::Args)]
+pub struct MakeArgs {
+    /// The request log: a `.tfrecord` file, a directory of them, or the
+    /// `filename_prefix` it was written with.
+    pub log: PathBuf,
+    /// The model version directory the warmup file is for (`BASE/VERSION`,
+    /// holding model.onnx).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Where to write; default: DIR/assets.extra/tf_serving_warmup_requests.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// The most requests in the file.
+    #[arg(long, default_value_t = MAX_RECORDS)]
+    pub max_records: usize,
+    /// Replace an existing warmup file.
+    #[arg(long)]
+    pub force: bool,
+    /// The most MiB of log read.
+    #[arg(long, default_value_t = 1024)]
+    pub max_log_mib: u64,
+    /// The ONNX Runtime library; default: as the server finds it.
+    #[arg(long)]
+    pub onnxruntime: Option<PathBuf>,
+}
+
+/// The largest tensor a logged request may carry (the server's default).
+const MAX_TENSOR_BYTES: usize = 256 << 20;
+
+/// Writes the warmup file; answers what was written.
+pub async fn make(args: &MakeArgs) -> Result<String> {
+    if args.max_records == 0 || args.max_records > MAX_RECORDS {
+        return Err(Error::invalid_argument(format!(
+            "--max-records {}: must be between 1 and {MAX_RECORDS} (TF Serving reads at most {MAX_RECORDS})",
+            args.max_records
+        )));
+    }
+    let output = args.output.clone().unwrap_or_else(|| args.model.join(WARMUP_FILE));
+    if output.exists() && !args.force {
+        return Err(Error::failed_precondition(format!("{} exists; give --force to replace it", output.display())));
+    }
+    let logged = request_log::read_requests(&args.log, args.max_log_mib << 20)?;
+    if logged.is_empty() {
+        return Err(Error::invalid_argument(format!("{}: the request log holds no requests", args.log.display())));
+    }
+    let total = logged.len();
+    let chosen = spread(logged, args.max_records);
+    let version = load(&args.model, args.onnxruntime.as_deref())?;
+    let mut checked = Vec::with_capacity(chosen.len());
+    for (index, request) in &chosen {
+        let inputs = warmup::fit(request.clone(), version.signature(), MAX_TENSOR_BYTES)
+            .map_err(|e| e.context(format_args!("logged request {index} does not fit {}", args.model.display())))?;
+        checked.push(inputs);
+    }
+    warmup::run(&version, checked, false).await?;
+    let records: Vec<Vec<u8>> = chosen
+        .into_iter()
+        .map(|(_, request)| {
+            PredictionLog {
+                log_metadata: None,
+                log_type: Some(prediction_log::LogType::PredictLog(PredictLog {
+                    request: Some(request),
+                    response: None,
+                })),
+            }
+            .encode_to_vec()
+        })
+        .collect();
+    if let Some(dir) = output.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::invalid_argument(format!("cannot make {}: {e}", dir.display())))?;
+    }
+    // Written aside and renamed, so a server loading the version meanwhile
+    // never reads half a file.
+    let partial = output.with_extension("partial");
+    std::fs::write(&partial, tfrecord::write(&records))
+        .and_then(|()| std::fs::rename(&partial, &output))
+        .map_err(|e| Error::internal(format!("writing {}: {e}", output.display())))?;
+    Ok(format!(
+        "{}: {} of {total} logged requests, each checked against and run through {version}",
+        output.display(),
+        records.len()
+    ))
+}
+
+/// At most `max` of `requests`, evenly spread, in their order, each with
+/// its index in the log.
+fn spread(requests: Vec<PredictRequest>, max: usize) -> Vec<(usize, PredictRequest)> {
+    let total = requests.len();
+    if total <= max {
+        return requests.into_iter().enumerate().collect();
+    }
+    requests.into_iter().enumerate().filter(|(i, _)| (i * max) % total < max).take(max).collect()
+}
+
+/// The version in `dir`, loaded with the server's defaults.
+fn load(dir: &Path, library: Option<&Path>) -> Result<ModelVersion> {
+    let file = dir.join(MODEL_FILE);
+    if !file.is_file() {
+        return Err(Error::not_found(format!("{} has no {MODEL_FILE}; give a model version directory", dir.display())));
+    }
+    let version = dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<i64>().ok()).ok_or_else(|| {
+        Error::invalid_argument(format!("{}: a version directory is named by its number (BASE/1)", dir.display()))
+    })?;
+    let name = dir.parent().and_then(Path::file_name).map_or("model".to_string(), |n| n.to_string_lossy().into_owned());
+    let label = format!("model '{name}' version {version}");
+    let metrics = Metrics::new();
+    let backend = OnnxBackend::load(
+        &file,
+        &label,
+        &OnnxOptions::default(),
+        library,
+        metrics.model(&name, version),
+        None,
+        Duration::ZERO,
+    )?;
+    Ok(ModelVersion::new(name, version, Arc::new(backend)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_keeps_order_and_reaches_the_end() {
+        let requests = vec![PredictRequest::default(); 10];
+        let picked: Vec<usize> = spread(requests.clone(), 3).into_iter().map(|(i, _)| i).collect();
+        assert_eq!(picked.len(), 3);
+        assert!(picked.windows(2).all(|w| w[0] < w[1]));
+        assert!(*picked.last().unwrap() >= 6, "{picked:?}");
+        assert_eq!(spread(requests, 20).len(), 10);
+    }
+}
