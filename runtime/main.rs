@@ -268,6 +268,13 @@ struct TfServingFlags {
     /// the metrics then answer on that path too.
     #[arg(long = "monitoring_config_file")]
     monitoring_config_file: Option<PathBuf>,
+
+    /// TF Serving's SSLConfig (text format: server_key, server_cert,
+    /// custom_ca, client_verify, the PEM blocks inline): TLS, and with
+    /// client_verify mutual TLS, on the gRPC, REST and admin ports
+    /// (`server.tls`); the file is re-read when it changes.
+    #[arg(long = "ssl_config_file")]
+    ssl_config_file: Option<PathBuf>,
 }
 
 impl TfServingFlags {
@@ -311,6 +318,9 @@ impl TfServingFlags {
         }
         if let Some(path) = &self.monitoring_config_file {
             config.server.metrics_path = prometheus_path(path)?;
+        }
+        if let Some(path) = &self.ssl_config_file {
+            config.server.tls = Some(sluice::config::TlsConfig::from_ssl_config_file(path.clone()));
         }
         Ok(())
     }

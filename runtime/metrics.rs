@@ -14,6 +14,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// The most names that resolved to nothing labelled as themselves.
+pub const MAX_UNRESOLVED_NAMES: usize = 100;
+
+/// The label of every further name that resolved to nothing.
+pub const UNKNOWN_NAME: &str = "unknown";
+
 /// Labels of a queue: where requests wait.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabels {
@@ -331,6 +337,14 @@ pub struct Metrics {
     pub request_log_bytes: Family<ModelNameLabels, Counter>,
     /// Times a request log could not be written and stopped for a while.
     pub request_log_failures: Family<ModelNameLabels, Counter>,
+    /// TLS certificate reloads, by outcome (`ok`, `refused`).
+    pub tls_reloads: Family<OutcomeLabels, Counter>,
+    /// Names requests asked for that resolved to nothing, as labelled so
+    /// far (at most [`MAX_UNRESOLVED_NAMES`]).
+    unresolved_names: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
+    /// TLS handshakes that failed (no or a wrong client certificate, a
+    /// plaintext client, a timeout), by port.
+    pub tls_handshake_failures: Family<PortLabels, Counter>,
 }
 
 impl Metrics {
@@ -383,6 +397,9 @@ impl Metrics {
             request_log_records: Family::default(),
             request_log_bytes: Family::default(),
             request_log_failures: Family::default(),
+            tls_reloads: Family::default(),
+            unresolved_names: std::sync::Mutex::default(),
+            tls_handshake_failures: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -582,6 +599,16 @@ impl Metrics {
             "Times a model's request log could not be written (disk full, directory gone) and stopped for a while",
             metrics.request_log_failures.clone(),
         );
+        registry.register(
+            "sluice_tls_reloads",
+            "TLS certificate reloads after the files changed, by outcome: ok, refused (the current ones stay)",
+            metrics.tls_reloads.clone(),
+        );
+        registry.register(
+            "sluice_tls_handshake_failures",
+            "TLS handshakes that failed (a missing or unknown client certificate, a plaintext client, a timeout), by port",
+            metrics.tls_handshake_failures.clone(),
+        );
         Arc::new(Metrics { registry, ..metrics })
     }
 
@@ -682,6 +709,23 @@ impl Metrics {
             }
         }
         handles
+    }
+
+    /// The label of a name a request asked for that resolved to nothing:
+    /// the name itself for the first [`MAX_UNRESOLVED_NAMES`] such names,
+    /// [`UNKNOWN_NAME`] for any other, so that clients inventing names
+    /// cannot grow the metrics without bound.
+    pub fn unresolved_name(&self, name: &str) -> Arc<str> {
+        let mut seen = self.unresolved_names.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(known) = seen.get(name) {
+            return known.clone();
+        }
+        if seen.len() >= MAX_UNRESOLVED_NAMES {
+            return Arc::from(UNKNOWN_NAME);
+        }
+        let label: Arc<str> = Arc::from(name);
+        seen.insert(label.clone());
+        label
     }
 
     /// The request log handles of model `model`.

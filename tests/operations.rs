@@ -436,3 +436,23 @@ async fn compute_threads_take_compute_nice_and_background_threads_always_run_bel
     assert_eq!(background[0].1, (base + sluice::threads::BACKGROUND_NICE as i64).min(19), "{threads:?}");
     assert!(rest.iter().all(|(_, nice)| *nice == base), "{threads:?}");
 }
+
+#[tokio::test]
+async fn names_clients_invent_add_a_bounded_number_of_metric_series() {
+    let server = Server::start(&["--model_name", "mlp", "--model_base_path", "examples/models/mlp"]);
+    let mut grpc = server.predict_client().await;
+    let limit = sluice::metrics::MAX_UNRESOLVED_NAMES;
+    for i in 0..limit + 50 {
+        let unknown = predict_request(&format!("invented-{i}"), vec![("x", f32_content(&[1, 64], &values(9, 64)))]);
+        assert_eq!(grpc.predict(unknown).await.expect_err("unknown model").code(), tonic::Code::NotFound);
+    }
+    let text = server.metrics().await;
+    let invented: std::collections::HashSet<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_serving_request_count_total{") && l.contains("invented-"))
+        .filter_map(|l| l.split("model_name=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(invented.len(), limit, "each of the first {limit} names is its own series");
+    let unknown = requests(sluice::metrics::UNKNOWN_NAME, "grpc", "NOT_FOUND");
+    assert_eq!(metric_value(&text, &unknown), 50.0, "the rest share one series: {unknown}");
+}

@@ -208,6 +208,7 @@ async fn a_change_against_a_stale_revision_is_refused_and_a_corrupted_blob_is_no
         ..Default::default()
     };
     let runtime = tokio::runtime::Handle::current();
+    let (config_again, runtime_again) = (config.clone(), runtime.clone());
     let (first, stale) = tokio::task::spawn_blocking(move || {
         let shared = SharedRegistry::new(&config, runtime).expect("client");
         let manifest =
@@ -221,6 +222,15 @@ async fn a_change_against_a_stale_revision_is_refused_and_a_corrupted_blob_is_no
         shared.put_blob(&"0".repeat(64), b"tampered").expect("put");
         let tampered = shared.blob(&"0".repeat(64)).expect_err("tampered blob");
         assert!(tampered.message().contains("corrupted"), "{tampered}");
+        // One larger than plugins.shared.max_blob_mib is refused unread.
+        let small = SharedRegistry::new(
+            &sluice::config::plugins::SharedRegistryConfig { max_blob_mib: 1, ..config_again },
+            runtime_again,
+        )
+        .expect("client");
+        small.put_blob(&"1".repeat(64), &vec![7u8; (1 << 20) + 1]).expect("put");
+        let huge = small.blob(&"1".repeat(64)).expect_err("an oversized blob");
+        assert!(huge.message().contains("more than plugins.shared.max_blob_mib"), "{huge}");
         (first, stale)
     })
     .await

@@ -162,7 +162,7 @@ impl RequestContext {
         let (model, pipeline) = match target {
             Some(t) => (t.version.model_label(), t.pipeline.name_label()),
             None => {
-                let name: Arc<str> = Arc::from(self.name.as_str());
+                let name = self.metrics.unresolved_name(&self.name);
                 (name.clone(), name)
             }
         };

@@ -1,5 +1,6 @@
 //! `sluice config check`: everything a config file refers to on disk —
-//! model repositories and the versions the policies pick, version labels,
+//! TLS certificates and keys (read, and the key matched to the
+//! certificate), model repositories and the versions the policies pick, version labels,
 //! plugin files, label files, embedded feature tables (read in full), the
 //! ONNX Runtime library — and then every configured plugin loaded as the
 //! server loads it and checked against the versions of its model the
@@ -112,6 +113,13 @@ pub fn check_files(config: &Config) -> Result<Summary, Invalid> {
     let mut lines = Vec::new();
     if config.models.is_empty() {
         return Err(invalid!("no [[models]]: the file serves nothing; add a [[models]] table with name and base_path"));
+    }
+    if let Some(tls) = &config.server.tls {
+        crate::server::tls::check(tls).map_err(|e| invalid!("{}", e.message()))?;
+        lines.push(format!(
+            "TLS on every port{}",
+            if tls.client_verify { ", client certificates required" } else { "" }
+        ));
     }
     for (i, model) in config.models.iter().enumerate() {
         let key = format!("models[{i}]");

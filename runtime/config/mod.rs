@@ -17,6 +17,7 @@ pub mod plugins;
 pub mod stage;
 pub mod telemetry;
 pub mod tf_model_config;
+pub mod tls;
 pub mod upstream;
 
 use std::collections::{BTreeMap, HashSet};
@@ -35,6 +36,7 @@ pub use self::onnx::OnnxOptions;
 pub use self::plugins::{InstancePolicy, PluginLimits, PluginsConfig};
 pub use self::stage::{StageConfig, StageKind, StageRole};
 pub use self::telemetry::TracingConfig;
+pub use self::tls::TlsConfig;
 pub use self::upstream::UpstreamConfig;
 
 /// Everything the server is configured with.
@@ -258,6 +260,9 @@ pub struct ServerConfig {
     /// Which threads serve the gRPC port: `per_core` (a single-threaded
     /// runtime per core) or `shared` (tokio's work-stealing runtime).
     pub grpc_threads: GrpcThreads,
+    /// TLS on the gRPC, REST and admin ports (not the Unix socket); off
+    /// when absent.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -282,6 +287,7 @@ impl Default for ServerConfig {
             compute_nice: 0,
             inline_inference_micros: DEFAULT_INLINE_INFERENCE_MICROS,
             grpc_threads: GrpcThreads::PerCore,
+            tls: None,
         }
     }
 }
@@ -478,6 +484,9 @@ impl Config {
                 *dir = base.join(&*dir);
             }
         }
+        if let Some(tls) = &mut config.server.tls {
+            tls.resolve(base);
+        }
         if let Some(library) = &mut config.onnxruntime.library {
             if library.is_relative() {
                 *library = base.join(&*library);
@@ -506,6 +515,9 @@ impl Config {
         }
         check_between("server.compute_nice", self.server.compute_nice, 0, 19)?;
         self.tracing.check()?;
+        if let Some(tls) = &self.server.tls {
+            tls.check()?;
+        }
         check_at_most(
             "server.inline_inference_micros",
             usize::try_from(self.server.inline_inference_micros).unwrap_or(usize::MAX),

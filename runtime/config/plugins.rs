@@ -73,6 +73,9 @@ pub struct SharedRegistryConfig {
     pub reconcile_seconds: u64,
     /// How long one Redis call may take, in milliseconds.
     pub timeout_ms: u64,
+    /// The largest plugin blob read from Redis, in MiB: a larger value is
+    /// refused by its length (`STRLEN`) before it is read.
+    pub max_blob_mib: u64,
 }
 
 impl Default for SharedRegistryConfig {
@@ -82,6 +85,7 @@ impl Default for SharedRegistryConfig {
             key_prefix: "sluice:".to_string(),
             reconcile_seconds: 5,
             timeout_ms: 2000,
+            max_blob_mib: 256,
         }
     }
 }

@@ -71,6 +71,52 @@ pub fn prometheus_path(text: &str) -> Result<Option<String>, Invalid> {
     Ok(found)
 }
 
+/// TF Serving's `--ssl_config_file`: an `SSLConfig` in text format, the
+/// PEM blocks inside it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SslConfig {
+    /// The server's private key, PEM.
+    pub server_key: String,
+    /// The server's certificate chain, PEM.
+    pub server_cert: String,
+    /// The CA that signs client certificates, PEM (for `client_verify`).
+    pub custom_ca: String,
+    /// Clients must present a certificate signed by `custom_ca`.
+    pub client_verify: bool,
+}
+
+/// Reads an `SSLConfig`: `server_key`, `server_cert`, `custom_ca`,
+/// `client_verify`; any other field is named.
+pub fn ssl_config(text: &str) -> Result<SslConfig, Invalid> {
+    let fields = Parser { text: text.as_bytes(), at: 0, line: 1 }.message(true)?;
+    let mut config = SslConfig::default();
+    for (key, node) in fields {
+        let Node::Scalar(value) = node else {
+            return Err(invalid!(
+                "{key} is a message; an SSLConfig holds server_key, server_cert, custom_ca, client_verify"
+            ));
+        };
+        match key.as_str() {
+            "server_key" => config.server_key = value,
+            "server_cert" => config.server_cert = value,
+            "custom_ca" => config.custom_ca = value,
+            "client_verify" => {
+                config.client_verify = match value.as_str() {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    other => return Err(invalid!("client_verify = {other}: expected true or false")),
+                }
+            }
+            other => {
+                return Err(invalid!(
+                    "{other} is not a field of SSLConfig; expected server_key, server_cert, custom_ca, client_verify"
+                ))
+            }
+        }
+    }
+    Ok(config)
+}
+
 /// The models a `ModelServerConfig` lists; relative base paths are taken
 /// from `base`.
 pub fn parse(text: &str, base: &Path) -> Result<Vec<ModelConfig>, Invalid> {
@@ -391,13 +437,37 @@ impl Parser<'_> {
     }
 
     fn scalar(&mut self) -> Result<String, Invalid> {
+        let quoted = matches!(self.peek(), Some(b'"' | b'\''));
+        let mut text = self.one_scalar()?;
+        // Adjacent strings are one ("-----BEGIN…\n" "MIIB…"), as in
+        // protobuf's text format: how PEM blocks are written into one.
+        loop {
+            let (at, line) = (self.at, self.line);
+            self.skip_space();
+            if quoted && matches!(self.peek(), Some(b'"' | b'\'')) {
+                text.push_str(&self.one_scalar()?);
+            } else {
+                (self.at, self.line) = (at, line);
+                return Ok(text);
+            }
+        }
+    }
+
+    fn one_scalar(&mut self) -> Result<String, Invalid> {
         match self.peek() {
             Some(quote @ (b'"' | b'\'')) => {
+                let opened = self.line;
                 self.at += 1;
                 let mut out = Vec::new();
                 loop {
                     match self.peek() {
-                        None | Some(b'\n') => return Err(invalid!("line {}: a string is not closed", self.line)),
+                        None => return Err(invalid!("line {opened}: a string is not closed")),
+                        // A PEM block pasted as is spans lines.
+                        Some(b'\n') => {
+                            out.push(b'\n');
+                            self.line += 1;
+                            self.at += 1;
+                        }
                         Some(b) if b == quote => {
                             self.at += 1;
                             break;
@@ -513,6 +583,22 @@ model_config_list {
         assert_eq!(logging.filename_prefix, Path::new("/base/logs/m"));
         assert_eq!(logging.sampling_rate, 0.25);
         assert_eq!(logging.collector, "");
+    }
+
+    #[test]
+    fn reads_tf_servings_ssl_config_with_pem_blocks_in_every_form() {
+        let text = "server_key: '-----BEGIN PRIVATE KEY-----\\nAAA\\n-----END PRIVATE KEY-----'\n\
+                    server_cert: \"-----BEGIN CERTIFICATE-----\\n\" \"BBB\\n\"\n  \"-----END CERTIFICATE-----\"\n\
+                    custom_ca: \"-----BEGIN CERTIFICATE-----\nCCC\n-----END CERTIFICATE-----\"\n\
+                    client_verify: true";
+        let config = ssl_config(text).unwrap();
+        assert_eq!(config.server_key, "-----BEGIN PRIVATE KEY-----\nAAA\n-----END PRIVATE KEY-----");
+        assert_eq!(config.server_cert, "-----BEGIN CERTIFICATE-----\nBBB\n-----END CERTIFICATE-----");
+        assert_eq!(config.custom_ca, "-----BEGIN CERTIFICATE-----\nCCC\n-----END CERTIFICATE-----");
+        assert!(config.client_verify);
+        assert!(ssl_config("server_pem: 'x'").unwrap_err().0.contains("server_pem is not a field of SSLConfig"));
+        assert!(ssl_config("client_verify: maybe").unwrap_err().0.contains("client_verify = maybe"));
+        assert!(ssl_config("server_key: 'open").unwrap_err().0.contains("line 1: a string is not closed"));
     }
 
     #[test]

@@ -163,6 +163,18 @@ impl SharedRegistry {
     /// The bytes stored under `sha256`, refused unless they hash to it.
     pub fn blob(&self, sha256: &str) -> Result<Vec<u8>> {
         let key = self.key(&format!("blob:{sha256}"));
+        // Its length first: a value Redis holds is read only when it can
+        // be a plugin.
+        let length: u64 =
+            self.call("sizing a plugin", async |c| redis::cmd("STRLEN").arg(&key).query_async(c).await)?;
+        let max = self.config.max_blob_mib << 20;
+        if length > max {
+            return Err(Error::resource_exhausted(format!(
+                "the shared registry's blob {sha256} holds {length} bytes, more than plugins.shared.max_blob_mib \
+                 ({} MiB); it is not read",
+                self.config.max_blob_mib
+            )));
+        }
         let bytes: Option<Vec<u8>> =
             self.call("reading a plugin", async |c| redis::cmd("GET").arg(&key).query_async(c).await)?;
         let bytes =

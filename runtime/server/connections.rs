@@ -5,7 +5,9 @@
 //! nothing), at most `max_concurrent_streams` HTTP/2 streams per
 //! connection, and HTTP/2 keep-alive pings that close connections whose
 //! peer is gone. One loop serves every port (gRPC, REST, admin, the Unix
-//! socket), HTTP/1.1 and HTTP/2 alike.
+//! socket), HTTP/1.1 and HTTP/2 alike, in TLS when the port has it (the
+//! handshake, bounded by the same header timeout, on the connection's own
+//! task).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
+use super::tls::Tls;
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 
@@ -32,6 +35,7 @@ pub struct Limits {
     header_read_timeout: Duration,
     open: Gauge,
     refused: Counter,
+    handshake_failures: Counter,
 }
 
 impl Limits {
@@ -46,6 +50,9 @@ impl Limits {
             header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
             open: metrics.connections_open.get_or_create_owned(&crate::metrics::PortLabels { port }),
             refused: metrics.connections_refused.get_or_create_owned(&crate::metrics::PortLabels { port }),
+            handshake_failures: metrics
+                .tls_handshake_failures
+                .get_or_create_owned(&crate::metrics::PortLabels { port }),
         }
     }
 
@@ -100,10 +107,33 @@ impl Listener for tokio::net::UnixListener {
 /// Serves `router` on `listener` until `stop` says so; then stops
 /// accepting, lets the connections finish what they have (HTTP/2 gets a
 /// GOAWAY, idle HTTP/1.1 connections close), and resolves once they have.
-pub async fn serve(listener: impl Listener, router: axum::Router, limits: Limits, stop: watch::Receiver<bool>) {
-    let connections = Connections::new(router, &limits);
+pub async fn serve(
+    listener: impl Listener,
+    router: axum::Router,
+    limits: Limits,
+    tls: Option<Arc<Tls>>,
+    stop: watch::Receiver<bool>,
+) {
+    let connections = Connections::new(router, &limits, tls);
     accept(listener, &limits, stop, |io, place| connections.serve(io, place, || ())).await;
     connections.finish().await;
+}
+
+/// Closes a connection whose handshake was refused so that the client
+/// reads the TLS alert saying why (certificate required, unknown CA): a
+/// close with the client's request still unread would reset the
+/// connection, and the client would see only that. Bounded: half a
+/// second of reading, then the connection is dropped.
+async fn linger<I: AsyncRead + AsyncWrite + Unpin>(mut io: I) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if io.shutdown().await.is_err() {
+        return;
+    }
+    let mut discard = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while matches!(io.read(&mut discard).await, Ok(n) if n > 0) {}
+    })
+    .await;
 }
 
 /// A connection's place under `max_connections`, freed when it closes.
@@ -151,12 +181,23 @@ pub struct Connections {
     builder: Builder<TokioExecutor>,
     graceful: GracefulShutdown,
     open: Gauge,
+    tls: Option<Arc<Tls>>,
+    handshake_timeout: Duration,
+    handshake_failures: Counter,
 }
 
 impl Connections {
-    /// Connections to `router`, served under `limits`.
-    pub fn new(router: axum::Router, limits: &Limits) -> Connections {
-        Connections { router, builder: limits.builder(), graceful: GracefulShutdown::new(), open: limits.open.clone() }
+    /// Connections to `router`, served under `limits`, in TLS with `tls`.
+    pub fn new(router: axum::Router, limits: &Limits, tls: Option<Arc<Tls>>) -> Connections {
+        Connections {
+            router,
+            builder: limits.builder(),
+            graceful: GracefulShutdown::new(),
+            open: limits.open.clone(),
+            tls,
+            handshake_timeout: limits.header_read_timeout,
+            handshake_failures: limits.handshake_failures.clone(),
+        }
     }
 
     /// Serves `io` on the current runtime until it closes; then frees its
@@ -166,14 +207,43 @@ impl Connections {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let service = TowerToHyperService::new(self.router.clone());
-        let connection = self.builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned();
-        let connection = self.graceful.watch(connection);
         let open = self.open.clone();
         open.inc();
+        let Some(tls) = &self.tls else {
+            let connection = self.builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned();
+            let connection = self.graceful.watch(connection);
+            tokio::spawn(async move {
+                // Errors here are the client's (reset, garbage, timeouts).
+                if let Err(e) = connection.await {
+                    tracing::debug!("connection closed: {e}");
+                }
+                open.dec();
+                drop(place);
+                closed();
+            });
+            return;
+        };
+        let (acceptor, builder, watcher) = (tls.acceptor(), self.builder.clone(), self.graceful.watcher());
+        let (timeout, failures) = (self.handshake_timeout, self.handshake_failures.clone());
         tokio::spawn(async move {
-            // Errors here are the client's (reset, garbage, timeouts).
-            if let Err(e) = connection.await {
-                tracing::debug!("connection closed: {e}");
+            match tokio::time::timeout(timeout, acceptor.accept(io).into_fallible()).await {
+                Ok(Ok(stream)) => {
+                    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    if let Err(e) = watcher.watch(connection.into_owned()).await {
+                        tracing::debug!("connection closed: {e}");
+                    }
+                }
+                // A client without a valid certificate, or one that does
+                // not speak TLS: refused before any request is read.
+                Ok(Err((e, io))) => {
+                    failures.inc();
+                    tracing::debug!("TLS handshake refused: {e}");
+                    linger(io).await;
+                }
+                Err(_) => {
+                    failures.inc();
+                    tracing::debug!("TLS handshake not done within {} ms", timeout.as_millis());
+                }
             }
             open.dec();
             drop(place);

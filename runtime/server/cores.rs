@@ -31,6 +31,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::connections::{self, Connections, Limits, Place};
+use super::tls::Tls;
 use crate::error::{Error, Result};
 
 /// How many cores the gRPC port is served by.
@@ -53,6 +54,7 @@ pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
     limits: Limits,
+    tls: Option<Arc<Tls>>,
     stop: watch::Receiver<bool>,
     cores: usize,
 ) -> Result<impl Future<Output = ()>> {
@@ -64,7 +66,7 @@ pub async fn serve(
         let (started, started_rx) = oneshot::channel::<Result<()>>();
         let (done, done_rx) = oneshot::channel::<()>();
         let open = Arc::new(AtomicUsize::new(0));
-        let connections = Connections::new(router.clone(), &limits);
+        let connections = Connections::new(router.clone(), &limits, tls.clone());
         let served = open.clone();
         std::thread::Builder::new()
             .name(format!("grpc-core-{core}"))

@@ -19,8 +19,10 @@ use tokio::sync::watch;
 mod connections;
 mod cores;
 pub mod telemetry;
+pub mod tls;
 
 use self::connections::Limits;
+use self::tls::Tls;
 use crate::api::context::ServingState;
 use crate::api::grpc::{InferenceApi, ModelStatusApi, PredictionApi};
 use crate::api::health::Lifecycle;
@@ -82,6 +84,9 @@ pub async fn serve(
         (true, Some(port)) => Some(bind(&config.server.host, port).await?),
         _ => None,
     };
+    // Certificates are read before anything serves: a bad one fails the
+    // start, naming the file.
+    let tls = config.server.tls.as_ref().map(|tls| Tls::load(tls, &metrics)).transpose()?;
     let addresses = Addresses {
         grpc: local_addr(&grpc_listener)?,
         http: local_addr(&http_listener)?,
@@ -89,6 +94,13 @@ pub async fn serve(
     };
 
     let (stopping_tx, stopping_rx) = watch::channel(false);
+    if let Some(tls) = &tls {
+        tls.watch(stopping_rx.clone());
+        tracing::info!(
+            client_verify = config.server.tls.as_ref().is_some_and(|t| t.client_verify),
+            "TLS on the gRPC, REST and admin ports"
+        );
+    }
     tokio::spawn({
         let lifecycle = lifecycle.clone();
         async move {
@@ -116,12 +128,13 @@ pub async fn serve(
     let admin_server = admin_listener.map(|listener| {
         let state = RestState { admin: admin.clone(), ..rest_state.clone() };
         let limits = Limits::new(&config.server, &metrics, "admin");
-        tokio::spawn(connections::serve(listener, rest::admin_router(state), limits, http_stop_rx.clone()))
+        tokio::spawn(connections::serve(listener, rest::admin_router(state), limits, tls.clone(), http_stop_rx.clone()))
     });
     let http = tokio::spawn(connections::serve(
         http_listener,
         rest::router(rest_state),
         Limits::new(&config.server, &metrics, "http"),
+        tls.clone(),
         http_stop_rx,
     ));
     announce.http_open(addresses);
@@ -186,7 +199,7 @@ pub async fn serve(
                 .map_err(|e| Error::unavailable(format!("cannot listen on the Unix socket {}: {e}", path.display())))?;
             tracing::info!(socket = %path.display(), "gRPC on a Unix socket too");
             let limits = Limits::new(&config.server, &metrics, "grpc_socket");
-            Some(tokio::spawn(connections::serve(listener, grpc_routes.clone(), limits, stopping_rx.clone())))
+            Some(tokio::spawn(connections::serve(listener, grpc_routes.clone(), limits, None, stopping_rx.clone())))
         }
     };
 
@@ -202,12 +215,14 @@ pub async fn serve(
     let grpc_limits = Limits::new(&config.server, &metrics, "grpc");
     let grpc: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match config.server.grpc_threads {
         GrpcThreads::Shared => {
-            Box::pin(connections::serve(grpc_listener, grpc_routes, grpc_limits, stopping_rx.clone()))
+            Box::pin(connections::serve(grpc_listener, grpc_routes, grpc_limits, tls.clone(), stopping_rx.clone()))
         }
         GrpcThreads::PerCore => {
             let count = cores::count();
             tracing::info!(cores = count, "gRPC served by a runtime per core");
-            Box::pin(cores::serve(grpc_listener, grpc_routes, grpc_limits, stopping_rx.clone(), count).await?)
+            Box::pin(
+                cores::serve(grpc_listener, grpc_routes, grpc_limits, tls.clone(), stopping_rx.clone(), count).await?,
+            )
         }
     };
     announce.ready(addresses);

@@ -1,0 +1,397 @@
+//! TLS and mutual TLS on every port, through the real server, with the
+//! clients teams use: TF Serving's official Python client over
+//! `grpc.ssl_channel_credentials` (with and without a client certificate),
+//! tritonclient's gRPC client with SSL, and curl with `--cert`. A wrong
+//! CA, an expired certificate and a plaintext client each get a clear
+//! refusal; certificates rotate on disk with no failed request; TF
+//! Serving's `--ssl_config_file` is read as TF Serving writes it. Every
+//! certificate is made here (rcgen).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use serde_json::Value;
+
+/// A CA and what it signs, written as PEM files into a directory.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let pki = Pki { dir: tempfile::tempdir().expect("temp dir") };
+        let ca = pki.ca("ca", "sluice test CA");
+        pki.leaf(&ca, "server", "server-a", &["localhost", "127.0.0.1"], None);
+        pki.leaf(&ca, "server-b", "server-b", &["localhost", "127.0.0.1"], None);
+        pki.leaf(&ca, "client", "team-a", &[], None);
+        pki.leaf(&ca, "expired", "server-expired", &["localhost", "127.0.0.1"], Some((2020, 2021)));
+        let rogue = pki.ca("rogue-ca", "someone else's CA");
+        pki.leaf(&rogue, "rogue-client", "intruder", &[], None);
+        pki
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn arg(&self, name: &str) -> String {
+        self.path(name).display().to_string()
+    }
+
+    fn ca(&self, file: &str, name: &str) -> Issuer<'static, KeyPair> {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.self_signed(&key).expect("self-signed CA");
+        std::fs::write(self.path(&format!("{file}.pem")), cert.pem()).expect("write CA");
+        Issuer::new(params, key)
+    }
+
+    fn leaf(&self, ca: &Issuer<'_, KeyPair>, file: &str, name: &str, names: &[&str], years: Option<(i32, i32)>) {
+        let key = KeyPair::generate().expect("key");
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("params");
+        params.distinguished_name.push(DnType::CommonName, name);
+        if let Some((from, to)) = years {
+            params.not_before = rcgen::date_time_ymd(from, 1, 1);
+            params.not_after = rcgen::date_time_ymd(to, 1, 1);
+        }
+        let cert = params.signed_by(&key, ca).expect("sign");
+        std::fs::write(self.path(&format!("{file}.pem")), cert.pem()).expect("write cert");
+        std::fs::write(self.path(&format!("{file}.key")), key.serialize_pem()).expect("write key");
+    }
+}
+
+fn mlp_config(tls: &str) -> String {
+    format!(
+        r#"
+[server.tls]
+{tls}
+
+[[models]]
+name = "mlp"
+base_path = "$ROOT/examples/models/mlp"
+onnx = {{ sessions = 1, intra_op_threads = 1 }}
+"#
+    )
+}
+
+/// One request by an official client: `kind` (`tfserving`, `triton`),
+/// trusting `ca`, with a client certificate and key when given.
+fn case(kind: &str, ca: &str, cert: Option<(&str, &str)>) -> Value {
+    let mut case = serde_json::json!({ "kind": kind, "ca": ca });
+    if let Some((cert, key)) = cert {
+        case["cert"] = cert.into();
+        case["key"] = key.into();
+    }
+    case
+}
+
+/// The official clients' answers to `cases`, in one Python process of
+/// `venv` (TF Serving's client is in the TensorFlow venv, tritonclient in
+/// the KServe one), one `{"ok": …}` per case.
+fn clients(venv: &str, addr: SocketAddr, cases: &[Value]) -> Vec<Value> {
+    let python = root().join(venv).join("bin/python");
+    assert!(python.exists(), "{} is missing: run scripts/setup", python.display());
+    let output = Command::new(python)
+        .arg(root().join("tests/tls/clients.py"))
+        .arg(format!("localhost:{}", addr.port()))
+        .arg(Value::Array(cases.to_vec()).to_string())
+        .env("TF_CPP_MIN_LOG_LEVEL", "3")
+        .output()
+        .expect("run the clients");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap_or_else(|_| {
+        panic!("the clients printed no answers: {stdout}\n{}", String::from_utf8_lossy(&output.stderr))
+    })
+}
+
+/// TF Serving's Python client's answers to `cases`.
+fn tf_clients(addr: SocketAddr, cases: &[Value]) -> Vec<Value> {
+    clients(".cache/tf-venv", addr, cases)
+}
+
+fn tf_client(addr: SocketAddr, ca: &str, cert: Option<(&str, &str)>) -> Value {
+    tf_clients(addr, &[case("tfserving", ca, cert)]).remove(0)
+}
+
+/// curl's exit code, stdout and stderr.
+fn curl(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new("curl").args(["-sS", "--max-time", "20"]).args(args).output().expect("run curl");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn https(addr: SocketAddr, path: &str) -> String {
+    format!("https://localhost:{}{path}", addr.port())
+}
+
+fn metric(pki: &Pki, addr: SocketAddr, series: &str) -> f64 {
+    let (code, body, stderr) = curl(&[
+        "--cacert",
+        &pki.arg("ca.pem"),
+        "--cert",
+        &pki.arg("client.pem"),
+        "--key",
+        &pki.arg("client.key"),
+        &https(addr, "/metrics"),
+    ]);
+    assert_eq!(code, 0, "metrics over TLS: {stderr}");
+    metric_value(&body, series)
+}
+
+#[test]
+fn mutual_tls_serves_official_clients_with_certificates_and_refuses_the_rest() {
+    let pki = Pki::new();
+    let server = Server::with_config(&mlp_config(&format!(
+        "cert_file = \"{}\"\nkey_file = \"{}\"\nclient_ca_file = \"{}\"\nclient_verify = true",
+        pki.arg("server.pem"),
+        pki.arg("server.key"),
+        pki.arg("ca.pem")
+    )));
+    let (ca, cert, key) = (pki.arg("ca.pem"), pki.arg("client.pem"), pki.arg("client.key"));
+
+    // TF Serving's client and tritonclient, each with its certificate; and
+    // refused in the handshake: no certificate, one from another CA, a
+    // client that does not trust the server's CA.
+    let rogue = (pki.arg("rogue-client.pem"), pki.arg("rogue-client.key"));
+    let answers = tf_clients(
+        server.grpc,
+        &[
+            case("tfserving", &ca, Some((&cert, &key))),
+            case("tfserving", &ca, None),
+            case("tfserving", &ca, Some((&rogue.0, &rogue.1))),
+            case("tfserving", &pki.arg("rogue-ca.pem"), Some((&cert, &key))),
+        ],
+    );
+    let answer = &answers[0];
+    assert_eq!(answer["ok"], true, "{answer}");
+    for (refused, what) in answers[1..].iter().zip(["no client certificate", "another CA's", "an untrusted server"]) {
+        assert_eq!(refused["ok"], false, "{what}: {refused}");
+        assert_eq!(refused["code"], "UNAVAILABLE", "{what}: {refused}");
+    }
+    let triton = clients(".cache/kserve-venv", server.grpc, &[case("triton", &ca, Some((&cert, &key)))]).remove(0);
+    assert_eq!(triton["ok"], true, "{triton}");
+    let refused = clients(".cache/kserve-venv", server.grpc, &[case("triton", &ca, None)]).remove(0);
+    assert_eq!(refused["ok"], false, "tritonclient without a certificate: {refused}");
+    assert_eq!(triton["first"], answer["first"], "both protocols answer the same over TLS");
+    // curl on the REST port, with its certificate.
+    let (code, body, stderr) =
+        curl(&["--cacert", &ca, "--cert", &cert, "--key", &key, &https(server.http, "/v1/models/mlp")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(body.contains("AVAILABLE"), "{body}");
+
+    let (code, _, stderr) = curl(&["--cacert", &ca, &https(server.http, "/v1/models/mlp")]);
+    assert_ne!(code, 0, "curl without a client certificate must be refused");
+    assert!(stderr.contains("alert") || stderr.contains("certificate"), "{stderr}");
+    let (code, _, stderr) = curl(&["--cacert", &pki.arg("rogue-ca.pem"), &https(server.http, "/v1/models/mlp")]);
+    assert_eq!(code, 60, "curl refuses an unknown issuer: {stderr}");
+    // Plaintext against a TLS port: no answer, the connection closes.
+    let (code, _, stderr) = curl(&[&format!("http://127.0.0.1:{}/v1/models/mlp", server.http.port())]);
+    assert_ne!(code, 0, "a plaintext request on a TLS port must not be answered: {stderr}");
+
+    // Every refusal was counted, and the server still serves.
+    assert!(metric(&pki, server.http, "sluice_tls_handshake_failures_total{port=\"grpc\"}") >= 3.0);
+    assert!(metric(&pki, server.http, "sluice_tls_handshake_failures_total{port=\"http\"}") >= 2.0);
+    let again = tf_client(server.grpc, &ca, Some((&cert, &key)));
+    assert_eq!(again["ok"], true, "{again}");
+}
+
+#[test]
+fn tls_without_client_verify_serves_any_client_that_trusts_the_server() {
+    let pki = Pki::new();
+    let server = Server::with_config(&mlp_config(&format!(
+        "cert_file = \"{}\"\nkey_file = \"{}\"",
+        pki.arg("server.pem"),
+        pki.arg("server.key")
+    )));
+    let answer = tf_client(server.grpc, &pki.arg("ca.pem"), None);
+    assert_eq!(answer["ok"], true, "{answer}");
+    let (code, body, stderr) = curl(&["--cacert", &pki.arg("ca.pem"), &https(server.http, "/v1/models/mlp/metadata")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(body.contains("serving_default"), "{body}");
+}
+
+#[test]
+fn an_expired_certificate_is_refused_by_clients_naming_it() {
+    let pki = Pki::new();
+    let server = Server::with_config(&mlp_config(&format!(
+        "cert_file = \"{}\"\nkey_file = \"{}\"",
+        pki.arg("expired.pem"),
+        pki.arg("expired.key")
+    )));
+    let (code, _, stderr) = curl(&["--cacert", &pki.arg("ca.pem"), &https(server.http, "/v1/models/mlp")]);
+    assert_eq!(code, 60, "{stderr}");
+    assert!(stderr.contains("expired"), "curl names the expired certificate: {stderr}");
+    let answer = tf_client(server.grpc, &pki.arg("ca.pem"), None);
+    assert_eq!(answer["code"], "UNAVAILABLE", "{answer}");
+}
+
+/// The subject CN of the certificate the server presents now.
+fn served_name(pki: &Pki, addr: SocketAddr) -> String {
+    let (code, _, stderr) = curl(&["-v", "--cacert", &pki.arg("ca.pem"), &https(addr, "/v1/models/mlp")]);
+    assert_eq!(code, 0, "{stderr}");
+    stderr
+        .lines()
+        .find_map(|l| l.split("subject: ").nth(1))
+        .and_then(|subject| subject.split("CN=").nth(1))
+        .map(|cn| cn.split([',', ';']).next().unwrap_or(cn).trim().to_string())
+        .unwrap_or_else(|| panic!("no subject in curl's output: {stderr}"))
+}
+
+#[test]
+fn certificates_rotate_on_disk_with_no_failed_request() {
+    let pki = Pki::new();
+    let (cert, key) = (pki.path("live.pem"), pki.path("live.key"));
+    std::fs::copy(pki.path("server.pem"), &cert).expect("copy");
+    std::fs::copy(pki.path("server.key"), &key).expect("copy");
+    let server = Server::with_config(&mlp_config(&format!(
+        "cert_file = \"{}\"\nkey_file = \"{}\"\nreload_interval_secs = 1",
+        cert.display(),
+        key.display()
+    )));
+    assert_eq!(served_name(&pki, server.http), "server-a");
+
+    // New connections, one after another, while the files change.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let load = {
+        let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
+        let (ca, url) = (pki.arg("ca.pem"), https(server.http, "/v1/models/mlp:predict"));
+        let body = serde_json::json!({ "instances": [values(1, 64)] }).to_string();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let (code, out, err) = curl(&["--cacert", &ca, "-d", &body, &url]);
+                sent.fetch_add(1, Ordering::Relaxed);
+                if code != 0 || !out.contains("predictions") {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("failed during the rotation: {code} {out} {err}");
+                }
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // A half-done rotation (the new certificate, the old key) is refused
+    // and the current pair keeps serving; the whole pair is taken.
+    std::fs::copy(pki.path("server-b.pem"), &cert).expect("rotate the certificate");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(served_name(&pki, server.http), "server-a", "a key that does not match is not served");
+    std::fs::copy(pki.path("server-b.key"), &key).expect("rotate the key");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while served_name(&pki, server.http) != "server-b" {
+        assert!(std::time::Instant::now() < deadline, "the new certificate is not served");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    load.join().expect("load thread");
+    assert!(sent.load(Ordering::Relaxed) >= 5, "too few requests during the rotation");
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "requests failed during the rotation");
+    let series = "sluice_tls_reloads_total";
+    let body = curl(&["--cacert", &pki.arg("ca.pem"), &https(server.http, "/metrics")]).1;
+    assert!(metric_value(&body, &format!("{series}{{outcome=\"refused\"}}")) >= 1.0, "the half rotation is counted");
+    assert!(metric_value(&body, &format!("{series}{{outcome=\"ok\"}}")) >= 1.0);
+}
+
+/// TF Serving's SSLConfig, the PEM blocks inline as its docs write them.
+fn ssl_config(pki: &Pki, cert: &str, key: &str, client_verify: bool) -> PathBuf {
+    let quote = |name: &str| {
+        let pem = std::fs::read_to_string(pki.path(name)).expect("pem");
+        format!("\"{}\"", pem.trim_end().replace('\n', "\\n"))
+    };
+    let text = format!(
+        "server_key: {}\nserver_cert: {}\ncustom_ca: {}\nclient_verify: {client_verify}\n",
+        quote(key),
+        quote(cert),
+        quote("ca.pem")
+    );
+    let path = pki.path("ssl.config");
+    std::fs::write(&path, text).expect("write ssl config");
+    path
+}
+
+#[test]
+fn tf_servings_ssl_config_file_serves_mutual_tls_and_bad_files_are_named() {
+    let pki = Pki::new();
+    let config = ssl_config(&pki, "server.pem", "server.key", true);
+    let mlp = root().join("examples/models/mlp");
+    let server = Server::start(&[
+        "--model_name",
+        "mlp",
+        "--model_base_path",
+        mlp.to_str().expect("utf-8"),
+        "--ssl_config_file",
+        config.to_str().expect("utf-8"),
+    ]);
+    let (cert, key) = (pki.arg("client.pem"), pki.arg("client.key"));
+    let answers = tf_clients(
+        server.grpc,
+        &[case("tfserving", &pki.arg("ca.pem"), Some((&cert, &key))), case("tfserving", &pki.arg("ca.pem"), None)],
+    );
+    assert_eq!(answers[0]["ok"], true, "{}", answers[0]);
+    assert_eq!(answers[1]["code"], "UNAVAILABLE", "{}", answers[1]);
+    drop(server);
+
+    // Files that do not make a server are refused before it serves, named.
+    let mismatched = ssl_config(&pki, "server.pem", "client.key", false);
+    let (code, _, stderr) = run_sluice(&[
+        "serve",
+        "--port",
+        "0",
+        "--rest_api_port",
+        "0",
+        "--model_name",
+        "mlp",
+        "--model_base_path",
+        mlp.to_str().expect("utf-8"),
+        "--ssl_config_file",
+        mismatched.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("server_cert of --ssl_config_file") && stderr.contains("do not make a certificate and its key"),
+        "{stderr}"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases = [
+        (
+            format!("cert_file = \"{}\"\nkey_file = \"{}\"", pki.arg("server.pem"), pki.arg("missing.key")),
+            "cannot read",
+        ),
+        (
+            format!("cert_file = \"{}\"\nkey_file = \"{}\"", pki.arg("server.key"), pki.arg("server.key")),
+            "holds no certificate",
+        ),
+        (
+            format!("cert_file = \"{}\"\nkey_file = \"{}\"", pki.arg("server.pem"), pki.arg("server.pem")),
+            "not a PEM private key",
+        ),
+        (
+            format!(
+                "cert_file = \"{}\"\nkey_file = \"{}\"\nclient_verify = true",
+                pki.arg("server.pem"),
+                pki.arg("server.key")
+            ),
+            "needs client_ca_file",
+        ),
+    ];
+    for (tls, expected) in cases {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, mlp_config(&tls).replace("$ROOT", &root().display().to_string())).expect("write");
+        let (code, _, stderr) = run_sluice(&["config", "check", path.to_str().expect("utf-8")]);
+        assert_eq!(code, Some(1), "{tls}");
+        assert!(stderr.contains(expected), "{tls}: {stderr}");
+    }
+}
