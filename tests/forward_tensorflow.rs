@@ -209,3 +209,45 @@ async fn a_tensorflow_upstream_failing_its_health_checks_is_ejected() {
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     assert!(err.message().contains("failing GetModelStatus"), "{}", err.message());
 }
+
+#[tokio::test]
+async fn a_tensorflow_upstream_behind_mutual_tls_is_reached_with_this_servers_certificate() {
+    let pki = common::pki::Pki::new();
+    let upstream = tensorflow(&[
+        "--ssl_cert",
+        &pki.arg("server.pem"),
+        "--ssl_key",
+        &pki.arg("server.key"),
+        "--client_ca",
+        &pki.arg("ca.pem"),
+    ]);
+    let tls = format!(
+        "[models.upstream.tls]\nca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        pki.arg("ca.pem"),
+        pki.arg("client.pem"),
+        pki.arg("client.key")
+    );
+    let server = front(&upstream, "", "", &tls);
+    let x = values(31, 64 * 2);
+    let mut client = server.predict_client().await;
+    let response = client.predict(request("mlp", &x, 2)).await.expect("forwarded over mutual TLS").into_inner();
+    let (_, onnx) = reference(&example_model("mlp", 2), vec![("x", RefInput::F32(vec![2, 64], x))], "logits");
+    assert_close(&f32_values(&response.outputs["logits"]), &onnx, 1e-5, "TensorFlow over TLS vs ONNX Runtime");
+
+    // A client certificate without its key is refused at the config check.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("half.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[models]]\nname = \"mlp\"\n[models.upstream]\nendpoints = [\"{}\"]\n[models.upstream.tls]\nca_file = \"{}\"\ncert_file = \"{}\"\n",
+            upstream.addr,
+            pki.arg("ca.pem"),
+            pki.arg("client.pem")
+        ),
+    )
+    .expect("write");
+    let output = refused_start(&config);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("upstream.tls: cert_file and key_file go together"), "{stderr}");
+}

@@ -459,6 +459,9 @@ impl Config {
             if model.upstream.is_none() && model.base_path.is_relative() {
                 model.base_path = base.join(&model.base_path);
             }
+            if let Some(tls) = model.upstream.as_mut().and_then(|u| u.tls.as_mut()) {
+                tls.resolve(base);
+            }
             if let Some(logging) = &mut model.logging {
                 if logging.filename_prefix.is_relative() {
                     logging.filename_prefix = base.join(&logging.filename_prefix);

@@ -2,6 +2,8 @@
 //! instances instead of run in ONNX Runtime. The backend that reads it is
 //! `infer::tfserving`.
 
+use std::path::{Path, PathBuf};
+
 use serde::Deserialize;
 
 use crate::error::Invalid;
@@ -40,6 +42,37 @@ pub struct UpstreamConfig {
     /// Consecutive failures (health checks or unreachable calls) after
     /// which an upstream is ejected; one passing health check returns it.
     pub eject_after_failures: u32,
+    /// TLS to the upstreams (TF Serving's `--ssl_config_file` on their
+    /// side); plaintext when absent.
+    pub tls: Option<UpstreamTls>,
+}
+
+/// `[models.upstream.tls]`: how the upstreams are verified, and the
+/// certificate this server shows them when they verify clients.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// The CA certificates the upstreams' certificates are signed by, PEM.
+    pub ca_file: PathBuf,
+    /// This server's client certificate chain, PEM (with `key_file`), for
+    /// upstreams started with `client_verify`.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key, PEM.
+    pub key_file: Option<PathBuf>,
+    /// The name the upstreams' certificates carry, when it is not the
+    /// endpoint's host.
+    pub domain: Option<String>,
+}
+
+impl UpstreamTls {
+    /// Makes relative paths relative to `base`.
+    pub fn resolve(&mut self, base: &Path) {
+        for path in [Some(&mut self.ca_file), self.cert_file.as_mut(), self.key_file.as_mut()].into_iter().flatten() {
+            if path.is_relative() {
+                *path = base.join(&*path);
+            }
+        }
+    }
 }
 
 impl Default for UpstreamConfig {
@@ -57,6 +90,7 @@ impl Default for UpstreamConfig {
             max_message_bytes: 64 << 20,
             health_check_ms: 1_000,
             eject_after_failures: 3,
+            tls: None,
         }
     }
 }
@@ -92,6 +126,13 @@ impl UpstreamConfig {
         }
         super::check_at_most(&format!("{key}.max_in_flight"), self.max_in_flight, super::MAX_COUNT)?;
         super::check_at_most(&format!("{key}.channels"), self.channels, super::MAX_THREADS)?;
+        if let Some(tls) = &self.tls {
+            if tls.cert_file.is_some() != tls.key_file.is_some() {
+                return Err(invalid!(
+                    "{key}.tls: cert_file and key_file go together (a client certificate and its key)"
+                ));
+            }
+        }
         if self.max_message_bytes < 1024 {
             return Err(invalid!("{key}.max_message_bytes = {}: must be at least 1024", self.max_message_bytes));
         }

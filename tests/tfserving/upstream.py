@@ -296,6 +296,9 @@ def main():
     parser.add_argument("--delay_ms", type=int, default=0)
     parser.add_argument("--fail_status_after", type=int, default=None)
     parser.add_argument("--enable_serialization_as_tensor_content", action="store_true")
+    parser.add_argument("--ssl_cert", help="serve TLS with this certificate chain (PEM file)")
+    parser.add_argument("--ssl_key", help="and this private key (PEM file)")
+    parser.add_argument("--client_ca", help="require client certificates signed by this CA (PEM file)")
     args = parser.parse_args()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="upstream %(asctime)s %(levelname)s %(message)s")
@@ -310,7 +313,18 @@ def main():
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(
         ModelService(models, args.fail_status_after), server)
     try:
-        port = server.add_insecure_port(f"127.0.0.1:{args.port}")
+        if args.ssl_cert:
+            def read(path):
+                with open(path, "rb") as f:
+                    return f.read()
+            credentials = grpc.ssl_server_credentials(
+                [(read(args.ssl_key), read(args.ssl_cert))],
+                root_certificates=read(args.client_ca) if args.client_ca else None,
+                require_client_auth=bool(args.client_ca),
+            )
+            port = server.add_secure_port(f"127.0.0.1:{args.port}", credentials)
+        else:
+            port = server.add_insecure_port(f"127.0.0.1:{args.port}")
     except RuntimeError:
         port = 0
     if port == 0:

@@ -26,8 +26,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use rand::Rng;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use crate::config::upstream::UpstreamTls;
 use crate::config::UpstreamConfig;
 use crate::error::{Code, Error, Result};
 use crate::metrics::{Metrics, UpstreamCodeLabels, UpstreamLabels};
@@ -100,6 +101,25 @@ impl Upstream {
     }
 }
 
+/// The TLS settings of a model's upstream connections: the CA their
+/// certificates are checked against, and this server's client certificate
+/// when it has one.
+fn client_tls(model: &str, tls: &UpstreamTls) -> Result<ClientTlsConfig> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            Error::invalid_argument(format!("model '{model}': upstream.tls: cannot read {}: {e}", path.display()))
+        })
+    };
+    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(&tls.ca_file)?));
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    if let Some(domain) = &tls.domain {
+        config = config.domain_name(domain.clone());
+    }
+    Ok(config)
+}
+
 /// Every upstream of one forwarded model.
 pub struct Fleet {
     /// The model's name here.
@@ -115,12 +135,19 @@ impl Fleet {
     /// their health.
     pub fn start(model: &str, config: &UpstreamConfig, metrics: &Metrics) -> Result<Arc<Fleet>> {
         let mut upstreams = Vec::with_capacity(config.endpoints.len());
+        let tls = config.tls.as_ref().map(|tls| client_tls(model, tls)).transpose()?;
         for address in &config.endpoints {
-            let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
                 .map_err(|e| Error::invalid_argument(format!("upstream \"{address}\": {e}")))?
                 .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
                 .tcp_nodelay(true)
                 .http2_adaptive_window(true);
+            if let Some(tls) = &tls {
+                endpoint = endpoint.tls_config(tls.clone()).map_err(|e| {
+                    Error::invalid_argument(format!("model '{model}': upstream \"{address}\": TLS: {e}"))
+                })?;
+            }
             // Each lazy channel is a connection of its own.
             let channels = (0..config.channels).map(|_| endpoint.connect_lazy()).collect();
             let labels = UpstreamLabels { model: model.to_string(), upstream: address.clone() };
