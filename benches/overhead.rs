@@ -88,8 +88,8 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let (sluice_pid, floor_pid) = (sluice.pid(), floor.pid());
     let (sluice_times, floor_times, round_gaps, cpu) = runtime.block_on(async {
-        let mut to_sluice = RawPredictClient::connect(&sluice.url()).await.expect("connect sluice");
-        let mut to_floor = RawPredictClient::connect(&floor.url()).await.expect("connect floor");
+        let mut to_sluice = RawPredictClient::connect(&sluice.url(), None).await.expect("connect sluice");
+        let mut to_floor = RawPredictClient::connect(&floor.url(), None).await.expect("connect floor");
         for _ in 0..1000 {
             to_sluice.predict(request.clone(), None).await.expect("sluice predict");
             to_floor.predict(request.clone(), None).await.expect("floor predict");

@@ -46,7 +46,7 @@ pub fn sluice_binary(binary: &Path, config: &Path, extra: &[&str]) -> ServerProc
 pub fn pool(runtime: &tokio::runtime::Runtime, target: &str, model: &str) -> RequestPool {
     runtime.block_on(async {
         let spec = ModelSpec { name: model.into(), ..Default::default() };
-        let specs = input_specs(target, &spec).await.expect("metadata");
+        let specs = input_specs(target, &spec, None).await.expect("metadata");
         random_pool(&specs, &spec, 1, &Default::default(), 16, 7).expect("pool")
     })
 }

@@ -129,7 +129,7 @@ impl Bench {
     fn pool(&self, target: &str, model: &str, shapes: &[(&str, Vec<i64>)], batch: i64) -> RequestPool {
         self.runtime.block_on(async {
             let spec = ModelSpec { name: model.to_string(), ..Default::default() };
-            let specs = input_specs(target, &spec).await.expect("metadata");
+            let specs = input_specs(target, &spec, None).await.expect("metadata");
             let shapes: HashMap<String, Vec<i64>> = shapes.iter().map(|(n, s)| (n.to_string(), s.clone())).collect();
             random_pool(&specs, &spec, batch, &shapes, 16, 7).expect("pool")
         })

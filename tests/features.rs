@@ -341,6 +341,56 @@ async fn embedded_tables_feed_the_pipeline_with_exactly_the_stored_features() {
 }
 
 #[tokio::test]
+async fn redis_over_mutual_tls_with_a_password_from_a_file_serves_features_and_never_logs_it() {
+    let pki = common::pki::Pki::new();
+    let password = "s3cret-redis-pass";
+    let redis = RedisServer::start_tls(&pki.arg("server.pem"), &pki.arg("server.key"), &pki.arg("ca.pem"), password);
+    let url = format!("rediss://localhost:{}", redis.port);
+    let config = write_config(&Store::Redis { url: &url, cache: false, on_error: "fail" });
+    let secret = config.path.with_file_name("redis-password");
+    std::fs::write(&secret, format!("{password}\n")).expect("password file");
+    let text = std::fs::read_to_string(&config.path).expect("config");
+    let access = format!(
+        "url = \"{url}\"\npassword_file = \"{}\"\ntls = {{ ca_file = \"{}\", cert_file = \"{}\", key_file = \"{}\" }}",
+        secret.display(),
+        pki.arg("ca.pem"),
+        pki.arg("client.pem"),
+        pki.arg("client.key")
+    );
+    std::fs::write(&config.path, text.replacen(&format!("url = \"{url}\""), &access, 1)).expect("config");
+    // Loaded and served over TLS with the password from the file.
+    load_redis(&config.path, &url);
+    let server = serve(&config);
+    check_recommend(&server, &example_tables()).await;
+    assert!(server.log().iter().all(|line| !line.contains(password)), "the password reached the log");
+
+    // A wrong password: lookups fail naming the store, never the password.
+    let wrong = config.path.with_file_name("wrong-password");
+    std::fs::write(&wrong, "not-it\n").expect("password file");
+    std::fs::write(
+        &config.path,
+        std::fs::read_to_string(&config.path)
+            .expect("config")
+            .replace(&secret.display().to_string(), &wrong.display().to_string()),
+    )
+    .expect("config");
+    let refused = serve(&config);
+    let mut client = refused.predict_client().await;
+    let users = vec!["u7"; 1];
+    let err = client
+        .predict(predict_request(
+            "recommend",
+            vec![("user_id", string_tensor(&[1], &users)), ("item_id", string_tensor(&[1], &["i1"]))],
+        ))
+        .await
+        .expect_err("features behind a wrong password");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("Redis feature store rediss://localhost"), "{}", err.message());
+    let log = refused.log().join("\n");
+    assert!(!log.contains("not-it") && !log.contains(password), "a password reached the log");
+}
+
+#[tokio::test]
 async fn redis_tables_feed_the_pipeline_with_exactly_the_stored_features_and_duplicates_go_once() {
     let redis = RedisServer::start();
     let config = write_config(&Store::Redis { url: &redis.url(), cache: false, on_error: "fail" });

@@ -147,9 +147,51 @@ fn mutual_tls_serves_official_clients_with_certificates_and_refuses_the_rest() {
     assert!(stderr.contains("alert") || stderr.contains("certificate"), "{stderr}");
     let (code, _, stderr) = curl(&["--cacert", &pki.arg("rogue-ca.pem"), &https(server.http, "/v1/models/mlp")]);
     assert_eq!(code, 60, "curl refuses an unknown issuer: {stderr}");
-    // Plaintext against a TLS port: no answer, the connection closes.
-    let (code, _, stderr) = curl(&[&format!("http://127.0.0.1:{}/v1/models/mlp", server.http.port())]);
-    assert_ne!(code, 0, "a plaintext request on a TLS port must not be answered: {stderr}");
+    // Plaintext against a TLS port: told so in its own protocol, nothing served.
+    let (code, body, stderr) = curl(&["-i", &format!("http://127.0.0.1:{}/v1/models/mlp", server.http.port())]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(body.starts_with("HTTP/1.1 400") && body.contains("this port serves TLS"), "{body}");
+    let plain = format!("http://127.0.0.1:{}", server.grpc.port());
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let refused = runtime.block_on(async {
+        let mut client =
+            sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient::connect(plain)
+                .await
+                .expect("the TCP connection opens");
+        client
+            .predict(predict_request("mlp", vec![("x", f32_content(&[1, 64], &values(1, 64)))]))
+            .await
+            .expect_err("a plaintext gRPC call on a TLS port")
+    });
+    assert!(format!("{refused:?}").contains("this port serves TLS"), "{refused:?}");
+
+    // sluice bench loads it over mutual TLS, every request answered.
+    let target = format!("https://localhost:{}", server.grpc.port());
+    let (code, stdout, stderr) = run_sluice(&[
+        "bench",
+        "--target",
+        &target,
+        "--model",
+        "mlp",
+        "--ca-cert",
+        &ca,
+        "--client-cert",
+        &cert,
+        "--client-key",
+        &key,
+        "--duration",
+        "1s",
+        "--warmup",
+        "0s",
+        "--concurrency",
+        "4",
+        "--connections",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).expect("bench prints JSON");
+    assert!(summary["ok"].as_u64().unwrap_or(0) > 0 && summary["ok"] == summary["requests"], "{summary}");
 
     // Every refusal was counted, and the server still serves.
     assert!(metric(&pki, server.http, "sluice_tls_handshake_failures_total{port=\"grpc\"}") >= 3.0);

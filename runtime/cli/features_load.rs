@@ -55,9 +55,14 @@ pub async fn load(args: &LoadArgs) -> anyhow::Result<String> {
         .await
         .map_err(|e| anyhow!("reading the file failed: {e}"))??;
     let prefix = table.redis_prefix(&args.table);
-    let client = redis::Client::open(url.as_str()).with_context(|| format!("--redis {url}"))?;
-    let mut connection =
-        client.get_multiplexed_async_connection().await.with_context(|| format!("cannot connect to Redis at {url}"))?;
+    // The config's credentials and TLS settings, also for a --redis URL.
+    let access = config.features.redis.as_ref().map(|r| r.access()).unwrap_or_default();
+    let client = access.client("features.redis", &url).map_err(|e| anyhow!("{}", e.0))?;
+    let shown = crate::config::redis_access::redacted(&url);
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .with_context(|| format!("cannot connect to Redis at {shown}"))?;
     let chunk = args.chunk.max(1);
     for start in (0..data.len()).step_by(chunk) {
         let mut pipe = redis::pipe();
@@ -74,10 +79,10 @@ pub async fn load(args: &LoadArgs) -> anyhow::Result<String> {
         connection
             .req_packed_commands(&pipe, 0, rows.len())
             .await
-            .with_context(|| format!("writing rows {}..{} to Redis at {url}", rows.start, rows.end))?;
+            .with_context(|| format!("writing rows {}..{} to Redis at {shown}", rows.start, rows.end))?;
     }
     Ok(format!(
-        "wrote {} entities of table '{}' ({} features) to {url} as hashes {prefix}KEY",
+        "wrote {} entities of table '{}' ({} features) to {shown} as hashes {prefix}KEY",
         data.len(),
         args.table,
         schema.features.len()

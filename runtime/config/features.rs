@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::redis_access::{RedisAccess, RedisTls};
 use crate::error::Invalid;
 use crate::invalid;
 use sluice_sdk::DType;
@@ -34,6 +35,20 @@ pub struct FeaturesConfig {
 pub struct RedisConfig {
     /// `redis://HOST:PORT[/DB]` (or `rediss://`, `redis+unix://`).
     pub url: String,
+    /// The ACL user (`AUTH user password`).
+    #[serde(default)]
+    pub username: Option<String>,
+    /// A file holding the password (its first line), so the config need
+    /// not; never logged.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// An environment variable holding the password.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// TLS for a `rediss://` URL: `{ ca_file, cert_file, key_file }`.
+    #[serde(default)]
+    pub tls: Option<RedisTls>,
+
     /// The longest one round trip may take when the requests in it have
     /// no earlier deadline.
     #[serde(default = "default_timeout_ms")]
@@ -64,6 +79,18 @@ pub struct RedisConfig {
     /// is asked again.
     #[serde(default = "default_cache_ttl_ms")]
     pub cache_ttl_ms: u64,
+}
+
+impl RedisConfig {
+    /// Who connects, and how.
+    pub fn access(&self) -> RedisAccess {
+        RedisAccess {
+            username: self.username.clone(),
+            password_file: self.password_file.clone(),
+            password_env: self.password_env.clone(),
+            tls: self.tls.clone(),
+        }
+    }
 }
 
 fn default_timeout_ms() -> u64 {
@@ -278,9 +305,10 @@ impl FeaturesConfig {
             if !["redis://", "rediss://", "redis+unix://", "unix://"].iter().any(|s| redis.url.starts_with(s)) {
                 return Err(invalid!(
                     "features.redis.url = \"{}\": expected redis://HOST:PORT[/DB], rediss://… or redis+unix://PATH",
-                    redis.url
+                    super::redis_access::redacted(&redis.url)
                 ));
             }
+            redis.access().check("features.redis", &redis.url)?;
             for (key, value) in [
                 ("timeout_ms", redis.timeout_ms as usize),
                 ("connect_timeout_ms", redis.connect_timeout_ms as usize),

@@ -14,6 +14,7 @@ pub mod lifecycle;
 pub mod logging;
 pub mod onnx;
 pub mod plugins;
+pub mod redis_access;
 pub mod stage;
 pub mod telemetry;
 pub mod tf_model_config;
@@ -490,6 +491,16 @@ impl Config {
         if let Some(tls) = &mut config.server.tls {
             tls.resolve(base);
         }
+        if let Some(redis) = &mut config.features.redis {
+            let mut access = redis.access();
+            access.resolve(base);
+            (redis.password_file, redis.tls) = (access.password_file, access.tls);
+        }
+        if let Some(shared) = &mut config.plugins.shared {
+            let mut access = shared.access();
+            access.resolve(base);
+            (shared.password_file, shared.tls) = (access.password_file, access.tls);
+        }
         if let Some(library) = &mut config.onnxruntime.library {
             if library.is_relative() {
                 *library = base.join(&*library);
@@ -571,6 +582,9 @@ impl Config {
             if let Some(batching) = &model.batching {
                 batching.check(&format!("models[{i}].batching"))?;
             }
+        }
+        if let Some(shared) = &self.plugins.shared {
+            shared.access().check("plugins.shared", &shared.redis_url)?;
         }
         for (name, limits) in &self.plugins.limits {
             let key = format!("plugins.limits.{name}");

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::redis_access::{RedisAccess, RedisTls};
 use crate::error::{Error, Result};
 
 /// The `[plugins]` table: where plugins are and how the engine runs them.
@@ -66,6 +67,16 @@ pub struct PluginsConfig {
 pub struct SharedRegistryConfig {
     /// `redis://[user:password@]host:port[/db]` (`rediss://` for TLS).
     pub redis_url: String,
+    /// The ACL user (`AUTH user password`).
+    pub username: Option<String>,
+    /// A file holding the password (its first line), so the config need
+    /// not; never logged.
+    pub password_file: Option<PathBuf>,
+    /// An environment variable holding the password.
+    pub password_env: Option<String>,
+    /// TLS for a `rediss://` URL: `{ ca_file, cert_file, key_file }`.
+    pub tls: Option<RedisTls>,
+
     /// Prefix of every key, so several sluice fleets can share one Redis.
     pub key_prefix: String,
     /// Seconds between comparisons of the local revision with Redis's
@@ -78,6 +89,18 @@ pub struct SharedRegistryConfig {
     pub max_blob_mib: u64,
 }
 
+impl SharedRegistryConfig {
+    /// Who connects, and how.
+    pub fn access(&self) -> RedisAccess {
+        RedisAccess {
+            username: self.username.clone(),
+            password_file: self.password_file.clone(),
+            password_env: self.password_env.clone(),
+            tls: self.tls.clone(),
+        }
+    }
+}
+
 impl Default for SharedRegistryConfig {
     fn default() -> Self {
         SharedRegistryConfig {
@@ -86,6 +109,10 @@ impl Default for SharedRegistryConfig {
             reconcile_seconds: 5,
             timeout_ms: 2000,
             max_blob_mib: 256,
+            username: None,
+            password_file: None,
+            password_env: None,
+            tls: None,
         }
     }
 }

@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use super::{value, Column, FeatureStore, Found, Keys, Schema};
 use crate::config::features::{RedisConfig, StoreKind, TableConfig};
+use crate::config::redis_access::redacted;
 use crate::error::{Error, Result};
 use crate::metrics::FeatureMetrics;
 
@@ -79,9 +80,9 @@ impl RedisClient {
     /// Starts connecting to `config.url` in the background and starts the
     /// coalescing task.
     pub fn start(config: &RedisConfig) -> Result<RedisClient> {
-        let client = redis::Client::open(config.url.as_str())
-            .map_err(|e| Error::invalid_argument(format!("features.redis.url = \"{}\": {e}", config.url)))?;
-        let url: Arc<str> = config.url.as_str().into();
+        let client = config.access().client("features.redis", &config.url).map_err(|e| Error::invalid_argument(e.0))?;
+        // Logged and put in messages: without its credentials.
+        let url: Arc<str> = redacted(&config.url).into();
         let connection = Arc::new(Connection {
             manager: ArcSwapOption::empty(),
             last_error: Mutex::new("not connected yet".to_string()),

@@ -31,6 +31,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use super::registry::Manifest;
 use super::store::sha256_hex;
 use crate::config::plugins::SharedRegistryConfig;
+use crate::config::redis_access::redacted;
 use crate::error::{Error, Result};
 
 /// Audit entries kept in Redis.
@@ -73,9 +74,8 @@ pub struct SharedRegistry {
 impl SharedRegistry {
     /// A registry in the Redis `config` names; connects on first use.
     pub fn new(config: &SharedRegistryConfig, runtime: tokio::runtime::Handle) -> Result<SharedRegistry> {
-        let client = redis::Client::open(config.redis_url.as_str()).map_err(|e| {
-            Error::invalid_argument(format!("plugins.shared.redis_url = \"{}\": {e}", config.redis_url))
-        })?;
+        let client =
+            config.access().client("plugins.shared", &config.redis_url).map_err(|e| Error::invalid_argument(e.0))?;
         Ok(SharedRegistry {
             config: config.clone(),
             client,
@@ -126,12 +126,12 @@ impl SharedRegistry {
         result.map_err(|message| {
             let mut last = self.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if *last != message {
-                tracing::warn!(url = %self.config.redis_url, "shared plugin registry: {what} failed: {message}");
+                tracing::warn!(url = %redacted(&self.config.redis_url), "shared plugin registry: {what} failed: {message}");
                 last.clone_from(&message);
             }
             Error::unavailable(format!(
                 "the shared plugin registry (Redis at {}) did not answer: {what} failed: {message}",
-                self.config.redis_url
+                redacted(&self.config.redis_url)
             ))
         })
     }

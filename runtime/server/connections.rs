@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
-use super::tls::Tls;
+use super::tls::{self, Tls};
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 
@@ -136,6 +136,57 @@ async fn linger<I: AsyncRead + AsyncWrite + Unpin>(mut io: I) {
     .await;
 }
 
+/// The TLS handshake of one connection, bounded by the header timeout.
+struct Handshake {
+    acceptor: tokio_rustls::TlsAcceptor,
+    timeout: Duration,
+    failures: Counter,
+}
+
+impl Handshake {
+    /// The TLS stream, or `None` for a client refused (and told why):
+    /// one that sent plaintext, that has no valid certificate, or that
+    /// did not finish in time.
+    async fn run<I>(self, mut io: I) -> Option<tokio_rustls::server::TlsStream<tls::Prefixed<I>>>
+    where
+        I: AsyncRead + AsyncWrite + Unpin,
+    {
+        // The opening bytes tell TLS from a plaintext client, which is
+        // told in its own protocol that this port serves TLS.
+        let mut first = vec![0u8; 64];
+        let opened = tokio::time::timeout(self.timeout, tokio::io::AsyncReadExt::read(&mut io, &mut first)).await;
+        let Ok(Ok(n @ 1..)) = opened else {
+            self.failures.inc();
+            return None;
+        };
+        first.truncate(n);
+        if !tls::is_tls(&first) {
+            self.failures.inc();
+            tracing::debug!("a plaintext client on a TLS port, refused");
+            tls::refuse_plaintext(&mut io, &first).await;
+            linger(io).await;
+            return None;
+        }
+        let io = tls::Prefixed::new(first, io);
+        match tokio::time::timeout(self.timeout, self.acceptor.accept(io).into_fallible()).await {
+            Ok(Ok(stream)) => Some(stream),
+            // A client without a valid certificate: refused before any
+            // request is read, and given the time to read the alert.
+            Ok(Err((e, io))) => {
+                self.failures.inc();
+                tracing::debug!("TLS handshake refused: {e}");
+                linger(io).await;
+                None
+            }
+            Err(_) => {
+                self.failures.inc();
+                tracing::debug!("TLS handshake not done within {} ms", self.timeout.as_millis());
+                None
+            }
+        }
+    }
+}
+
 /// A connection's place under `max_connections`, freed when it closes.
 pub type Place = OwnedSemaphorePermit;
 
@@ -226,23 +277,11 @@ impl Connections {
         let (acceptor, builder, watcher) = (tls.acceptor(), self.builder.clone(), self.graceful.watcher());
         let (timeout, failures) = (self.handshake_timeout, self.handshake_failures.clone());
         tokio::spawn(async move {
-            match tokio::time::timeout(timeout, acceptor.accept(io).into_fallible()).await {
-                Ok(Ok(stream)) => {
-                    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                    if let Err(e) = watcher.watch(connection.into_owned()).await {
-                        tracing::debug!("connection closed: {e}");
-                    }
-                }
-                // A client without a valid certificate, or one that does
-                // not speak TLS: refused before any request is read.
-                Ok(Err((e, io))) => {
-                    failures.inc();
-                    tracing::debug!("TLS handshake refused: {e}");
-                    linger(io).await;
-                }
-                Err(_) => {
-                    failures.inc();
-                    tracing::debug!("TLS handshake not done within {} ms", timeout.as_millis());
+            let handshake = Handshake { acceptor, timeout, failures };
+            if let Some(stream) = handshake.run(io).await {
+                let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                if let Err(e) = watcher.watch(connection.into_owned()).await {
+                    tracing::debug!("connection closed: {e}");
                 }
             }
             open.dec();

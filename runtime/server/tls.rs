@@ -9,10 +9,14 @@
 //! certificate) serves every new connection from then on, while open
 //! connections keep the session they have, so a rotation fails no request.
 //! A set that does not read is refused with a log line and a count, and the
-//! current one stays.
+//! current one stays. A plaintext client on a TLS port is answered in its
+//! own protocol (HTTP/1.1 400, or an HTTP/2 GOAWAY) saying the port serves
+//! TLS, instead of a connection that just drops.
 
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
@@ -21,6 +25,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
 use crate::config::tf_model_config;
@@ -211,4 +216,120 @@ fn read(config: &TlsConfig) -> Result<ServerConfig> {
     })?;
     server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(server)
+}
+
+/// The first byte of every TLS connection: a handshake record.
+const HANDSHAKE_RECORD: u8 = 0x16;
+
+/// What a plaintext client meets on a TLS port: an answer in its own
+/// protocol saying so, rather than a connection that just drops.
+const REFUSAL: &str = "this port serves TLS: connect with TLS (https://, grpc.secure_channel)";
+
+/// True when `first`, the opening bytes of a connection, start a TLS
+/// handshake.
+pub fn is_tls(first: &[u8]) -> bool {
+    first.first() == Some(&HANDSHAKE_RECORD)
+}
+
+/// Answers a plaintext client on a TLS port in its own protocol: HTTP/2
+/// (gRPC) gets SETTINGS and a GOAWAY whose debug data says why, HTTP/1.1 a
+/// 400 with the reason; then the connection closes.
+pub async fn refuse_plaintext<I: AsyncRead + AsyncWrite + Unpin>(io: &mut I, first: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    let answer = if first.starts_with(b"PRI * HTTP/2.0") {
+        let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0]; // an empty SETTINGS frame
+        let payload_len = 8 + REFUSAL.len();
+        frames.extend_from_slice(&(payload_len as u32).to_be_bytes()[1..]);
+        frames.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]); // GOAWAY on stream 0
+        frames.extend_from_slice(&0u32.to_be_bytes()); // no stream processed
+        frames.extend_from_slice(&1u32.to_be_bytes()); // PROTOCOL_ERROR
+        frames.extend_from_slice(REFUSAL.as_bytes());
+        frames
+    } else {
+        format!(
+            "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{REFUSAL}\n",
+            REFUSAL.len() + 1
+        )
+        .into_bytes()
+    };
+    let _ = io.write_all(&answer).await;
+    let _ = io.flush().await;
+}
+
+/// A connection whose opening bytes were read to tell TLS from plaintext,
+/// handed on as if they had not been.
+pub struct Prefixed<I> {
+    prefix: Vec<u8>,
+    at: usize,
+    io: I,
+}
+
+impl<I> Prefixed<I> {
+    /// `io`, whose first bytes `prefix` were read already.
+    pub fn new(prefix: Vec<u8>, io: I) -> Prefixed<I> {
+        Prefixed { prefix, at: 0, io }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.at < this.prefix.len() {
+            let n = buf.remaining().min(this.prefix.len() - this.at);
+            buf.put_slice(&this.prefix[this.at..this.at + n]);
+            this.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Prefixed<I> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn read_bytes_are_handed_on_first_and_plaintext_is_told_so() {
+        let (client, server) = tokio::io::duplex(1024);
+        let mut prefixed = Prefixed::new(b"he".to_vec(), server);
+        let mut client = client;
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"llo").await.unwrap();
+        let mut got = [0u8; 5];
+        prefixed.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
+        assert!(is_tls(&[0x16, 3, 1]) && !is_tls(b"GET /"));
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        refuse_plaintext(&mut server, b"GET / HTTP/1.1\r\n").await;
+        drop(server);
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("serves TLS"), "{answer}");
+    }
 }

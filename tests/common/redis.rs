@@ -22,6 +22,39 @@ impl RedisServer {
         server
     }
 
+    /// Starts one serving only TLS on a free port with the certificate
+    /// `cert` and key `key` (PEM files), requiring client certificates
+    /// signed by `ca` and the password `password`; waits until the port
+    /// accepts.
+    pub fn start_tls(cert: &str, key: &str, ca: &str, password: &str) -> RedisServer {
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--tls-cert-file", cert, "--tls-key-file", key])
+            .args(["--tls-ca-cert-file", ca, "--tls-auth-clients", "yes", "--requirepass", password])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is not installed: run scripts/setup");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server (TLS) on port {port} did not listen in 20 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        RedisServer { child: Some(child), port }
+    }
+
     /// Its process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -6,7 +6,7 @@
 use bytes::{Buf, BufMut, Bytes};
 use http::uri::PathAndQuery;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::Status;
 
 /// TF Serving's Predict method.
@@ -60,14 +60,10 @@ pub struct RawPredictClient {
 }
 
 impl RawPredictClient {
-    /// Connects to `target` (`http://host:port`).
-    pub async fn connect(target: &str) -> anyhow::Result<RawPredictClient> {
-        let channel = Endpoint::from_shared(target.to_string())
-            .map_err(|e| anyhow::anyhow!("bad target {target}: {e}"))?
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot connect to {target}: {e}"))?;
+    /// Connects to `target` (`http://host:port`, or `https://` with `tls`).
+    pub async fn connect(target: &str, tls: Option<&ClientTlsConfig>) -> anyhow::Result<RawPredictClient> {
+        let channel =
+            endpoint(target, tls)?.connect().await.map_err(|e| anyhow::anyhow!("cannot connect to {target}: {e}"))?;
         let grpc = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
@@ -91,6 +87,31 @@ impl RawPredictClient {
         let response = self.grpc.unary(request, self.method.clone(), RawCodec).await?;
         Ok(response.into_inner())
     }
+}
+
+/// The endpoint of a gRPC `target`, in TLS with `tls`.
+pub fn endpoint(target: &str, tls: Option<&ClientTlsConfig>) -> anyhow::Result<Endpoint> {
+    let mut endpoint = Endpoint::from_shared(target.to_string())
+        .map_err(|e| anyhow::anyhow!("bad target {target}: {e}"))?
+        .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls.clone()).map_err(|e| anyhow::anyhow!("TLS to {target}: {e}"))?;
+    }
+    Ok(endpoint)
+}
+
+/// The TLS settings of a client trusting the CA in `ca` (PEM file), with
+/// the certificate and key in `identity` when the server verifies clients.
+pub fn tls_config(
+    ca: &std::path::Path,
+    identity: Option<(&std::path::Path, &std::path::Path)>,
+) -> anyhow::Result<ClientTlsConfig> {
+    let read = |path: &std::path::Path| std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()));
+    let mut config = ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(read(ca)?));
+    if let Some((cert, key)) = identity {
+        config = config.identity(tonic::transport::Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(config)
 }
 
 /// An HTTP/1.1 client of one server, one connection per clone (HTTP/1.1

@@ -29,11 +29,17 @@ pub struct RequestPool {
     pub rows: u64,
 }
 
-/// The model's input signature, from GetModelMetadata.
-pub async fn input_specs(target: &str, spec: &ModelSpec) -> anyhow::Result<Vec<TensorSpec>> {
-    let mut client = PredictionServiceClient::connect(target.to_string())
+/// The model's input signature, from GetModelMetadata (over TLS with `tls`).
+pub async fn input_specs(
+    target: &str,
+    spec: &ModelSpec,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
+) -> anyhow::Result<Vec<TensorSpec>> {
+    let channel = super::client::endpoint(target, tls)?
+        .connect()
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to {target}: {e}"))?;
+    let mut client = PredictionServiceClient::new(channel);
     let response = client
         .get_model_metadata(GetModelMetadataRequest {
             model_spec: Some(spec.clone()),

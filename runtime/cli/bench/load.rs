@@ -39,6 +39,9 @@ pub struct LoadPlan {
     /// `/inference.GRPCInferenceService/ModelInfer` for KServe v2 bytes);
     /// TF Serving's Predict when unset.
     pub grpc_method: Option<String>,
+    /// TLS to an `https://` gRPC target: the CA its certificate is
+    /// checked against, and a client certificate when it verifies clients.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl LoadPlan {
@@ -57,6 +60,7 @@ impl LoadPlan {
             progress: false,
             rest_path: None,
             grpc_method: None,
+            tls: None,
         }
     }
 }
@@ -101,7 +105,7 @@ pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> anyhow::Re
     match &plan.rest_path {
         None => {
             for _ in 0..plan.connections.max(1) {
-                let mut client = RawPredictClient::connect(&plan.target).await?;
+                let mut client = RawPredictClient::connect(&plan.target, plan.tls.as_ref()).await?;
                 if let Some(method) = &plan.grpc_method {
                     client = client.calling(method)?;
                 }

@@ -102,6 +102,17 @@ pub struct BenchArgs {
     /// Step mode: the most steps.
     #[arg(long, default_value_t = 30)]
     pub max_steps: usize,
+    /// TLS to an `https://` --target: the CA (PEM file) its certificate is
+    /// checked against.
+    #[arg(long = "ca-cert")]
+    pub ca_cert: Option<PathBuf>,
+    /// With --ca-cert: this client's certificate (PEM), for a server that
+    /// verifies clients.
+    #[arg(long = "client-cert", requires = "client_key", requires = "ca_cert")]
+    pub client_cert: Option<PathBuf>,
+    /// With --client-cert: its private key (PEM).
+    #[arg(long = "client-key", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -150,6 +161,10 @@ pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
 
 /// Runs `sluice bench` and prints its result.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let tls = match &args.ca_cert {
+        None => None,
+        Some(ca) => Some(client::tls_config(ca, args.client_cert.as_deref().zip(args.client_key.as_deref()))?),
+    };
     let (model, pool) = match &args.requests_from {
         Some(log) => {
             let pool = inputs::from_request_log(log, args.max_log_mib << 20, args.model.as_deref(), args.version)?;
@@ -175,7 +190,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 version_choice: args.version.map(model_spec::VersionChoice::Version),
                 signature_name: String::new(),
             };
-            let specs = inputs::input_specs(&args.target, &spec).await?;
+            let specs = inputs::input_specs(&args.target, &spec, tls.as_ref()).await?;
             let pool = match &args.input {
                 Some(path) => inputs::from_json_file(path, &specs, &spec)?,
                 None => {
@@ -204,6 +219,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         target,
         rest_path,
         grpc_method: None,
+        tls,
         connections: args.connections,
         concurrency: args.concurrency,
         rps: args.rps,
