@@ -242,6 +242,28 @@ async fn a_change_against_a_stale_revision_is_refused_and_a_corrupted_blob_is_no
 }
 
 #[tokio::test]
+async fn manifests_grown_past_the_bound_are_refused_unread() {
+    use sluice::plugin::shared::SharedRegistry;
+    let redis = RedisServer::start();
+    let config = sluice::config::plugins::SharedRegistryConfig {
+        redis_url: redis.url(),
+        key_prefix: "bound:".into(),
+        max_blob_mib: 1,
+        ..Default::default()
+    };
+    let huge = vec![b'x'; (1 << 20) + 1];
+    let reply = redis.command(&[b"HSET", b"bound:plugins:manifests", b"p", &huge]);
+    assert_eq!(reply.as_deref(), Some(":1\r\n"), "HSET of an oversized manifest");
+    let runtime = tokio::runtime::Handle::current();
+    let err = tokio::task::spawn_blocking(move || {
+        SharedRegistry::new(&config, runtime).expect("client").snapshot().expect_err("oversized manifests")
+    })
+    .await
+    .expect("blocking task");
+    assert!(err.message().contains("manifests hold") && err.message().contains("not read"), "{err}");
+}
+
+#[tokio::test]
 async fn a_replica_is_not_ready_until_it_has_the_shared_plugins() {
     let mut redis = RedisServer::start();
     let (one, two) = (Replica::new(&redis), Replica::new(&redis));

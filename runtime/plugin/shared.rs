@@ -52,6 +52,19 @@ redis.call('PUBLISH', ARGV[5], revision)
 return revision
 ";
 
+/// Reads the revision and every manifest at once, unless the manifests
+/// hold more than ARGV[1] bytes in all: then answers their size alone, so
+/// a registry grown past any sane size is refused without being read.
+/// KEYS = revision, manifests.
+const SNAPSHOT: &str = r"
+local size = 0
+for _, field in ipairs(redis.call('HKEYS', KEYS[2])) do
+  size = size + #field + redis.call('HSTRLEN', KEYS[2], field)
+end
+if size > tonumber(ARGV[1]) then return {'too-large', size} end
+return {redis.call('GET', KEYS[1]) or '0', redis.call('HGETALL', KEYS[2])}
+";
+
 /// The registry as Redis has it at one revision.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -139,10 +152,11 @@ impl SharedRegistry {
     /// The registry now: revision and manifests, read together.
     pub fn snapshot(&self) -> Result<Snapshot> {
         let (revision_key, manifests_key) = (self.key("revision"), self.key("manifests"));
-        let (revision, raw): (Option<u64>, BTreeMap<String, Vec<u8>>) = self
-            .call("reading the registry", async |c| {
-                redis::pipe().atomic().get(&revision_key).hgetall(&manifests_key).query_async(c).await
-            })?;
+        let max = self.config.max_blob_mib << 20;
+        let answer: redis::Value = self.call("reading the registry", async |c| {
+            redis::cmd("EVAL").arg(SNAPSHOT).arg(2).arg(&revision_key).arg(&manifests_key).arg(max).query_async(c).await
+        })?;
+        let (revision, raw) = snapshot_of(answer, self.config.max_blob_mib)?;
         let mut manifests = BTreeMap::new();
         for (name, json) in raw {
             match serde_json::from_slice::<Manifest>(&json) {
@@ -267,4 +281,32 @@ impl SharedRegistry {
             }
         });
     }
+}
+
+/// A revision and the manifests' JSON by plugin name, as Redis holds them.
+type RawSnapshot = (Option<u64>, BTreeMap<String, Vec<u8>>);
+
+/// The revision and raw manifests of a SNAPSHOT answer.
+fn snapshot_of(answer: redis::Value, max_mib: u64) -> Result<RawSnapshot> {
+    use redis::FromRedisValue;
+    let bad = |what: String| Error::unavailable(format!("the shared plugin registry answered {what}"));
+    let redis::Value::Array(mut parts) = answer else {
+        return Err(bad("something other than a snapshot".into()));
+    };
+    if parts.len() != 2 {
+        return Err(bad(format!("{} parts for a snapshot", parts.len())));
+    }
+    let manifests = parts.pop().unwrap_or(redis::Value::Nil);
+    let first = parts.pop().unwrap_or(redis::Value::Nil);
+    if String::from_redis_value(&first).is_ok_and(|s| s == "too-large") {
+        let size = u64::from_redis_value(&manifests).unwrap_or(0);
+        return Err(Error::resource_exhausted(format!(
+            "the shared registry's manifests hold {size} bytes, more than plugins.shared.max_blob_mib ({max_mib} MiB); \
+             they are not read"
+        )));
+    }
+    let revision = Option::<u64>::from_redis_value(&first).map_err(|e| bad(format!("a bad revision: {e}")))?;
+    let raw =
+        BTreeMap::<String, Vec<u8>>::from_redis_value(&manifests).map_err(|e| bad(format!("bad manifests: {e}")))?;
+    Ok((revision, raw))
 }
