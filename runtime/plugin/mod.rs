@@ -21,6 +21,7 @@
 pub mod bindings;
 pub mod engine;
 mod instances;
+pub mod manifest;
 mod memory;
 pub mod registry;
 pub mod shared;

@@ -31,8 +31,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+pub use super::manifest::{Manifest, StoredVersion};
 use super::shared::SharedRegistry;
 use super::store::{remove_stale_temporaries, sha256_hex, write_atomically};
 use super::{Plugin, PluginEngine, PluginsConfig};
@@ -94,38 +95,6 @@ impl Caller {
     fn may(&self, team: Option<&str>) -> bool {
         self.admin || (team.is_some() && team == self.team.as_deref())
     }
-}
-
-/// One uploaded version.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct StoredVersion {
-    /// 1, 2, …: the registry's numbering, per plugin.
-    pub version: u32,
-    /// SHA-256 of the bytes, hex; the blob's name.
-    pub sha256: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// What the plugin says it is: `name version`.
-    pub declared: String,
-    /// Seconds since the Unix epoch.
-    pub uploaded_at: u64,
-    /// The id of the token that uploaded it.
-    pub uploaded_by: String,
-}
-
-/// A plugin's manifest: its owner, its versions, the active one.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Manifest {
-    /// The plugin's name (what pipelines name in `plugin = "…"`).
-    pub name: String,
-    /// The team that owns it.
-    pub team: Option<String>,
-    /// The version stages run; none until one is activated.
-    pub active: Option<u32>,
-    /// Versions active before, most recent last: what rollback returns to.
-    pub history: Vec<u32>,
-    /// Every stored version.
-    pub versions: Vec<StoredVersion>,
 }
 
 /// The slots running one plugin.

@@ -28,7 +28,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::registry::Manifest;
+use super::manifest::Manifest;
 use super::store::sha256_hex;
 use crate::config::plugins::SharedRegistryConfig;
 use crate::config::redis_access::redacted;
