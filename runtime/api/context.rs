@@ -13,8 +13,8 @@ use rand::Rng;
 
 use tonic_health::server::HealthReporter;
 
-use super::health::PhaseCell;
-use super::rest::admin::Admin;
+use super::admin_access::Admin;
+use super::phase::PhaseCell;
 use crate::config::{ModelDefaults, OutputEncoding};
 use crate::error::Result;
 use crate::metrics::{LatencyLabels, Metrics, RequestLabels};

@@ -6,51 +6,14 @@
 //! Liveness and readiness differ on purpose: a loading or draining server
 //! is alive (restarting it would not help) but must not get traffic.
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use super::context::ServingState;
+pub use super::phase::{Phase, PhaseCell};
 use crate::error::{Error, Result};
-
-/// Where the server is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Listening for health and metrics; models and pipelines still loading.
-    Loading,
-    /// Every configured model and pipeline is loaded and warmed up.
-    Ready,
-    /// Shutting down: in-flight requests finish, new ones are refused.
-    Draining,
-}
-
-/// The phase, readable from anywhere without a lock.
-#[derive(Debug)]
-pub struct PhaseCell(AtomicU8);
-
-impl PhaseCell {
-    /// The phase now.
-    pub fn get(&self) -> Phase {
-        match self.0.load(Ordering::Acquire) {
-            0 => Phase::Loading,
-            1 => Phase::Ready,
-            _ => Phase::Draining,
-        }
-    }
-
-    /// UNAVAILABLE, with the reason, unless the server is ready.
-    pub fn check_ready(&self) -> Result<()> {
-        match self.get() {
-            Phase::Ready => Ok(()),
-            Phase::Draining => Err(Error::unavailable("the server is shutting down; send requests to another replica")),
-            Phase::Loading => Err(Error::unavailable(
-                "the server is still loading its models and pipelines; retry when /readyz answers 200",
-            )),
-        }
-    }
-}
 
 /// The phase, shared by the HTTP and gRPC sides, and what is served once
 /// loading is done.
@@ -64,11 +27,7 @@ impl Lifecycle {
     /// A server that has just started loading; `reporter` is the gRPC
     /// health service's handle.
     pub fn new(reporter: HealthReporter) -> Arc<Lifecycle> {
-        Arc::new(Lifecycle {
-            phase: Arc::new(PhaseCell(AtomicU8::new(Phase::Loading as u8))),
-            serving: OnceLock::new(),
-            reporter,
-        })
+        Arc::new(Lifecycle { phase: Arc::new(PhaseCell::loading()), serving: OnceLock::new(), reporter })
     }
 
     /// The phase now.
@@ -89,13 +48,7 @@ impl Lifecycle {
         // state stays authoritative.
         let _ = self.serving.set(state);
         self.report(ServingStatus::Serving).await;
-        let became_ready = self.phase.0.compare_exchange(
-            Phase::Loading as u8,
-            Phase::Ready as u8,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
-        if became_ready.is_err() {
+        if !self.phase.become_ready() {
             // A shutdown arrived while loading: stay draining.
             self.report(ServingStatus::NotServing).await;
         }
@@ -104,7 +57,7 @@ impl Lifecycle {
     /// Shutdown has begun: readiness turns false, every name reports
     /// NOT_SERVING, and REST predictions are refused.
     pub async fn drain(&self) {
-        self.phase.0.store(Phase::Draining as u8, Ordering::Release);
+        self.phase.drain();
         self.report(ServingStatus::NotServing).await;
     }
 

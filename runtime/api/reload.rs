@@ -12,8 +12,8 @@
 use http::HeaderMap;
 use tonic_health::ServingStatus;
 
+use super::admin_access::Admin;
 use super::context::ServingState;
-use super::rest::admin::Admin;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::pipeline::ReloadOutcome;

@@ -23,10 +23,10 @@ pub mod tls;
 
 use self::connections::Limits;
 use self::tls::Tls;
+use crate::api::admin_access::Admin;
 use crate::api::context::ServingState;
 use crate::api::grpc::{InferenceApi, ModelStatusApi, PredictionApi};
 use crate::api::health::Lifecycle;
-use crate::api::rest::admin::Admin;
 use crate::api::rest::{self, RestState};
 use crate::config::{Config, GrpcThreads};
 use crate::error::{Error, Result};

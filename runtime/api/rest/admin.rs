@@ -10,8 +10,6 @@
 //! The work (compiling and trying plugins, writing files) runs on a
 //! blocking thread, never on the async runtime's.
 
-use std::sync::{Arc, OnceLock};
-
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -20,72 +18,12 @@ use axum::routing::{delete, get, post, put};
 use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use subtle::ConstantTimeEq;
 
 use super::{error_response, read_body, RestState};
-use crate::config::{AdminConfig, Config, Role, TokenConfig};
+use crate::api::admin_access::Admin;
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::plugin::registry::{Caller, Manifest, PluginRegistry};
-
-/// The admin API's state: the registry (once loaded) and the tokens.
-pub struct Admin {
-    registry: OnceLock<Arc<PluginRegistry>>,
-    tokens: Vec<([u8; 32], TokenConfig)>,
-    max_upload_bytes: usize,
-}
-
-impl Admin {
-    /// The admin API for `config`; it answers 503 until
-    /// [`Admin::attach`] gives it the registry.
-    pub fn new(config: &AdminConfig) -> Result<Arc<Admin>> {
-        let mut tokens = Vec::with_capacity(config.tokens.len());
-        for token in &config.tokens {
-            let mut hash = [0u8; 32];
-            hex::decode_to_slice(&token.sha256, &mut hash).map_err(|e| {
-                Error::invalid_argument(format!("admin token '{}': sha256 is not 64 hex digits: {e}", token.id))
-            })?;
-            tokens.push((hash, token.clone()));
-        }
-        Ok(Arc::new(Admin { registry: OnceLock::new(), tokens, max_upload_bytes: config.max_upload_bytes }))
-    }
-
-    /// The registry is open: the API serves.
-    pub fn attach(&self, registry: Arc<PluginRegistry>) {
-        let _ = self.registry.set(registry);
-    }
-
-    fn registry(&self) -> Result<Arc<PluginRegistry>> {
-        self.registry.get().cloned().ok_or_else(|| Error::unavailable("the server is still loading; retry shortly"))
-    }
-
-    /// The caller a request's bearer token identifies.
-    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Caller> {
-        let unauthenticated = |message: &str| Error::Unauthenticated(message.to_string());
-        let value = headers
-            .get(header::AUTHORIZATION)
-            .ok_or_else(|| unauthenticated("no Authorization header; send Authorization: Bearer TOKEN"))?;
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| unauthenticated("the Authorization header is not \"Bearer TOKEN\""))?;
-        let digest: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()).into();
-        // Every hash is compared, matched or not, so the time taken says
-        // nothing about which token (if any) is close.
-        let mut found = None;
-        for (hash, config) in &self.tokens {
-            if bool::from(hash.ct_eq(&digest)) {
-                found = Some(config);
-            }
-        }
-        let config = found.ok_or_else(|| {
-            tracing::warn!(target: "sluice::audit", "admin call with an unknown token refused");
-            unauthenticated("the token is not valid")
-        })?;
-        Ok(Caller { token_id: config.id.clone(), team: config.team.clone(), admin: config.role == Role::Admin })
-    }
-}
 
 /// The admin routes, served when `[admin] enabled = true`.
 pub fn routes() -> Router<RestState> {
@@ -223,7 +161,7 @@ async fn upload_as(
         // Who it is first: an unauthenticated caller's body is never read.
         let caller = admin.authenticate(&headers)?;
         let bytes =
-            read_body(body, &headers, admin.max_upload_bytes, "admin.max_upload_bytes", state.body_read_timeout)
+            read_body(body, &headers, admin.max_upload_bytes(), "admin.max_upload_bytes", state.body_read_timeout)
                 .await?;
         run(
             admin,

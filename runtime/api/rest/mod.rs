@@ -52,7 +52,7 @@ pub struct RestState {
     /// The most values a JSON body may hold (`server.max_json_values`).
     pub max_json_values: usize,
     /// The plugin admin API, when it is on.
-    pub admin: Option<Arc<admin::Admin>>,
+    pub admin: Option<Arc<crate::api::admin_access::Admin>>,
     /// The deadline of each REST request (`--rest_api_timeout_in_ms`).
     pub request_timeout: Option<std::time::Duration>,
     /// Another path the metrics answer on (`--monitoring_config_file`).
