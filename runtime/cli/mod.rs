@@ -1,4 +1,5 @@
-//! The commands besides `serve`: `sluice bench` ([`bench`]), `sluice
+//! `sluice serve`'s flags ([`serve_args`]) and the commands besides
+//! `serve`: `sluice bench` ([`bench`]), `sluice
 //! plugin check`, `new` and `push`/`list`/… ([`plugin_check`],
 //! [`plugin_new`], [`plugin_push`]), `sluice
 //! config check` ([`config_check`]), `sluice features load`
@@ -12,4 +13,5 @@ pub mod features_load;
 pub mod plugin_check;
 pub mod plugin_new;
 pub mod plugin_push;
+pub mod serve_args;
 pub mod warmup_make;
