@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::two_answers::TwoAnswerLoad;
 use common::*;
 use http::{Method, StatusCode};
 use serde_json::Value;
@@ -311,60 +312,23 @@ async fn twenty_swaps_under_load_fail_no_request_and_every_answer_is_one_version
     ok(&server, Method::PUT, "/admin/v1/plugins/features", ML, plugin_bytes("scale")).await;
     ok(&server, Method::PUT, "/admin/v1/plugins/features", ML, plugin_bytes("identity")).await;
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut clients = Vec::new();
-    for _ in 0..8 {
-        let mut client = server.predict_client().await;
-        let stop = stop.clone();
-        let answered = answered.clone();
-        let (identity, doubled) = (identity.clone(), doubled.clone());
-        clients.push(tokio::spawn(async move {
-            let (mut answers, mut failures, mut mixed) = ([0usize; 2], Vec::new(), 0usize);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let request = predict_request("scored", vec![("x", f32_content(&[1, 64], &input()))]);
-                let result = client.predict(request).await;
-                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                match result {
-                    Ok(response) => {
-                        let got = f32_values(&response.into_inner().outputs["logits"]);
-                        if got == identity {
-                            answers[0] += 1;
-                        } else if got == doubled {
-                            answers[1] += 1;
-                        } else {
-                            mixed += 1;
-                        }
-                    }
-                    Err(status) => failures.push(status),
-                }
-            }
-            (answers, failures, mixed)
-        }));
-    }
+    let load = TwoAnswerLoad::start(&server, "scored", &input(), [identity, doubled], 8).await;
     // Every client is sending before the first swap.
-    eventually("16 answers before the swaps", || {
-        let n = answered.load(std::sync::atomic::Ordering::Relaxed);
-        (n >= 16).then_some(()).ok_or(format!("{n} answers so far"))
-    })
-    .await;
+    load.wait_for(16).await;
     for swap in 0..20 {
         let version = 1 + swap % 2;
         ok(&server, Method::POST, &format!("/admin/v1/plugins/features/versions/{version}/activate"), ML, vec![]).await;
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut answers, mut failures, mut mixed) = ([0usize; 2], Vec::new(), 0);
-    for client in clients {
-        let (a, f, m) = client.await.expect("client task");
-        answers[0] += a[0];
-        answers[1] += a[1];
-        failures.extend(f);
-        mixed += m;
-    }
-    assert!(failures.is_empty(), "{} requests failed during the swaps: {:?}", failures.len(), failures.first());
-    assert_eq!(mixed, 0, "an answer matched neither version");
-    assert!(answers[0] > 0 && answers[1] > 0, "both versions served: {answers:?}");
+    let seen = load.stop().await;
+    assert!(
+        seen.failures.is_empty(),
+        "{} requests failed during the swaps: {:?}",
+        seen.failures.len(),
+        seen.failures.first()
+    );
+    assert_eq!(seen.neither, 0, "an answer matched neither version");
+    assert!(seen.answers[0] > 0 && seen.answers[1] > 0, "both versions served: {:?}", seen.answers);
     let shown = ok(&server, Method::GET, "/admin/v1/plugins/features", ML, vec![]).await;
     assert_eq!(shown["active"], 2);
 }

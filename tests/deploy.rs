@@ -29,7 +29,14 @@ const ADAPTER_RULES: &str = "deploy/k8s/prometheus-adapter-rules.yaml";
 const REST_ROUTES: &str = "runtime/api/rest/mod.rs";
 const METRICS: &str = "runtime/metrics.rs";
 const CONFIG_DEFAULTS: &str = "runtime/config/mod.rs";
-const MAIN: &str = "runtime/main.rs";
+/// Where the command line is defined: the binary's global flags and
+/// `serve`'s flags.
+const MAIN: &str = "runtime/main.rs and runtime/cli/serve_args.rs";
+
+/// The source of the command line.
+fn command_line() -> String {
+    read("runtime/main.rs") + &read("runtime/cli/serve_args.rs")
+}
 /// Each Kubernetes config with the Deployment files that run it (the base
 /// and the overlay's patches, later ones overriding earlier ones).
 const K8S_CONFIGS: [(&str, &[&str]); 2] = [
@@ -596,7 +603,7 @@ fn adapter_and_hpa_metrics_are_what_the_code_exports() {
 
 #[test]
 fn grace_period_outlasts_the_pre_stop_sleep_and_the_drain() {
-    let main = read(MAIN);
+    let main = command_line();
     for (config, files) in K8S_CONFIGS {
         let d = deployment(files);
         let grace = d.grace.unwrap_or_else(|| panic!("{files:?}: no terminationGracePeriodSeconds (the default 30 s is the drain timeout's default: no margin)"));
@@ -700,7 +707,7 @@ fn ports_agree_between_configs_deployment_and_services() {
 
 #[test]
 fn deployment_flags_and_variables_are_the_binarys() {
-    let main = read(MAIN);
+    let main = command_line();
     let d = deployment(&[DEPLOYMENT]);
     assert_eq!(
         d.args.first().map(String::as_str),

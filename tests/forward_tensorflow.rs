@@ -189,7 +189,9 @@ async fn tensorflows_refusals_and_deadlines_come_through() {
     )
     .await;
     assert_eq!(code, Code::DeadlineExceeded as i32, "{message}");
-    assert!(message.contains("waiting for upstream"), "{message}");
+    // Passed while waiting for TensorFlow, or (on a loaded machine) before
+    // TensorFlow started on it, which it then says.
+    assert!(message.contains("waiting for upstream") || message.contains("the request was not run"), "{message}");
     // Without one, the call waits for TensorFlow.
     server.predict_client().await.predict(request("mlp", &x, 1)).await.expect("a patient client is answered");
 }

@@ -8,10 +8,9 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::two_answers::{Seen, TwoAnswerLoad};
 use common::*;
 use http::{Method, StatusCode};
 use sluice::proto::tensorflow::serving::PredictRequest;
@@ -296,41 +295,8 @@ preprocess = {{ plugin = "features", workers = 2 }}
     let plain = logits(predict_request("mlp", vec![("x", f32_content(&[1, 64], &x))])).await;
     let twice = logits(predict_request("mlp", vec![("x", f32_content(&[1, 64], &doubled))])).await;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let answered = Arc::new(AtomicUsize::new(0));
-    let mut clients = Vec::new();
-    for _ in 0..6 {
-        let mut client = server.predict_client().await;
-        let (stop, answered, plain, twice, x) =
-            (stop.clone(), answered.clone(), plain.clone(), twice.clone(), x.clone());
-        clients.push(tokio::spawn(async move {
-            let (mut answers, mut failures, mut neither) = ([0usize; 2], Vec::new(), 0usize);
-            while !stop.load(Ordering::Relaxed) {
-                let request = predict_request("scored", vec![("x", f32_content(&[1, 64], &x))]);
-                let result = client.predict(request).await;
-                answered.fetch_add(1, Ordering::Relaxed);
-                match result {
-                    Ok(response) => {
-                        let got = f32_values(&response.into_inner().outputs["logits"]);
-                        if got == plain {
-                            answers[0] += 1;
-                        } else if got == twice {
-                            answers[1] += 1;
-                        } else {
-                            neither += 1;
-                        }
-                    }
-                    Err(status) => failures.push(status),
-                }
-            }
-            (answers, failures, neither)
-        }));
-    }
-    eventually("answers before the swaps", || {
-        let n = answered.load(Ordering::Relaxed);
-        (n >= 12).then_some(()).ok_or(format!("{n} answers so far"))
-    })
-    .await;
+    let load = TwoAnswerLoad::start(&server, "scored", &x, [plain, twice], 6).await;
+    load.wait_for(12).await;
     for swap in 0..12 {
         let version = 1 + swap % 3;
         let path = format!("/admin/v1/plugins/features/versions/{version}/activate");
@@ -338,15 +304,7 @@ preprocess = {{ plugin = "features", workers = 2 }}
         assert_eq!(status, StatusCode::OK, "activate {version}: {answer}");
         tokio::time::sleep(Duration::from_millis(60)).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    let (mut answers, mut failures, mut neither) = ([0usize; 2], Vec::new(), 0);
-    for client in clients {
-        let (a, f, n) = client.await.expect("client task");
-        answers[0] += a[0];
-        answers[1] += a[1];
-        failures.extend(f);
-        neither += n;
-    }
+    let Seen { answers, neither, failures } = load.stop().await;
     assert!(failures.is_empty(), "{} requests failed during the swaps: {:?}", failures.len(), failures.first());
     assert_eq!(neither, 0, "an answer matched no version");
     assert!(answers[0] > 0 && answers[1] > 0, "both answers were served: {answers:?}");

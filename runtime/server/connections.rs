@@ -164,7 +164,13 @@ impl Handshake {
             self.failures.inc();
             tracing::debug!("a plaintext client on a TLS port, refused");
             tls::refuse_plaintext(&mut io, &first).await;
-            linger(io).await;
+            // The client closes once it has read the refusal; closing
+            // first could reach it before the refusal does.
+            let mut discard = [0u8; 4096];
+            let _ = tokio::time::timeout(Duration::from_millis(500), async {
+                while matches!(tokio::io::AsyncReadExt::read(&mut io, &mut discard).await, Ok(n) if n > 0) {}
+            })
+            .await;
             return None;
         }
         let io = tls::Prefixed::new(first, io);

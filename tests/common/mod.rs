@@ -7,6 +7,7 @@
 pub mod pki;
 pub mod process;
 pub mod redis;
+pub mod two_answers;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
