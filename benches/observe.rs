@@ -3,9 +3,9 @@
 //! closed loop) plain, with its request log at sampling 0.01 and 1.0, and
 //! with traces at 1% and 100% exported to an OTLP collector running in
 //! this process. Each server is loaded in turn, `--rounds` times over
-//! (interleaved, so drift on a noisy machine hits every side alike); the
-//! report gives each side's median requests per second and server CPU per
-//! request, and their ratios to the plain server.
+//! (`support::interleaved_rounds`); the report gives each side's median
+//! requests per second and server CPU per request, and their ratios to the
+//! plain server.
 //!
 //! ```text
 //! cargo bench --bench observe [-- --duration 5 --rounds 3]
@@ -23,9 +23,7 @@ use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
-use process::ServerProcess;
-use sluice::cli::bench::load::{self, LoadPlan};
-use support::{arg, cpu_seconds, pool, sluice};
+use support::{arg, interleaved_rounds, pool, print_against_first, sluice, Side};
 
 /// Counts the spans it is sent, as a collector would receive them.
 #[derive(Clone, Default)]
@@ -61,19 +59,6 @@ fn config(root: &Path, logging: Option<(&Path, f64)>, tracing: Option<(&str, f64
     text
 }
 
-struct Side {
-    name: String,
-    server: ServerProcess,
-    rps: Vec<f64>,
-    cpu_us: Vec<f64>,
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(5));
     let rounds: usize = arg("--rounds").unwrap_or(3);
@@ -106,40 +91,14 @@ fn main() {
             let text = config(&root, log.map(|rate| (prefix.as_path(), rate)), trace.map(|r| (endpoint.as_str(), r)));
             let path = dir.path().join(format!("observe{i}.toml"));
             std::fs::write(&path, text).expect("write config");
-            Side { name: name.to_string(), server: sluice(&path, &[]), rps: Vec::new(), cpu_us: Vec::new() }
+            let server = sluice(&path, &[]);
+            let target = server.url();
+            Side::new(name, server, target, None)
         })
         .collect();
-    let requests = pool(&runtime, &sides[0].server.url(), "mlp");
-    for round in 0..rounds {
-        for side in &mut sides {
-            let plan = |duration| LoadPlan {
-                connections: 4,
-                warmup: Duration::ZERO,
-                ..LoadPlan::closed(&side.server.url(), 64, duration)
-            };
-            let run = |duration| runtime.block_on(load::run(&plan(duration), requests.requests.clone(), requests.rows));
-            run(Duration::from_secs(1)).expect("warm-up");
-            let before = cpu_seconds(Some(side.server.pid()));
-            let summary = run(duration).expect("load");
-            let cpu = cpu_seconds(Some(side.server.pid())) - before;
-            let cpu_us = cpu * 1e6 / summary.requests.max(1) as f64;
-            eprintln!(
-                "round {round}, {}: {:.0} req/s, {cpu_us:.1} µs server CPU per request, {} errors",
-                side.name,
-                summary.requests_per_second,
-                summary.requests - summary.ok
-            );
-            side.rps.push(summary.requests_per_second);
-            side.cpu_us.push(cpu_us);
-        }
-    }
-    let (base_rps, base_cpu) = (median(&sides[0].rps), median(&sides[0].cpu_us));
-    println!("| side | req/s (median of {rounds}) | server CPU per request | throughput vs plain | CPU vs plain |");
-    println!("|---|---|---|---|---|");
-    for side in &sides {
-        let (rps, cpu) = (median(&side.rps), median(&side.cpu_us));
-        println!("| {} | {rps:.0} | {cpu:.1} µs | {:.3}× | {:+.1} µs |", side.name, rps / base_rps, cpu - base_cpu);
-    }
+    let requests = pool(&runtime, &sides[0].target, "mlp");
+    interleaved_rounds(&runtime, &mut sides, &requests, rounds, duration);
+    print_against_first(&sides, "plain");
     println!("spans received by the collector: {}", collector.spans.load(Ordering::Relaxed));
     for (i, side) in sides.iter().enumerate() {
         let bytes: u64 = std::fs::read_dir(dir.path().join(format!("logs{i}")))

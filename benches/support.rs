@@ -129,3 +129,89 @@ pub fn raw_rows_per_second(
     });
     total as f64 / duration.as_secs_f64()
 }
+
+/// One server in a side-by-side comparison, and what each round measured.
+pub struct Side {
+    /// What the side is, for the report.
+    pub name: String,
+    /// The server.
+    pub server: ServerProcess,
+    /// Its gRPC address (`https://` with `tls`).
+    pub target: String,
+    /// TLS to it, when it serves TLS.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
+    rps: Vec<f64>,
+    cpu_us: Vec<f64>,
+}
+
+impl Side {
+    /// `server`, reached at `target` (over `tls` when given).
+    pub fn new(
+        name: &str,
+        server: ServerProcess,
+        target: String,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Side {
+        Side { name: name.to_string(), server, target, tls, rps: Vec::new(), cpu_us: Vec::new() }
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+/// Loads each side in turn with `pool` (64 streams over 4 connections,
+/// closed loop, a second of warm-up each time), `rounds` times over, so
+/// drift on a noisy machine hits every side alike; records each side's
+/// requests per second and server CPU per request. A failed request fails
+/// the bench.
+pub fn interleaved_rounds(
+    runtime: &tokio::runtime::Runtime,
+    sides: &mut [Side],
+    pool: &RequestPool,
+    rounds: usize,
+    duration: Duration,
+) {
+    for round in 0..rounds {
+        for side in sides.iter_mut() {
+            let plan = |duration| LoadPlan {
+                warmup: Duration::ZERO,
+                tls: side.tls.clone(),
+                ..LoadPlan::closed(&side.target, 64, duration)
+            };
+            let run = |duration| runtime.block_on(load::run(&plan(duration), pool.requests.clone(), pool.rows));
+            run(Duration::from_secs(1)).expect("warm-up");
+            let before = cpu_seconds(Some(side.server.pid()));
+            let summary = run(duration).expect("load");
+            let cpu = cpu_seconds(Some(side.server.pid())) - before;
+            let cpu_us = cpu * 1e6 / summary.requests.max(1) as f64;
+            eprintln!(
+                "round {round}, {}: {:.0} req/s, {cpu_us:.1} µs server CPU per request, {} errors",
+                side.name,
+                summary.requests_per_second,
+                summary.requests - summary.ok
+            );
+            assert_eq!(summary.requests, summary.ok, "{} failed requests", side.name);
+            side.rps.push(summary.requests_per_second);
+            side.cpu_us.push(cpu_us);
+        }
+    }
+}
+
+/// The report of [`interleaved_rounds`]: each side's medians, and their
+/// ratio to the first side's (`baseline` names it in the header).
+pub fn print_against_first(sides: &[Side], baseline: &str) {
+    let Some(first) = sides.first() else { return };
+    let (base_rps, base_cpu) = (median(&first.rps), median(&first.cpu_us));
+    println!(
+        "| side | req/s (median of {}) | server CPU per request | throughput vs {baseline} | CPU vs {baseline} |",
+        first.rps.len()
+    );
+    println!("|---|---|---|---|---|");
+    for side in sides {
+        let (rps, cpu) = (median(&side.rps), median(&side.cpu_us));
+        println!("| {} | {rps:.0} | {cpu:.1} µs | {:.3}× | {:+.1} µs |", side.name, rps / base_rps, cpu - base_cpu);
+    }
+}

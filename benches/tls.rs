@@ -22,31 +22,14 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use process::ServerProcess;
 use sluice::cli::bench::client::tls_config;
-use sluice::cli::bench::load::{self, LoadPlan};
-use support::{arg, cpu_seconds, pool, sluice};
+use support::{arg, interleaved_rounds, pool, print_against_first, sluice, Side};
 
 fn config(root: &Path, tls: &str) -> String {
     format!(
         "{tls}\n[[models]]\nname = \"mlp\"\nbase_path = \"{}\"\nonnx = {{ sessions = 2, intra_op_threads = 1 }}\n",
         root.join("examples/models/mlp").display()
     )
-}
-
-struct Side {
-    name: &'static str,
-    server: ServerProcess,
-    target: String,
-    tls: Option<tonic::transport::ClientTlsConfig>,
-    rps: Vec<f64>,
-    cpu_us: Vec<f64>,
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
 }
 
 fn main() {
@@ -79,41 +62,10 @@ fn main() {
                     (format!("https://localhost:{port}"), Some(config))
                 }
             };
-            Side { name, server, target, tls, rps: Vec::new(), cpu_us: Vec::new() }
+            Side::new(name, server, target, tls)
         })
         .collect();
     let requests = pool(&runtime, &sides[0].target, "mlp");
-    for round in 0..rounds {
-        for side in &mut sides {
-            let plan = |duration| LoadPlan {
-                warmup: Duration::ZERO,
-                tls: side.tls.clone(),
-                ..LoadPlan::closed(&side.target, 64, duration)
-            };
-            let run = |duration| runtime.block_on(load::run(&plan(duration), requests.requests.clone(), requests.rows));
-            run(Duration::from_secs(1)).expect("warm-up");
-            let before = cpu_seconds(Some(side.server.pid()));
-            let summary = run(duration).expect("load");
-            let cpu = cpu_seconds(Some(side.server.pid())) - before;
-            let cpu_us = cpu * 1e6 / summary.requests.max(1) as f64;
-            eprintln!(
-                "round {round}, {}: {:.0} req/s, {cpu_us:.1} µs server CPU per request, {} errors",
-                side.name,
-                summary.requests_per_second,
-                summary.requests - summary.ok
-            );
-            assert_eq!(summary.requests, summary.ok, "{} failed requests", side.name);
-            side.rps.push(summary.requests_per_second);
-            side.cpu_us.push(cpu_us);
-        }
-    }
-    let (base_rps, base_cpu) = (median(&sides[0].rps), median(&sides[0].cpu_us));
-    println!(
-        "| side | req/s (median of {rounds}) | server CPU per request | throughput vs plaintext | CPU vs plaintext |"
-    );
-    println!("|---|---|---|---|---|");
-    for side in &sides {
-        let (rps, cpu) = (median(&side.rps), median(&side.cpu_us));
-        println!("| {} | {rps:.0} | {cpu:.1} µs | {:.3}× | {:+.1} µs |", side.name, rps / base_rps, cpu - base_cpu);
-    }
+    interleaved_rounds(&runtime, &mut sides, &requests, rounds, duration);
+    print_against_first(&sides, "plaintext");
 }
