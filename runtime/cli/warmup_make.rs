@@ -52,9 +52,6 @@ pub struct MakeArgs {
     pub onnxruntime: Option<PathBuf>,
 }
 
-/// The largest tensor a logged request may carry (the server's default).
-const MAX_TENSOR_BYTES: usize = 256 << 20;
-
 /// Writes the warmup file; answers what was written.
 pub async fn make(args: &MakeArgs) -> Result<String> {
     if args.max_records == 0 || args.max_records > MAX_RECORDS {
@@ -74,9 +71,11 @@ pub async fn make(args: &MakeArgs) -> Result<String> {
     let total = logged.len();
     let chosen = spread(logged, args.max_records);
     let version = load(&args.model, args.onnxruntime.as_deref())?;
+    // The largest tensor a logged request may carry: the server's default.
+    let max_tensor_bytes = crate::config::Config::default().server.max_tensor_bytes;
     let mut checked = Vec::with_capacity(chosen.len());
     for (index, request) in &chosen {
-        let inputs = warmup::fit(request.clone(), version.signature(), MAX_TENSOR_BYTES)
+        let inputs = warmup::fit(request.clone(), version.signature(), max_tensor_bytes)
             .map_err(|e| e.context(format_args!("logged request {index} does not fit {}", args.model.display())))?;
         checked.push(inputs);
     }

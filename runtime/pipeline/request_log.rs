@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -108,15 +108,10 @@ impl RequestLog {
     /// Queues `entry` for the writer; when the queue is full it is dropped
     /// and counted.
     pub fn submit(&self, entry: LogEntry) {
-        match self.sender.try_send(entry) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                self.queue_full.inc();
-            }
-            // The writer thread only ends when every sender is gone.
-            Err(TrySendError::Disconnected(_)) => {
-                self.queue_full.inc();
-            }
+        // Disconnected too: the writer only ends once every sender is
+        // gone, or if it died, and then the record is dropped all the same.
+        if self.sender.try_send(entry).is_err() {
+            self.queue_full.inc();
         }
     }
 }

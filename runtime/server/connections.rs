@@ -125,13 +125,17 @@ pub async fn serve(
 /// connection, and the client would see only that. Bounded: half a
 /// second of reading, then the connection is dropped.
 async fn linger<I: AsyncRead + AsyncWrite + Unpin>(mut io: I) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    if io.shutdown().await.is_err() {
-        return;
+    if tokio::io::AsyncWriteExt::shutdown(&mut io).await.is_ok() {
+        drain(&mut io).await;
     }
+}
+
+/// Reads and discards what the client sends until it closes, for half a
+/// second at most.
+async fn drain<I: AsyncRead + Unpin>(io: &mut I) {
     let mut discard = [0u8; 4096];
     let _ = tokio::time::timeout(Duration::from_millis(500), async {
-        while matches!(io.read(&mut discard).await, Ok(n) if n > 0) {}
+        while matches!(tokio::io::AsyncReadExt::read(io, &mut discard).await, Ok(n) if n > 0) {}
     })
     .await;
 }
@@ -144,53 +148,54 @@ struct Handshake {
 }
 
 impl Handshake {
-    /// The TLS stream, or `None` for a client refused (and told why):
-    /// one that sent plaintext, that has no valid certificate, or that
-    /// did not finish in time.
-    async fn run<I>(self, mut io: I) -> Option<tokio_rustls::server::TlsStream<tls::Prefixed<I>>>
+    /// What the client opened with: a TLS session, plaintext (served
+    /// the refusal), or nothing to serve (no valid certificate, no
+    /// handshake in time).
+    async fn run<I>(self, mut io: I) -> Opened<I>
     where
         I: AsyncRead + AsyncWrite + Unpin,
     {
-        // The opening bytes tell TLS from a plaintext client, which is
-        // told in its own protocol that this port serves TLS.
+        // The opening bytes tell TLS from a plaintext client.
         let mut first = vec![0u8; 64];
         let opened = tokio::time::timeout(self.timeout, tokio::io::AsyncReadExt::read(&mut io, &mut first)).await;
         let Ok(Ok(n @ 1..)) = opened else {
             self.failures.inc();
-            return None;
+            return Opened::Refused;
         };
         first.truncate(n);
+        let io = tls::Prefixed::new(first.clone(), io);
         if !tls::is_tls(&first) {
             self.failures.inc();
             tracing::debug!("a plaintext client on a TLS port, refused");
-            tls::refuse_plaintext(&mut io, &first).await;
-            // The client closes once it has read the refusal; closing
-            // first could reach it before the refusal does.
-            let mut discard = [0u8; 4096];
-            let _ = tokio::time::timeout(Duration::from_millis(500), async {
-                while matches!(tokio::io::AsyncReadExt::read(&mut io, &mut discard).await, Ok(n) if n > 0) {}
-            })
-            .await;
-            return None;
+            return Opened::Plaintext(io);
         }
-        let io = tls::Prefixed::new(first, io);
         match tokio::time::timeout(self.timeout, self.acceptor.accept(io).into_fallible()).await {
-            Ok(Ok(stream)) => Some(stream),
+            Ok(Ok(stream)) => Opened::Tls(Box::new(stream)),
             // A client without a valid certificate: refused before any
             // request is read, and given the time to read the alert.
             Ok(Err((e, io))) => {
                 self.failures.inc();
                 tracing::debug!("TLS handshake refused: {e}");
                 linger(io).await;
-                None
+                Opened::Refused
             }
             Err(_) => {
                 self.failures.inc();
                 tracing::debug!("TLS handshake not done within {} ms", self.timeout.as_millis());
-                None
+                Opened::Refused
             }
         }
     }
+}
+
+/// What a connection to a TLS port opened with.
+enum Opened<I> {
+    /// A TLS session: served (boxed: it is large, and made once a connection).
+    Tls(Box<tokio_rustls::server::TlsStream<tls::Prefixed<I>>>),
+    /// Plaintext: each request is told the port serves TLS.
+    Plaintext(tls::Prefixed<I>),
+    /// Nothing to serve.
+    Refused,
 }
 
 /// A connection's place under `max_connections`, freed when it closes.
@@ -284,11 +289,22 @@ impl Connections {
         let (timeout, failures) = (self.handshake_timeout, self.handshake_failures.clone());
         tokio::spawn(async move {
             let handshake = Handshake { acceptor, timeout, failures };
-            if let Some(stream) = handshake.run(io).await {
-                let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                if let Err(e) = watcher.watch(connection.into_owned()).await {
-                    tracing::debug!("connection closed: {e}");
+            let served = match handshake.run(io).await {
+                Opened::Tls(stream) => {
+                    let connection = builder.serve_connection_with_upgrades(TokioIo::new(*stream), service);
+                    watcher.watch(connection.into_owned()).await
                 }
+                Opened::Plaintext(io) => {
+                    let refuse = hyper::service::service_fn(|request| async move {
+                        Ok::<_, std::convert::Infallible>(tls::plaintext_refusal(&request))
+                    });
+                    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), refuse);
+                    watcher.watch(connection.into_owned()).await
+                }
+                Opened::Refused => Ok(()),
+            };
+            if let Err(e) = served {
+                tracing::debug!("connection closed: {e}");
             }
             open.dec();
             drop(place);

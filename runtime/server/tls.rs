@@ -10,7 +10,7 @@
 //! connections keep the session they have, so a rotation fails no request.
 //! A set that does not read is refused with a log line and a count, and the
 //! current one stays. A plaintext client on a TLS port is answered in its
-//! own protocol (HTTP/1.1 400, or an HTTP/2 GOAWAY) saying the port serves
+//! own protocol (HTTP 400, or gRPC UNAVAILABLE) saying the port serves
 //! TLS, instead of a connection that just drops.
 
 use std::path::{Path, PathBuf};
@@ -231,29 +231,30 @@ pub fn is_tls(first: &[u8]) -> bool {
     first.first() == Some(&HANDSHAKE_RECORD)
 }
 
-/// Answers a plaintext client on a TLS port in its own protocol: HTTP/2
-/// (gRPC) gets SETTINGS and a GOAWAY whose debug data says why, HTTP/1.1 a
-/// 400 with the reason; then the connection closes.
-pub async fn refuse_plaintext<I: AsyncRead + AsyncWrite + Unpin>(io: &mut I, first: &[u8]) {
-    use tokio::io::AsyncWriteExt;
-    let answer = if first.starts_with(b"PRI * HTTP/2.0") {
-        let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0]; // an empty SETTINGS frame
-        let payload_len = 8 + REFUSAL.len();
-        frames.extend_from_slice(&(payload_len as u32).to_be_bytes()[1..]);
-        frames.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]); // GOAWAY on stream 0
-        frames.extend_from_slice(&0u32.to_be_bytes()); // no stream processed
-        frames.extend_from_slice(&1u32.to_be_bytes()); // PROTOCOL_ERROR
-        frames.extend_from_slice(REFUSAL.as_bytes());
-        frames
+/// The answer to every request of a plaintext client on a TLS port, in
+/// its own protocol: a gRPC call gets UNAVAILABLE saying why (a
+/// trailers-only response), anything else an HTTP 400 saying it.
+pub fn plaintext_refusal<B>(request: &http::Request<B>) -> http::Response<http_body_util::Full<bytes::Bytes>> {
+    let grpc = request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    let response = if grpc {
+        http::Response::builder()
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header("grpc-status", "14")
+            // Visible ASCII without '%': a valid grpc-message as it is.
+            .header("grpc-message", REFUSAL)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
     } else {
-        format!(
-            "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{REFUSAL}\n",
-            REFUSAL.len() + 1
-        )
-        .into_bytes()
+        http::Response::builder()
+            .status(http::StatusCode::BAD_REQUEST)
+            .header(http::header::CONTENT_TYPE, "text/plain")
+            .header(http::header::CONNECTION, "close")
+            .body(http_body_util::Full::new(bytes::Bytes::from(format!("{REFUSAL}\n"))))
     };
-    let _ = io.write_all(&answer).await;
-    let _ = io.flush().await;
+    // Static parts only: building cannot fail.
+    response.unwrap_or_default()
 }
 
 /// A connection whose opening bytes were read to tell TLS from plaintext,
@@ -325,11 +326,11 @@ mod tests {
         prefixed.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"hello");
         assert!(is_tls(&[0x16, 3, 1]) && !is_tls(b"GET /"));
-        let (mut client, mut server) = tokio::io::duplex(1024);
-        refuse_plaintext(&mut server, b"GET / HTTP/1.1\r\n").await;
-        drop(server);
-        let mut answer = String::new();
-        client.read_to_string(&mut answer).await.unwrap();
-        assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("serves TLS"), "{answer}");
+        let rest = plaintext_refusal(&http::Request::new(()));
+        assert_eq!(rest.status(), http::StatusCode::BAD_REQUEST);
+        let grpc = http::Request::builder().header("content-type", "application/grpc+proto").body(()).unwrap();
+        let answer = plaintext_refusal(&grpc);
+        assert_eq!(answer.headers()["grpc-status"], "14");
+        assert!(answer.headers()["grpc-message"].to_str().unwrap().contains("serves TLS"));
     }
 }
