@@ -94,8 +94,13 @@ enum PluginCommand {
     /// history rollback returns through.
     Show(sluice::cli::plugin_push::NameArgs),
     /// Activate a stored version: every stage running the plugin switches
-    /// to it without a failed request.
-    Activate(sluice::cli::plugin_push::VersionArgs),
+    /// to it without a failed request; with --canary PERCENT, start it
+    /// beside the active one for that share of the calls.
+    Activate(sluice::cli::plugin_push::ActivateArgs),
+    /// Make the running canary the active version.
+    Promote(sluice::cli::plugin_push::NameArgs),
+    /// End the running canary: the active version serves every call again.
+    EndCanary(sluice::cli::plugin_push::NameArgs),
     /// Go back to the version active before the current one.
     Rollback(sluice::cli::plugin_push::NameArgs),
     /// Delete a stored version that is not active.
@@ -250,6 +255,14 @@ fn main() -> ExitCode {
             }
             Command::Plugin(PluginCommand::Activate(args)) => {
                 println!("{}", sluice::cli::plugin_push::activate(&args).await?);
+                Ok(())
+            }
+            Command::Plugin(PluginCommand::Promote(args)) => {
+                println!("{}", sluice::cli::plugin_push::promote(&args).await?);
+                Ok(())
+            }
+            Command::Plugin(PluginCommand::EndCanary(args)) => {
+                println!("{}", sluice::cli::plugin_push::end_canary(&args).await?);
                 Ok(())
             }
             Command::Plugin(PluginCommand::Rollback(args)) => {

@@ -111,6 +111,56 @@ pub struct PortLabels {
     pub port: &'static str,
 }
 
+/// The metric handles of one cache.
+pub struct CacheHandles {
+    /// Requests answered from the cache.
+    pub hits: Counter,
+    /// Requests the cache had no answer for.
+    pub misses: Counter,
+    /// Requests that could not use the cache (a canary was running).
+    pub bypassed: Counter,
+    /// Bytes kept.
+    pub bytes: Gauge,
+}
+
+/// Labels of a pipeline.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PipelineLabels {
+    /// The pipeline (or a model served under its own name).
+    pub pipeline: String,
+}
+
+/// Labels of a pipeline's outcomes.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PipelineOutcomeLabels {
+    /// The pipeline.
+    pub pipeline: String,
+    /// What happened.
+    pub outcome: &'static str,
+}
+
+/// Labels of the calls of one side of a plugin canary.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CanaryLabels {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The plugin.
+    pub plugin: String,
+    /// The registry's version of the plugin.
+    pub version: String,
+    /// `stable` or `canary`.
+    pub side: &'static str,
+    /// `ok` or `error`.
+    pub outcome: &'static str,
+}
+
+/// Labels of a plugin.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginNameLabels {
+    /// The plugin.
+    pub plugin: String,
+}
+
 /// Labels of an outcome.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -339,6 +389,16 @@ pub struct Metrics {
     pub request_log_failures: Family<ModelNameLabels, Counter>,
     /// TLS certificate reloads, by outcome (`ok`, `refused`).
     pub tls_reloads: Family<OutcomeLabels, Counter>,
+    /// Response cache lookups, by outcome (`hit`, `miss`, `bypass`).
+    pub response_cache_requests: Family<PipelineOutcomeLabels, Counter>,
+    /// Bytes a response cache keeps.
+    pub response_cache_bytes: Family<PipelineLabels, Gauge>,
+    /// Plugin calls on each side of a canary, by version and outcome.
+    pub canary_calls: Family<CanaryLabels, Counter>,
+    /// The percent of calls a plugin's canary version gets (0: none).
+    pub canary_percent: Family<PluginNameLabels, FloatGauge>,
+    /// Canaries rolled back because they did worse than the stable version.
+    pub canary_rollbacks: Family<PluginNameLabels, Counter>,
     /// Names requests asked for that resolved to nothing, as labelled so
     /// far (at most [`MAX_UNRESOLVED_NAMES`]).
     unresolved_names: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
@@ -398,6 +458,11 @@ impl Metrics {
             request_log_bytes: Family::default(),
             request_log_failures: Family::default(),
             tls_reloads: Family::default(),
+            response_cache_requests: Family::default(),
+            response_cache_bytes: Family::default(),
+            canary_calls: Family::default(),
+            canary_percent: Family::default(),
+            canary_rollbacks: Family::default(),
             unresolved_names: std::sync::Mutex::default(),
             tls_handshake_failures: Family::default(),
             registry: Registry::default(),
@@ -609,7 +674,46 @@ impl Metrics {
             "TLS handshakes that failed (a missing or unknown client certificate, a plaintext client, a timeout), by port",
             metrics.tls_handshake_failures.clone(),
         );
+        registry.register(
+            "sluice_response_cache_requests",
+            "Response cache lookups by pipeline and outcome: hit, miss, bypass (a plugin canary was running)",
+            metrics.response_cache_requests.clone(),
+        );
+        registry.register(
+            "sluice_response_cache_bytes",
+            "Bytes a pipeline's response cache keeps (inputs and answers)",
+            metrics.response_cache_bytes.clone(),
+        );
+        registry.register(
+            "sluice_canary_calls",
+            "Plugin calls on each side of a canary (stable, canary), by version and outcome",
+            metrics.canary_calls.clone(),
+        );
+        registry.register(
+            "sluice_canary_percent",
+            "The percent of a plugin's calls its canary version gets; 0 when none runs",
+            metrics.canary_percent.clone(),
+        );
+        registry.register(
+            "sluice_canary_rollbacks",
+            "Canary versions rolled back on their own for doing worse than the stable version",
+            metrics.canary_rollbacks.clone(),
+        );
         Arc::new(Metrics { registry, ..metrics })
+    }
+
+    /// The handles of pipeline `pipeline`'s response cache.
+    pub fn response_cache(&self, pipeline: &str) -> CacheHandles {
+        let outcome = |outcome| {
+            self.response_cache_requests
+                .get_or_create_owned(&PipelineOutcomeLabels { pipeline: pipeline.to_string(), outcome })
+        };
+        CacheHandles {
+            hits: outcome("hit"),
+            misses: outcome("miss"),
+            bypassed: outcome("bypass"),
+            bytes: self.response_cache_bytes.get_or_create_owned(&PipelineLabels { pipeline: pipeline.to_string() }),
+        }
     }
 
     /// The auto batching handles of one model version.

@@ -211,8 +211,14 @@ async fn a_change_against_a_stale_revision_is_refused_and_a_corrupted_blob_is_no
     let (config_again, runtime_again) = (config.clone(), runtime.clone());
     let (first, stale) = tokio::task::spawn_blocking(move || {
         let shared = SharedRegistry::new(&config, runtime).expect("client");
-        let manifest =
-            Manifest { name: "p".into(), team: None, active: None, history: Vec::new(), versions: Vec::new() };
+        let manifest = Manifest {
+            name: "p".into(),
+            team: None,
+            active: None,
+            history: Vec::new(),
+            versions: Vec::new(),
+            canary: None,
+        };
         let first = shared.commit(0, &manifest, &serde_json::json!({"action": "test"})).expect("first commit");
         let stale = shared.commit(0, &manifest, &serde_json::json!({"action": "test"})).expect_err("stale");
         let snapshot = shared.snapshot().expect("snapshot");

@@ -20,6 +20,7 @@ use crate::error::Result;
 use crate::metrics::{LatencyLabels, Metrics, RequestLabels};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::priority::Priority;
 use crate::pipeline::trace::{self, TraceSampler};
 use crate::pipeline::{Endpoints, Target};
 
@@ -77,6 +78,8 @@ pub struct RequestContext {
     /// What the request asked for (`model_spec.name`), for metrics of
     /// requests that resolved to nothing.
     name: String,
+    /// Its priority, or why the one it gave is not one.
+    priority: Result<Priority>,
     metrics: Arc<Metrics>,
     api: &'static str,
     entrypoint: &'static str,
@@ -108,12 +111,32 @@ impl RequestContext {
             span,
             trace,
             name: name.to_string(),
+            priority: Ok(Priority::Normal),
             metrics: metrics.clone(),
             api,
             entrypoint,
             started: Instant::now(),
             target: None,
         }
+    }
+
+    /// The same call, with the priority its `x-sluice-priority` header (or
+    /// metadata) gives; a malformed one fails the call when it is used.
+    pub fn with_priority_header(mut self, header: Option<&[u8]>) -> RequestContext {
+        self.priority = Priority::from_header(header);
+        self
+    }
+
+    /// The request's priority; INVALID_ARGUMENT when the header it gave
+    /// is not one.
+    pub fn priority(&self) -> Result<Priority> {
+        self.priority.clone()
+    }
+
+    /// Sets the priority a request's body gives (KServe v2's `priority`
+    /// parameter), which overrides the header.
+    pub fn set_priority(&mut self, priority: Priority) {
+        self.priority = Ok(priority);
     }
 
     /// Resolves what the request names to a pipeline and a version, and

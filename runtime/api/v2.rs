@@ -8,6 +8,7 @@
 use crate::error::{Error, Result};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::priority::Priority;
 use crate::pipeline::{Endpoints, Target};
 use crate::tensor::spec::TensorSpec;
 use crate::tensor::v2::{datatype, dtype_of};
@@ -108,9 +109,10 @@ pub async fn infer<V>(
     inputs: Vec<GivenInput<V>>,
     outputs: &[String],
     deadline: Deadline,
+    priority: Priority,
     decode: impl Fn(DType, Vec<i64>, V, usize, &str) -> Result<Tensor>,
 ) -> Result<Vec<(String, Tensor)>> {
-    let mut builder = target.request(inputs.iter().map(|input| input.name.as_str()), outputs, deadline)?;
+    let mut builder = target.request(inputs.iter().map(|input| input.name.as_str()), outputs, deadline, priority)?;
     let limit = target.pipeline.max_tensor_bytes();
     for input in inputs {
         let spec = builder.signature().inputs.iter().find(|spec| spec.name == input.name).ok_or_else(|| {
@@ -140,6 +142,19 @@ fn check_datatype(spec: &TensorSpec, given: &str) -> Result<()> {
 }
 
 /// The error for an output asking for the classification extension.
+/// The request's `priority` parameter (Triton's numbering: 1 the highest,
+/// 0 the default), when it gives one; `value` is what it holds, if an
+/// unsigned integer.
+pub fn priority_parameter(given: bool, value: Option<u64>, shown: &dyn std::fmt::Display) -> Result<Option<Priority>> {
+    match (given, value) {
+        (false, _) => Ok(None),
+        (true, Some(level)) => Ok(Some(Priority::from_level(level))),
+        (true, None) => Err(Error::invalid_argument(format!(
+            "parameters.priority is {shown}; expected an unsigned integer (1 is the highest, 0 the default)"
+        ))),
+    }
+}
+
 pub fn classification_refused(output: &str) -> Error {
     Error::unimplemented(format!(
         "output '{output}' asks for the classification extension, which sluice does not serve; use a top_k stage"

@@ -1,4 +1,4 @@
-//! `sluice plugin push|list|show|activate|rollback|delete`: the admin API's
+//! `sluice plugin push|list|show|activate|promote|end-canary|rollback|delete`: the admin API's
 //! command line client. Each request carries `Authorization: Bearer TOKEN`;
 //! the token comes from `SLUICE_TOKEN` (or `--token`, which shells keep in
 //! their history: prefer the variable).
@@ -41,6 +41,18 @@ pub struct VersionArgs {
     pub version: u32,
     #[command(flatten)]
     pub server: ServerArgs,
+}
+
+/// The arguments of `sluice plugin activate`.
+#[derive(Debug, Clone, Args)]
+pub struct ActivateArgs {
+    #[command(flatten)]
+    pub version: VersionArgs,
+    /// Start the version as a canary taking this percent of the calls,
+    /// beside the active one, instead of activating it; promote it with
+    /// `sluice plugin promote`, end it with `sluice plugin end-canary`.
+    #[arg(long, value_name = "PERCENT")]
+    pub canary: Option<f64>,
 }
 
 /// The flags of `sluice plugin push`.
@@ -110,10 +122,25 @@ pub async fn show(args: &NameArgs) -> anyhow::Result<String> {
     send(&args.server, Method::GET, &format!("/admin/v1/plugins/{}", args.name), Bytes::new()).await
 }
 
-/// Makes a stored version the one every stage running the plugin serves.
-pub async fn activate(args: &VersionArgs) -> anyhow::Result<String> {
-    let path = format!("/admin/v1/plugins/{}/versions/{}/activate", args.name, args.version);
-    send(&args.server, Method::POST, &path, Bytes::new()).await
+/// Makes a stored version the one every stage running the plugin serves,
+/// or with --canary starts it beside the active one for a share of calls.
+pub async fn activate(args: &ActivateArgs) -> anyhow::Result<String> {
+    let VersionArgs { name, version, server } = &args.version;
+    let mut path = format!("/admin/v1/plugins/{name}/versions/{version}/activate");
+    if let Some(percent) = args.canary {
+        path.push_str(&format!("?canary={percent}"));
+    }
+    send(server, Method::POST, &path, Bytes::new()).await
+}
+
+/// Makes the running canary the active version.
+pub async fn promote(args: &NameArgs) -> anyhow::Result<String> {
+    send(&args.server, Method::POST, &format!("/admin/v1/plugins/{}/promote", args.name), Bytes::new()).await
+}
+
+/// Ends the running canary: the active version serves every call again.
+pub async fn end_canary(args: &NameArgs) -> anyhow::Result<String> {
+    send(&args.server, Method::DELETE, &format!("/admin/v1/plugins/{}/canary", args.name), Bytes::new()).await
 }
 
 /// Goes back to the version active before the current one.

@@ -19,6 +19,7 @@ pub mod stage;
 pub mod telemetry;
 pub mod tf_model_config;
 pub mod tls;
+pub mod traffic;
 pub mod upstream;
 
 use std::collections::{BTreeMap, HashSet};
@@ -38,6 +39,7 @@ pub use self::plugins::{InstancePolicy, PluginLimits, PluginsConfig};
 pub use self::stage::{StageConfig, StageKind, StageRole};
 pub use self::telemetry::TracingConfig;
 pub use self::tls::TlsConfig;
+pub use self::traffic::{CacheConfig, CanaryPolicy, QuotaConfig, TrafficConfig};
 pub use self::upstream::UpstreamConfig;
 
 /// Everything the server is configured with.
@@ -71,6 +73,9 @@ pub struct Config {
     /// OpenTelemetry traces of requests; off unless an endpoint is given.
     #[serde(default)]
     pub tracing: TracingConfig,
+    /// Priorities, team quotas and canary rollbacks.
+    #[serde(default)]
+    pub traffic: TrafficConfig,
 }
 
 /// The plugin admin API (on the REST port, under `/admin/v1/`).
@@ -142,6 +147,14 @@ pub struct PipelineConfig {
     pub preprocess: Option<StageConfig>,
     /// The stage after the model.
     pub postprocess: Option<StageConfig>,
+    /// Its response cache; off when absent.
+    pub cache: Option<CacheConfig>,
+    /// Its own rate (and concurrency) quota, besides its team's.
+    pub quota: Option<QuotaConfig>,
+    /// The input whose value keeps a caller on one side of a plugin
+    /// canary (a user id): the same value, the same version. Unset: each
+    /// request is dealt at random.
+    pub canary_key: Option<String>,
 }
 
 /// How a pipeline runs its stages.
@@ -372,6 +385,12 @@ pub struct ModelConfig {
     pub upstream: Option<UpstreamConfig>,
     /// Request logging (TF Serving's `logging_config`); off when absent.
     pub logging: Option<LoggingConfig>,
+    /// The response cache of the model served under its own name; off
+    /// when absent.
+    pub cache: Option<CacheConfig>,
+    /// The rate (and concurrency) quota of the model served under its
+    /// own name.
+    pub quota: Option<QuotaConfig>,
 }
 
 /// What `server.inline_inference_micros` is unless set: below the cost
@@ -425,6 +444,8 @@ impl ModelConfig {
             batching: None,
             upstream: None,
             logging: None,
+            cache: None,
+            quota: None,
         }
     }
 }
@@ -529,6 +550,7 @@ impl Config {
         }
         check_between("server.compute_nice", self.server.compute_nice, 0, 19)?;
         self.tracing.check()?;
+        self.traffic.check()?;
         if let Some(tls) = &self.server.tls {
             tls.check()?;
         }
@@ -550,6 +572,12 @@ impl Config {
                 return Err(invalid!("{key}.model = \"{}\": no such model; models: {models:?}", pipeline.model));
             }
             check_between(&format!("{key}.max_in_flight"), pipeline.max_in_flight, 1, MAX_COUNT)?;
+            traffic::check_endpoint(&key, pipeline.cache.as_ref(), pipeline.quota.as_ref())?;
+            if let Some(input) = &pipeline.canary_key {
+                if input.is_empty() {
+                    return Err(invalid!("{key}.canary_key = \"\": name the input that keeps a caller on one version"));
+                }
+            }
             if let Some(fetch) = &pipeline.feature_fetch {
                 fetch.check(&format!("{key}.feature_fetch"), &self.features)?;
             }
@@ -714,6 +742,7 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
         if let Some(logging) = &model.logging {
             logging.check(&format!("{key}.logging"))?;
         }
+        traffic::check_endpoint(&key, model.cache.as_ref(), model.quota.as_ref())?;
         check_between(&format!("{key}.onnx.sessions"), model.onnx.sessions, 1, MAX_THREADS)?;
         check_between(&format!("{key}.onnx.intra_op_threads"), model.onnx.intra_op_threads, 1, MAX_THREADS)?;
         if let VersionPolicy::Specific(versions) = &model.version_policy {

@@ -1,83 +1,166 @@
-//! Admission: the bound on how many requests a queue holds at once.
+//! Admission: the bound on how many requests a queue holds at once, the
+//! places each priority may take of it, and the quotas a request must fit.
 //!
 //! Backpressure is a type here: a request gets an [`AdmissionPermit`] or a
-//! RESOURCE_EXHAUSTED error naming the queue, at once, never a wait. The
-//! permit is released when the request is answered (or dropped), so the
-//! bound covers waiting and running requests alike.
+//! RESOURCE_EXHAUSTED error naming the queue or the quota, at once, never a
+//! wait. The permit is released when the request is answered (or dropped),
+//! so the bound covers waiting and running requests alike.
+//!
+//! Priorities share the places: a high-priority request may take any, a
+//! normal one all but the share kept for high ones
+//! (`traffic.high_priority_reserve`), a low one only its share
+//! (`traffic.low_priority_share`). So a flood of low-priority requests is
+//! refused while places remain for the others.
+//!
+//! Quotas ([`Quota`]) bound a pipeline, or every pipeline of a team
+//! together, in requests per second (governor's GCRA, a token bucket
+//! without a timer) and in requests at once.
 
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use governor::{DefaultDirectRateLimiter, Quota as Rate, RateLimiter};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::priority::Priority;
+use crate::config::traffic::places;
+use crate::config::{QuotaConfig, TrafficConfig};
 use crate::error::{Error, Result};
+use crate::metrics::{Metrics, RejectionLabels};
 
 /// A bounded entrance to a queue.
 pub struct Admission {
     name: String,
     capacity: usize,
-    permits: Arc<Semaphore>,
+    /// The most places each priority may fill, by [`Priority::index`].
+    limits: [usize; 3],
+    used: Arc<AtomicUsize>,
     rejected: Counter,
     in_flight: Gauge,
+    /// The quotas a request must fit besides the places: the pipeline's
+    /// own, then its team's.
+    quotas: Vec<Arc<Quota>>,
 }
 
-/// Proof that a request was admitted; dropping it frees the place.
+/// Proof that a request was admitted; dropping it frees the place (and its
+/// share of every concurrency quota).
 #[derive(Debug)]
 pub struct AdmissionPermit {
-    _permit: OwnedSemaphorePermit,
+    used: Arc<AtomicUsize>,
     in_flight: Gauge,
+    quotas: Vec<Arc<Quota>>,
+}
+
+impl std::fmt::Debug for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
 }
 
 impl Drop for AdmissionPermit {
     fn drop(&mut self) {
+        self.used.fetch_sub(1, Ordering::AcqRel);
         self.in_flight.dec();
+        for quota in &self.quotas {
+            quota.release();
+        }
     }
 }
 
 impl Admission {
-    /// An entrance for `capacity` requests at once; `name` appears in the
-    /// error a refused request gets ("the request queue of model 'cnn'");
-    /// `rejected` counts the refusals, `in_flight` shows the requests
-    /// admitted and not yet answered (what a drain waits for).
-    pub fn new(name: impl Into<String>, capacity: usize, rejected: Counter, in_flight: Gauge) -> Admission {
-        Admission { name: name.into(), capacity, permits: Arc::new(Semaphore::new(capacity)), rejected, in_flight }
-    }
-
-    /// Admits a request, or refuses it at once when the queue is full.
-    pub fn try_admit(&self) -> Result<AdmissionPermit> {
-        match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => {
-                self.in_flight.inc();
-                Ok(AdmissionPermit { _permit: permit, in_flight: self.in_flight.clone() })
-            }
-            Err(_) => Err(self.refused()),
+    /// An entrance for `capacity` requests at once, shared by priorities as
+    /// `traffic` says; `name` appears in the error a refused request gets
+    /// ("the request queue of model 'cnn'"); `rejected` counts the
+    /// refusals, `in_flight` shows the requests admitted and not yet
+    /// answered (what a drain waits for).
+    pub fn new(
+        name: impl Into<String>,
+        capacity: usize,
+        traffic: &TrafficConfig,
+        rejected: Counter,
+        in_flight: Gauge,
+    ) -> Admission {
+        let normal = places(capacity, 1.0 - traffic.high_priority_reserve);
+        let low = places(capacity, traffic.low_priority_share).min(normal);
+        Admission {
+            name: name.into(),
+            capacity,
+            limits: [capacity, normal, low],
+            used: Arc::new(AtomicUsize::new(0)),
+            rejected,
+            in_flight,
+            quotas: Vec::new(),
         }
     }
 
-    /// Refuses, as [`Admission::try_admit`] would, when no request could be
-    /// admitted now; admits nothing either way. A check an API makes
-    /// before it reads a request's body (a request that passes it is
-    /// still admitted, or refused, by `try_admit` later).
-    pub fn refuse_if_full(&self) -> Result<()> {
-        if self.permits.available_permits() > 0 {
+    /// The same entrance, also bound by `quotas` (checked in order).
+    pub fn with_quotas(mut self, quotas: Vec<Arc<Quota>>) -> Admission {
+        self.quotas = quotas;
+        self
+    }
+
+    /// Admits a request of `priority`, or refuses it at once when the
+    /// places its priority may take are full, or a quota is spent.
+    pub fn try_admit(&self, priority: Priority) -> Result<AdmissionPermit> {
+        let limit = self.limits[priority.index()];
+        if self.used.fetch_add(1, Ordering::AcqRel) >= limit {
+            self.used.fetch_sub(1, Ordering::AcqRel);
+            return Err(self.refused(priority));
+        }
+        // Concurrency first (undone when a later check refuses), rates last
+        // (a spent token cannot be given back).
+        for (i, quota) in self.quotas.iter().enumerate() {
+            if let Err(error) = quota.enter() {
+                self.quotas[..i].iter().for_each(|q| q.release());
+                self.used.fetch_sub(1, Ordering::AcqRel);
+                return Err(error);
+            }
+        }
+        for quota in &self.quotas {
+            if let Err(error) = quota.take_token() {
+                self.quotas.iter().for_each(|q| q.release());
+                self.used.fetch_sub(1, Ordering::AcqRel);
+                return Err(error);
+            }
+        }
+        self.in_flight.inc();
+        Ok(AdmissionPermit { used: self.used.clone(), in_flight: self.in_flight.clone(), quotas: self.quotas.clone() })
+    }
+
+    /// Refuses, as [`Admission::try_admit`] would, when no request of
+    /// `priority` could be admitted now; admits nothing either way. A check
+    /// an API makes before it reads a request's body (a request that passes
+    /// it is still admitted, or refused, by `try_admit` later).
+    pub fn refuse_if_full(&self, priority: Priority) -> Result<()> {
+        if self.used.load(Ordering::Acquire) < self.limits[priority.index()] {
             return Ok(());
         }
-        Err(self.refused())
+        Err(self.refused(priority))
     }
 
     /// Counts a refusal and says why.
-    fn refused(&self) -> Error {
+    fn refused(&self, priority: Priority) -> Error {
         self.rejected.inc();
-        Error::queue_full(&self.name, self.capacity)
+        let limit = self.limits[priority.index()];
+        if limit == self.capacity {
+            return Error::queue_full(&self.name, self.capacity);
+        }
+        Error::resource_exhausted(format!(
+            "{} is full for {priority}-priority requests: they may take {limit} of its {} places (the rest is kept \
+             for higher priorities, [traffic]); retry later",
+            self.name, self.capacity
+        ))
     }
 
     /// Requests admitted and not yet answered.
     pub fn in_flight(&self) -> usize {
-        self.capacity - self.permits.available_permits()
+        self.used.load(Ordering::Acquire)
     }
 
-    /// Requests refused so far.
+    /// Requests refused so far (for the queue's places; quotas count their
+    /// own).
     pub fn rejected(&self) -> u64 {
         self.rejected.get()
     }
@@ -88,20 +171,153 @@ impl Admission {
     }
 }
 
+/// How every pipeline's admission is built: `[traffic]`, and each team's
+/// quota, made once and shared by all the team's pipelines.
+pub struct TrafficRules {
+    config: TrafficConfig,
+    teams: std::collections::BTreeMap<String, Arc<Quota>>,
+}
+
+impl TrafficRules {
+    /// The rules `config` sets, with the team quotas made.
+    pub fn new(config: &TrafficConfig, metrics: &Metrics) -> Arc<TrafficRules> {
+        let teams = config
+            .teams
+            .iter()
+            .map(|(team, quota)| {
+                let name = format!("team '{team}'");
+                (
+                    team.clone(),
+                    Quota::new(name, format!("traffic.teams.{team}"), &format!("team/{team}"), quota, metrics),
+                )
+            })
+            .collect();
+        Arc::new(TrafficRules { config: config.clone(), teams })
+    }
+
+    /// `[traffic]` as configured.
+    pub fn config(&self) -> &TrafficConfig {
+        &self.config
+    }
+
+    /// The admission of the endpoint `name` (`what`: "pipeline", "model"),
+    /// `capacity` requests at once, bound by its own `quota` (configured at
+    /// `key`) and by its team's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn admission(
+        &self,
+        what: &str,
+        name: &str,
+        capacity: usize,
+        team: Option<&str>,
+        quota: Option<(&QuotaConfig, String)>,
+        metrics: &Metrics,
+    ) -> Admission {
+        let queue = metrics.queue(&format!("{name}/admission"));
+        let mut quotas = Vec::new();
+        if let Some((config, key)) = quota {
+            quotas.push(Quota::new(format!("{what} '{name}'"), key, &format!("{what}/{name}"), config, metrics));
+        }
+        if let Some(quota) = team.and_then(|team| self.teams.get(team)) {
+            quotas.push(quota.clone());
+        }
+        Admission::new(format!("the request queue of {what} '{name}'"), capacity, &self.config, queue.full, queue.depth)
+            .with_quotas(quotas)
+    }
+}
+
+/// A quota: requests per second (with a burst) and requests at once, for
+/// one pipeline or for all of a team's pipelines together.
+pub struct Quota {
+    /// What it is, in errors: "pipeline 'mlp'", "team 'search'".
+    name: String,
+    /// Where it is configured, in errors.
+    key: String,
+    rate: Option<(DefaultDirectRateLimiter, u32, u32)>,
+    max_in_flight: Option<usize>,
+    in_flight: AtomicUsize,
+    rejected_rate: Counter,
+    rejected_in_flight: Counter,
+}
+
+impl Quota {
+    /// The quota `config` sets for `name` (configured at `key`); refusals
+    /// are counted in `sluice_rejections{queue="quota/LABEL"}`.
+    pub fn new(name: String, key: String, label: &str, config: &QuotaConfig, metrics: &Metrics) -> Arc<Quota> {
+        let rate = config.requests_per_second.zip(config.burst_or_default()).and_then(|(per_second, burst)| {
+            let rate = Rate::per_second(NonZeroU32::new(per_second)?).allow_burst(NonZeroU32::new(burst)?);
+            Some((RateLimiter::direct(rate), per_second, burst))
+        });
+        let rejected = |reason: &str| {
+            metrics
+                .rejections
+                .get_or_create_owned(&RejectionLabels { queue: format!("quota/{label}"), reason: reason.to_string() })
+        };
+        Arc::new(Quota {
+            name,
+            key,
+            rate,
+            max_in_flight: config.max_in_flight,
+            in_flight: AtomicUsize::new(0),
+            rejected_rate: rejected("quota_rate"),
+            rejected_in_flight: rejected("quota_in_flight"),
+        })
+    }
+
+    /// Takes one of its places at once, or refuses naming it.
+    fn enter(&self) -> Result<()> {
+        let Some(max) = self.max_in_flight else { return Ok(()) };
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= max {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.rejected_in_flight.inc();
+            return Err(Error::resource_exhausted(format!(
+                "{} is over its quota of {max} requests at once ({}.max_in_flight); retry later",
+                self.name, self.key
+            )));
+        }
+        Ok(())
+    }
+
+    /// Frees a place taken by [`Quota::enter`].
+    fn release(&self) {
+        if self.max_in_flight.is_some() {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Spends one request of its rate, or refuses naming it.
+    fn take_token(&self) -> Result<()> {
+        let Some((limiter, per_second, burst)) = &self.rate else { return Ok(()) };
+        if limiter.check().is_err() {
+            self.rejected_rate.inc();
+            return Err(Error::resource_exhausted(format!(
+                "{} is over its quota of {per_second} requests per second, burst {burst} ({}.requests_per_second); \
+                 retry later",
+                self.name, self.key
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::error::Code;
 
+    fn admission(capacity: usize, traffic: &TrafficConfig, gauge: &Gauge) -> Admission {
+        Admission::new("queue of model 'm'", capacity, traffic, Counter::default(), gauge.clone())
+    }
+
     #[test]
     fn refuses_beyond_capacity_and_frees_on_drop() {
         let gauge = Gauge::default();
-        let admission = Admission::new("queue of model 'm'", 2, Counter::default(), gauge.clone());
-        assert!(admission.refuse_if_full().is_ok());
-        let a = admission.try_admit().unwrap();
-        let _b = admission.try_admit().unwrap();
-        assert_eq!(admission.refuse_if_full().unwrap_err().code(), Code::ResourceExhausted);
-        let err = admission.try_admit().unwrap_err();
+        let admission = admission(2, &TrafficConfig::default(), &gauge);
+        assert!(admission.refuse_if_full(Priority::Normal).is_ok());
+        let a = admission.try_admit(Priority::Normal).unwrap();
+        let _b = admission.try_admit(Priority::Normal).unwrap();
+        assert_eq!(admission.refuse_if_full(Priority::Normal).unwrap_err().code(), Code::ResourceExhausted);
+        let err = admission.try_admit(Priority::High).unwrap_err();
         assert_eq!(err.code(), Code::ResourceExhausted);
         assert!(err.message().contains("queue of model 'm'"), "{err}");
         assert_eq!(admission.rejected(), 2, "the check and the admission each count their refusal");
@@ -109,6 +325,57 @@ mod tests {
         assert_eq!(gauge.get(), 2);
         drop(a);
         assert_eq!(gauge.get(), 1);
-        assert!(admission.try_admit().is_ok());
+        assert!(admission.try_admit(Priority::Normal).is_ok());
+    }
+
+    #[test]
+    fn low_priority_fills_only_its_share_and_high_keeps_its_reserve() {
+        let traffic = TrafficConfig { high_priority_reserve: 0.2, low_priority_share: 0.5, ..TrafficConfig::default() };
+        let admission = admission(10, &traffic, &Gauge::default());
+        let low: Vec<_> = (0..5).map(|_| admission.try_admit(Priority::Low).unwrap()).collect();
+        let err = admission.try_admit(Priority::Low).unwrap_err();
+        assert!(err.message().contains("full for low-priority requests: they may take 5 of its 10"), "{err}");
+        let normal: Vec<_> = (0..3).map(|_| admission.try_admit(Priority::Normal).unwrap()).collect();
+        assert!(admission.try_admit(Priority::Normal).is_err(), "2 of 10 places are kept for high priority");
+        let high: Vec<_> = (0..2).map(|_| admission.try_admit(Priority::High).unwrap()).collect();
+        assert!(admission.try_admit(Priority::High).is_err());
+        assert_eq!(admission.in_flight(), 10);
+        drop((low, normal, high));
+        assert_eq!(admission.in_flight(), 0);
+    }
+
+    #[test]
+    fn quotas_refuse_naming_themselves_and_give_back_places() {
+        let metrics = Metrics::new();
+        let team = Quota::new(
+            "team 'search'".into(),
+            "traffic.teams.search".into(),
+            "team/search",
+            &QuotaConfig { max_in_flight: Some(1), ..QuotaConfig::default() },
+            &metrics,
+        );
+        let rate = Quota::new(
+            "pipeline 'p'".into(),
+            "pipelines[0].quota".into(),
+            "pipeline/p",
+            &QuotaConfig { requests_per_second: Some(1), burst: Some(2), max_in_flight: None },
+            &metrics,
+        );
+        let a = admission(10, &TrafficConfig::default(), &Gauge::default()).with_quotas(vec![rate, team.clone()]);
+        let first = a.try_admit(Priority::Normal).unwrap();
+        let err = a.try_admit(Priority::Normal).unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted);
+        assert!(err.message().contains("team 'search' is over its quota of 1 requests at once"), "{err}");
+        assert!(err.message().contains("traffic.teams.search.max_in_flight"), "{err}");
+        assert_eq!(a.in_flight(), 1, "a refused request holds no place");
+        drop(first);
+        let _second = a.try_admit(Priority::Normal).unwrap();
+        drop(_second);
+        // Burst of 2 spent (the refused one took none).
+        let err = a.try_admit(Priority::Normal).unwrap_err();
+        assert!(err.message().contains("pipeline 'p' is over its quota of 1 requests per second, burst 2"), "{err}");
+        assert_eq!(team.in_flight.load(Ordering::Acquire), 0, "a rate refusal gives the team's place back");
+        let text = metrics.encode();
+        assert!(text.contains(r#"queue="quota/team/search",reason="quota_in_flight""#), "{text}");
     }
 }

@@ -18,7 +18,9 @@ use bytes::Bytes;
 
 use super::admission::Admission;
 use super::deadline::Deadline;
+use super::priority::Priority;
 use crate::config::features::{FeatureFetchConfig, FeatureSpec, StoreErrorPolicy};
+use crate::config::TrafficConfig;
 use crate::error::{Code, Error, Result};
 use crate::feature::{value, Column, ColumnValues, FeatureStore, FeatureTables, Keys};
 use crate::metrics::{Metrics, QueueMetrics};
@@ -77,6 +79,7 @@ impl FeatureFetch {
         pipeline: &str,
         tables: &FeatureTables,
         metrics: &Metrics,
+        traffic: &TrafficConfig,
     ) -> Result<FeatureFetch> {
         let mut lookups = Vec::with_capacity(config.lookups.len());
         for (i, lookup) in config.lookups.iter().enumerate() {
@@ -122,7 +125,7 @@ impl FeatureFetch {
         let label = format!("the feature fetch of pipeline '{pipeline}'");
         let metrics = metrics.queue(&format!("{pipeline}/feature_fetch"));
         let admission =
-            Admission::new(label.clone(), config.queue_capacity, metrics.full.clone(), metrics.depth.clone());
+            Admission::new(label.clone(), config.queue_capacity, traffic, metrics.full.clone(), metrics.depth.clone());
         Ok(FeatureFetch {
             label,
             lookups,
@@ -160,9 +163,10 @@ impl FeatureFetch {
         &self,
         mut tensors: Vec<NamedTensor>,
         deadline: Deadline,
+        priority: Priority,
         max_tensor_bytes: usize,
     ) -> Result<Vec<NamedTensor>> {
-        let _admitted = self.admission.try_admit()?;
+        let _admitted = self.admission.try_admit(priority)?;
         if deadline.expired() {
             self.metrics.expired.inc();
             return Err(Error::deadline_exceeded(&format!("before {}", self.label)));

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use super::batcher::{run_now, Batcher};
 use super::deadline::Deadline;
+use super::priority::Priority;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::infer::Batch;
@@ -56,9 +57,9 @@ impl InferenceStage {
 
     /// Runs one request's inputs (validated against the signature, in its
     /// order) through the model: batched with others when batching is on.
-    pub async fn run(&self, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
+    pub async fn run(&self, inputs: Vec<Tensor>, deadline: Deadline, priority: Priority) -> Result<Vec<Tensor>> {
         match &self.batcher {
-            Some(batcher) => batcher.run(inputs, deadline).await,
+            Some(batcher) => batcher.run(inputs, deadline, priority).await,
             None => {
                 deadline.check("before inference")?;
                 let batch = Batch::single(inputs).due(deadline.instant());

@@ -19,10 +19,13 @@
 
 pub mod admission;
 pub mod batcher;
+pub mod cache;
 pub mod deadline;
 pub mod fetch;
 pub mod inference;
+pub mod lanes;
 pub mod lifecycle;
+pub mod priority;
 pub mod request;
 pub mod request_log;
 pub mod served;
@@ -36,10 +39,12 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tracing::Instrument;
 
-use self::admission::Admission;
+use self::admission::{Admission, TrafficRules};
+use self::cache::ResponseCache;
 use self::deadline::Deadline;
 use self::fetch::FeatureFetch;
 use self::lifecycle::ModelManager;
+use self::priority::Priority;
 pub use self::request::{RequestBuilder, Target, ValidRequest};
 pub use self::served::{ServedModel, ServedVersion};
 use self::stage::StageRunner;
@@ -63,6 +68,8 @@ pub struct Pipeline {
     feature_fetch: Option<FeatureFetch>,
     preprocess: Option<StageRunner>,
     postprocess: Option<StageRunner>,
+    /// Answers kept by their inputs, when configured.
+    cache: Option<Arc<ResponseCache>>,
     /// What clients see for each model version: the first stage's inputs
     /// (or the model's) and the last stage's outputs (or the model's).
     /// Swapped whole as versions come and go (`lifecycle`).
@@ -85,20 +92,23 @@ pub struct BuildContext<'a> {
     pub team_shares: &'a stages::plugin::TeamShares,
     /// The feature tables, opened.
     pub features: &'a FeatureTables,
+    /// Priorities and quotas.
+    pub traffic: &'a Arc<TrafficRules>,
 }
 
 impl Pipeline {
     /// The pipeline for a model served directly: no stages.
     pub fn direct(
         model: Arc<ServedModel>,
-        max_in_flight: usize,
+        config: &ModelConfig,
+        traffic: &TrafficRules,
         metrics: &Metrics,
         max_tensor_bytes: usize,
     ) -> Arc<Pipeline> {
         let name = model.name().to_string();
-        let queue = metrics.queue(&format!("{name}/admission"));
-        let admission =
-            Admission::new(format!("the request queue of model '{name}'"), max_in_flight, queue.full, queue.depth);
+        let quota = config.quota.as_ref().map(|quota| (quota, format!("models.{name}.quota")));
+        let admission = traffic.admission("model", &name, config.max_in_flight, None, quota, metrics);
+        let cache = config.cache.as_ref().map(|cache| Arc::new(ResponseCache::new(cache, &name, metrics)));
         let signatures = model.versions().iter().map(|v| (v.version(), Arc::new(v.signature().clone()))).collect();
         let name: Arc<str> = name.into();
         let requests = metrics.request_handles(&model.name_label(), &name);
@@ -109,6 +119,7 @@ impl Pipeline {
             feature_fetch: None,
             preprocess: None,
             postprocess: None,
+            cache,
             signatures: ArcSwap::from_pointee(signatures),
             max_tensor_bytes,
             requests,
@@ -124,6 +135,7 @@ impl Pipeline {
         let context = |e: Error| e.context(format_args!("pipeline '{name}'"));
         let served = model.clone();
         let latest = served.latest().map_err(context)?;
+        let cache = config.cache.as_ref().map(|cache| Arc::new(ResponseCache::new(cache, &name, cx.metrics)));
         let stage = |role: StageRole, stage_config: &StageConfig| -> Result<StageRunner> {
             let kind = stage_config
                 .kind()
@@ -134,6 +146,9 @@ impl Pipeline {
                 role,
                 model: &served,
                 shares: cx.team_shares,
+                cache: cache.as_ref(),
+                canary_key: config.canary_key.as_deref(),
+                canary_policy: &cx.traffic.config().canary,
             };
             let built =
                 stages::build(kind, latest.signature(), &place, cx.registry).map_err(|e| e.context(role.key()))?;
@@ -159,7 +174,8 @@ impl Pipeline {
             .feature_fetch
             .as_ref()
             .map(|fetch| {
-                FeatureFetch::build(fetch, &name, cx.features, cx.metrics).map_err(|e| e.context("feature_fetch"))
+                FeatureFetch::build(fetch, &name, cx.features, cx.metrics, cx.traffic.config())
+                    .map_err(|e| e.context("feature_fetch"))
             })
             .transpose()
             .map_err(context)?;
@@ -169,13 +185,9 @@ impl Pipeline {
             let signature = client_signature(&version, &stages).map_err(context)?;
             signatures.insert(version.version(), Arc::new(signature));
         }
-        let queue = cx.metrics.queue(&format!("{name}/admission"));
-        let admission = Admission::new(
-            format!("the request queue of pipeline '{name}'"),
-            config.max_in_flight,
-            queue.full,
-            queue.depth,
-        );
+        let quota = config.quota.as_ref().map(|quota| (quota, format!("pipelines.{name}.quota")));
+        let admission =
+            cx.traffic.admission("pipeline", &name, config.max_in_flight, config.team.as_deref(), quota, cx.metrics);
         let name: Arc<str> = name.into();
         let requests = cx.metrics.request_handles(&served.name_label(), &name);
         let pipeline = Arc::new(Pipeline {
@@ -185,6 +197,7 @@ impl Pipeline {
             feature_fetch,
             preprocess,
             postprocess,
+            cache,
             signatures: ArcSwap::from_pointee(signatures),
             max_tensor_bytes: cx.max_tensor_bytes,
             requests,
@@ -206,8 +219,8 @@ impl Pipeline {
     /// Refuses with RESOURCE_EXHAUSTED when the pipeline could admit no
     /// request now, before anything of the request is read
     /// ([`Admission::refuse_if_full`]).
-    pub fn refuse_if_full(&self) -> Result<()> {
-        self.admission.refuse_if_full()
+    pub fn refuse_if_full(&self, priority: Priority) -> Result<()> {
+        self.admission.refuse_if_full(priority)
     }
 
     /// The most bytes one tensor built for a request may hold.
@@ -256,6 +269,14 @@ impl Pipeline {
             map.insert(version, signature.clone());
             map
         });
+        self.forget_answers();
+    }
+
+    /// Empties the response cache: what answers has changed.
+    pub(crate) fn forget_answers(&self) {
+        if let Some(cache) = &self.cache {
+            cache.clear();
+        }
     }
 
     /// `version` is gone.
@@ -265,6 +286,7 @@ impl Pipeline {
             map.remove(&version);
             map
         });
+        self.forget_answers();
     }
 
     /// Runs one validated (and admitted) request's inputs (in
@@ -275,34 +297,71 @@ impl Pipeline {
         signature: &Signature,
         inputs: Vec<Tensor>,
         deadline: Deadline,
+        priority: Priority,
     ) -> Result<Vec<Tensor>> {
         let model = version.signature();
         let inputs = match &self.feature_fetch {
             None => inputs,
             Some(fetch) => {
                 let named = name_tensors(&signature.inputs, inputs);
-                let all =
-                    fetch.run(named, deadline, self.max_tensor_bytes).instrument(current_step("feature_fetch")).await?;
+                let all = fetch
+                    .run(named, deadline, priority, self.max_tensor_bytes)
+                    .instrument(current_step("feature_fetch"))
+                    .await?;
                 let next = self.preprocess.as_ref().map_or(&model.inputs[..], |pre| pre.stage().inputs());
                 order_as(next, all, "the feature fetch stage", version)?
             }
         };
+        // Looked up after the fetch: fetched features are part of the key.
+        let cache = self.cache.as_ref().filter(|cache| {
+            let varies = [&self.preprocess, &self.postprocess].into_iter().flatten().any(|s| s.stage().varies());
+            if varies {
+                cache.bypass();
+            }
+            !varies
+        });
+        let Some(cache) = cache else { return self.infer(version, inputs, deadline, priority).await };
+        let generation = cache.generation();
+        if let Some(outputs) = cache.get(version.version(), &inputs) {
+            return Ok(outputs);
+        }
+        // Shared buffers, not copies.
+        let key = inputs.clone();
+        let outputs = self.infer(version, inputs, deadline, priority).await?;
+        cache.put(generation, version.version(), key, outputs.clone());
+        Ok(outputs)
+    }
+
+    /// The stages from preprocess on: preprocess, inference, postprocess.
+    async fn infer(
+        &self,
+        version: &ServedVersion,
+        inputs: Vec<Tensor>,
+        deadline: Deadline,
+        priority: Priority,
+    ) -> Result<Vec<Tensor>> {
+        let model = version.signature();
         let model_inputs = match &self.preprocess {
             None => inputs,
             Some(stage) => {
                 let named = name_tensors(stage.stage().inputs(), inputs);
-                let produced =
-                    stage.run(named, deadline, self.max_tensor_bytes).instrument(current_step("preprocess")).await?;
+                let produced = stage
+                    .run(named, deadline, priority, self.max_tensor_bytes)
+                    .instrument(current_step("preprocess"))
+                    .await?;
                 order_as(&model.inputs, produced, "the preprocess stage", version)?
             }
         };
-        let outputs = version.inference().run(model_inputs, deadline).instrument(current_step("inference")).await?;
+        let outputs =
+            version.inference().run(model_inputs, deadline, priority).instrument(current_step("inference")).await?;
         match &self.postprocess {
             None => Ok(outputs),
             Some(stage) => {
                 let named = name_tensors(&model.outputs, outputs);
-                let produced =
-                    stage.run(named, deadline, self.max_tensor_bytes).instrument(current_step("postprocess")).await?;
+                let produced = stage
+                    .run(named, deadline, priority, self.max_tensor_bytes)
+                    .instrument(current_step("postprocess"))
+                    .await?;
                 Ok(produced.into_iter().map(|t| t.tensor).collect())
             }
         }
@@ -435,6 +494,7 @@ pub struct Endpoints {
     manager: ModelManager,
     metrics: Arc<Metrics>,
     max_tensor_bytes: usize,
+    traffic: Arc<TrafficRules>,
 }
 
 /// What a config reload changed.
@@ -480,7 +540,7 @@ impl Endpoints {
             })?;
             pipelines.insert(
                 model.name.clone(),
-                Pipeline::direct(served, model.max_in_flight, cx.metrics, cx.max_tensor_bytes),
+                Pipeline::direct(served, model, cx.traffic, cx.metrics, cx.max_tensor_bytes),
             );
         }
         let mut failed = BTreeMap::new();
@@ -512,6 +572,7 @@ impl Endpoints {
             manager,
             metrics,
             max_tensor_bytes: cx.max_tensor_bytes,
+            traffic: cx.traffic.clone(),
         })
     }
 
@@ -607,7 +668,7 @@ impl Endpoints {
                 None => {
                     let model = ServedModel::new(config.clone(), self.metrics.clone())?;
                     self.manager.reconcile(&model, true).await?;
-                    added.insert(config.name.clone(), (model, config.max_in_flight));
+                    added.insert(config.name.clone(), (model, config.clone()));
                     outcome.added.push(config.name.clone());
                 }
             }
@@ -625,10 +686,10 @@ impl Endpoints {
         }
         let mut models = BTreeMap::clone(&current);
         let mut pipelines = BTreeMap::clone(&self.pipelines.load());
-        for (name, (model, max_in_flight)) in added {
+        for (name, (model, config)) in added {
             pipelines.insert(
                 name.clone(),
-                Pipeline::direct(model.clone(), max_in_flight, &self.metrics, self.max_tensor_bytes),
+                Pipeline::direct(model.clone(), &config, &self.traffic, &self.metrics, self.max_tensor_bytes),
             );
             models.insert(name, model);
         }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use super::admission::AdmissionPermit;
 use super::deadline::Deadline;
+use super::priority::Priority;
 use super::request_log::LogEntry;
 use super::{Endpoints, Pipeline, ServedVersion};
 use crate::error::{Error, Result};
@@ -72,25 +73,28 @@ impl Target {
 
     /// Starts a request that names `inputs` and asks for the outputs
     /// `output_filter` selects (all when empty): both are checked here,
-    /// then the pipeline admits the request or refuses it, all before any
-    /// tensor is decoded. The admission is held until the request is
-    /// answered.
+    /// then the pipeline admits the request (as its `priority` may be) or
+    /// refuses it, all before any tensor is decoded. The admission is held
+    /// until the request is answered.
     pub fn request<'n>(
         &self,
         inputs: impl Iterator<Item = &'n str> + Clone,
         output_filter: &[String],
         deadline: Deadline,
+        priority: Priority,
     ) -> Result<RequestBuilder<'_>> {
         let signature = self.signature();
         signature.check_input_names(self, inputs)?;
         let outputs = signature.resolve_output_filter(self, output_filter)?;
-        let admitted = super::trace::current_step("admission").in_scope(|| self.pipeline.admission.try_admit())?;
+        let admitted =
+            super::trace::current_step("admission").in_scope(|| self.pipeline.admission.try_admit(priority))?;
         Ok(RequestBuilder {
             target: self,
             signature,
             slots: vec![None; signature.inputs.len()],
             outputs,
             deadline,
+            priority,
             admitted,
         })
     }
@@ -104,6 +108,7 @@ pub struct ValidRequest {
     /// Output indexes to answer with, in answer order.
     outputs: Vec<usize>,
     deadline: Deadline,
+    priority: Priority,
     /// Its place in the pipeline's admission, freed once it is answered.
     _admitted: AdmissionPermit,
 }
@@ -112,7 +117,7 @@ impl ValidRequest {
     /// Runs the request through its pipeline; returns the outputs it asked
     /// for, by name, in signature order unless its filter ordered them.
     pub async fn run(self) -> Result<Vec<(String, Tensor)>> {
-        let ValidRequest { target, inputs, outputs: selected, deadline, _admitted } = self;
+        let ValidRequest { target, inputs, outputs: selected, deadline, priority, _admitted } = self;
         let signature = target.signature();
         // Sampled before it runs; the inputs are shared, not copied.
         let log = target.pipeline.model().request_log().as_ref().filter(|log| log.sample()).cloned();
@@ -121,7 +126,10 @@ impl ValidRequest {
         // from whatever queue it is in: the queues skip requests whose
         // caller has gone.
         let outputs = deadline
-            .run("while queued or running", target.pipeline.predict(&target.version, signature, inputs, deadline))
+            .run(
+                "while queued or running",
+                target.pipeline.predict(&target.version, signature, inputs, deadline, priority),
+            )
             .await?;
         if outputs.len() != signature.outputs.len() {
             return Err(Error::internal(format!(
@@ -165,6 +173,7 @@ pub struct RequestBuilder<'a> {
     slots: Vec<Option<Tensor>>,
     outputs: Vec<usize>,
     deadline: Deadline,
+    priority: Priority,
     admitted: AdmissionPermit,
 }
 
@@ -212,6 +221,7 @@ impl RequestBuilder<'_> {
             inputs,
             outputs: self.outputs,
             deadline: self.deadline,
+            priority: self.priority,
             _admitted: self.admitted,
         })
     }

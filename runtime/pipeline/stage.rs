@@ -15,6 +15,8 @@ use std::time::Instant;
 use tokio::sync::oneshot;
 
 use super::deadline::Deadline;
+use super::lanes::{self, LanesReceiver, LanesSender, Refused};
+use super::priority::Priority;
 use super::trace;
 use crate::error::{Error, Result};
 use crate::metrics::QueueMetrics;
@@ -36,6 +38,13 @@ pub trait Stage: Send + Sync + 'static {
     /// calls [`StageCx::check`] between pieces, so a request whose client
     /// left or whose deadline passed stops using the CPU.
     fn process(&self, inputs: Vec<NamedTensor>, cx: &StageCx<'_>) -> Result<Vec<NamedTensor>>;
+
+    /// True while the same inputs may get different answers from it (a
+    /// plugin canary deals requests to two versions): a response cache
+    /// must not keep them.
+    fn varies(&self) -> bool {
+        false
+    }
 }
 
 /// What a stage knows about the request it works on: whether it is still
@@ -93,7 +102,7 @@ pub struct StageRunner {
     stage: Arc<dyn Stage>,
     /// "the postprocess stage of pipeline 'cnn-top5'", for messages.
     label: Arc<str>,
-    queue: Option<async_channel::Sender<StageJob>>,
+    queue: Option<LanesSender<StageJob>>,
     capacity: usize,
     metrics: QueueMetrics,
 }
@@ -108,7 +117,7 @@ impl StageRunner {
         metrics: QueueMetrics,
     ) -> Result<StageRunner> {
         let label: Arc<str> = label.into();
-        let (queue, jobs) = async_channel::bounded::<StageJob>(capacity.max(1));
+        let (queue, jobs) = lanes::bounded::<StageJob>(capacity.max(1));
         for i in 0..workers.max(1) {
             let jobs = jobs.clone();
             let stage = stage.clone();
@@ -138,11 +147,13 @@ impl StageRunner {
     }
 
     /// Runs the stage on one request's tensors; `max_tensor_bytes` bounds
-    /// what the stage may build for it.
+    /// what the stage may build for it. Workers take higher `priority`
+    /// requests first.
     pub async fn run(
         &self,
         tensors: Vec<NamedTensor>,
         deadline: Deadline,
+        priority: Priority,
         max_tensor_bytes: usize,
     ) -> Result<Vec<NamedTensor>> {
         if deadline.expired() {
@@ -172,12 +183,12 @@ impl StageRunner {
             span: tracing::Span::current(),
             queue_wait: trace::current_step("queue_wait"),
         };
-        queue.try_send(job).map_err(|e| match e {
-            async_channel::TrySendError::Full(_) => {
+        queue.try_send(priority, job).map_err(|e| match e {
+            Refused::Full(_) => {
                 self.metrics.full.inc();
                 Error::queue_full(&format!("the queue of {}", self.label), self.capacity)
             }
-            async_channel::TrySendError::Closed(_) => Error::unavailable(format!("{} has stopped", self.label)),
+            Refused::Closed(_) => Error::unavailable(format!("{} has stopped", self.label)),
         })?;
         self.metrics.depth.inc();
         answer
@@ -195,8 +206,8 @@ impl Drop for StageRunner {
     }
 }
 
-fn worker(stage: Arc<dyn Stage>, label: &str, jobs: async_channel::Receiver<StageJob>, metrics: QueueMetrics) {
-    while let Ok(job) = jobs.recv_blocking() {
+fn worker(stage: Arc<dyn Stage>, label: &str, jobs: LanesReceiver<StageJob>, metrics: QueueMetrics) {
+    while let Some(job) = jobs.recv_blocking() {
         drop(job.queue_wait);
         let _in_request = job.span.enter();
         metrics.depth.dec();
@@ -310,13 +321,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_queue_refuses_at_once_and_queued_work_is_answered() {
         let Harness { runner, open, mut started } = gated(1, 1);
-        let run = |runner: Arc<StageRunner>| async move { runner.run(input("x"), Deadline::NONE, 1 << 20).await };
+        let run = |runner: Arc<StageRunner>| async move {
+            runner.run(input("x"), Deadline::NONE, Priority::Normal, 1 << 20).await
+        };
         // The first request holds the only worker, the second the only place.
         let first = tokio::spawn(run(runner.clone()));
         started.recv().await.expect("the first request reached the stage");
         let second = tokio::spawn(run(runner.clone()));
         until_queued(&runner, 1).await;
-        let refused = runner.run(input("x"), Deadline::NONE, 1 << 20).await.unwrap_err();
+        let refused = runner.run(input("x"), Deadline::NONE, Priority::Normal, 1 << 20).await.unwrap_err();
         assert!(matches!(refused, Error::QueueFull { capacity: 1, .. }), "{refused}");
         assert!(refused.message().contains("the gated stage"), "{refused}");
         open.send(()).expect("open");
@@ -328,18 +341,18 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_panicking_stage_answers_internal_and_its_worker_keeps_serving() {
         let Harness { runner, open, .. } = gated(1, 4);
-        let err = runner.run(input("panic"), Deadline::NONE, 1 << 20).await.unwrap_err();
+        let err = runner.run(input("panic"), Deadline::NONE, Priority::Normal, 1 << 20).await.unwrap_err();
         assert_eq!(err.code(), crate::error::Code::Internal);
         assert!(err.message().contains("panicked"), "{err}");
         open.send(()).expect("open");
-        assert!(runner.run(input("x"), Deadline::NONE, 1 << 20).await.is_ok());
+        assert!(runner.run(input("x"), Deadline::NONE, Priority::Normal, 1 << 20).await.is_ok());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_expired_request_never_reaches_the_stage() {
         let Harness { runner, .. } = gated(1, 4);
         let past = Deadline::after(Duration::ZERO);
-        let err = runner.run(input("x"), past, 1 << 20).await.unwrap_err();
+        let err = runner.run(input("x"), past, Priority::Normal, 1 << 20).await.unwrap_err();
         assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
         assert!(err.message().contains("before the gated stage"), "{err}");
     }

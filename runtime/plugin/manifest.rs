@@ -23,8 +23,18 @@ pub struct StoredVersion {
     pub uploaded_by: String,
 }
 
-/// A plugin's manifest: its owner, its versions, the active one.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+/// A canary: a version serving a share of the calls beside the active one.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CanaryVersion {
+    /// The canary version.
+    pub version: u32,
+    /// The percent of calls it gets, in (0, 100).
+    pub percent: f64,
+}
+
+/// A plugin's manifest: its owner, its versions, the active one, and a
+/// canary when one runs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Manifest {
     /// The plugin's name (what pipelines name in `plugin = "…"`).
     pub name: String,
@@ -36,4 +46,7 @@ pub struct Manifest {
     pub history: Vec<u32>,
     /// Every stored version.
     pub versions: Vec<StoredVersion>,
+    /// The canary beside the active version, while one runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryVersion>,
 }

@@ -25,6 +25,8 @@
 //! and starts from the shared state. The local store is then the replica's
 //! cache of it.
 
+mod canary;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,7 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-pub use super::manifest::{Manifest, StoredVersion};
+pub use super::manifest::{CanaryVersion, Manifest, StoredVersion};
 use super::shared::SharedRegistry;
 use super::store::{remove_stale_temporaries, sha256_hex, write_atomically};
 use super::{Plugin, PluginEngine, PluginsConfig};
@@ -58,6 +60,12 @@ pub trait PluginSlot: Send + Sync {
     /// The plugin serving now: the registry's version of it, what it
     /// declares (`name version`) and the SHA-256 of its bytes.
     fn running(&self) -> (u32, String, String);
+    /// Serves `percent` of new requests with `plugin` (the registry's
+    /// `version` of it), beside the active one, or stops the canary
+    /// (`None`); its calls are counted in `metrics`.
+    fn set_canary(&self, canary: Option<(Arc<Plugin>, u32, f64)>, metrics: &Metrics) -> Result<()>;
+    /// The canary running here: its version and percent.
+    fn canary(&self) -> Option<(u32, f64)>;
 }
 
 /// The version number of `NAME.wasm` in the plugin directory.
@@ -307,7 +315,9 @@ impl PluginRegistry {
         let slots: Slots = slots.into_iter().filter(|slot| slot.team() == manifest.team.as_deref()).collect();
         let active = manifest.active.unwrap_or(FILE_VERSION);
         let behind: Slots = slots.iter().filter(|slot| slot.running().0 != active).cloned().collect();
-        if local.as_ref() == Some(manifest) && behind.is_empty() {
+        let wanted = manifest.canary.as_ref().map(|c| (c.version, c.percent));
+        let canary_behind = slots.iter().any(|slot| slot.canary() != wanted);
+        if local.as_ref() == Some(manifest) && behind.is_empty() && !canary_behind {
             return Ok(());
         }
         let mut loaded = Vec::with_capacity(behind.len());
@@ -333,6 +343,10 @@ impl PluginRegistry {
             plugin.accepted();
             slot.swap(plugin, active)?;
             tracing::info!(plugin = %name, version = active, pipeline = %slot.pipeline(), "swapped, as the shared registry says");
+        }
+        drop(state);
+        if canary_behind {
+            self.apply_canary(manifest, &slots)?;
         }
         Ok(())
     }
@@ -485,8 +499,21 @@ impl PluginRegistry {
     }
 
     /// Records that `slot` runs plugin `name`, so that activations reach it.
+    /// Records that `slot` runs plugin `name`, so that activations reach it,
+    /// and starts the plugin's canary there when one runs (a replica that
+    /// starts mid-canary joins it; one that cannot load it logs why and
+    /// serves the active version).
     pub fn bind(&self, name: &str, slot: Arc<dyn PluginSlot>) -> Result<()> {
-        self.lock().bindings.entry(name.to_string()).or_default().push(slot);
+        let manifest = {
+            let mut state = self.lock();
+            state.bindings.entry(name.to_string()).or_default().push(slot.clone());
+            state.manifests.get(name).cloned()
+        };
+        if let Some(manifest) = manifest.filter(|m| m.canary.is_some() && m.team.as_deref() == slot.team()) {
+            if let Err(error) = self.apply_canary(&manifest, &[slot]) {
+                tracing::error!(plugin = name, "the plugin's canary is not served here: {error}");
+            }
+        }
         Ok(())
     }
 
@@ -608,6 +635,7 @@ impl PluginRegistry {
             active: None,
             history: Vec::new(),
             versions: Vec::new(),
+            canary: None,
         });
         let stored = StoredVersion {
             version: manifest.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1,
@@ -682,29 +710,13 @@ impl PluginRegistry {
         remember: bool,
     ) -> Result<Manifest> {
         let name = manifest.name.clone();
-        let bytes = if version == FILE_VERSION {
-            self.file_of(&name)
-                .map_err(|e| Error::not_found(format!("plugin '{name}' has no version 0: {}", e.message())))?
-                .1
-        } else {
-            let stored = manifest.versions.iter().find(|v| v.version == version).cloned().ok_or_else(|| {
-                let have: Vec<String> = manifest.versions.iter().map(|v| v.version.to_string()).collect();
-                Error::not_found(format!("plugin '{name}' has no version {version} (versions: {})", have.join(", ")))
-            })?;
-            self.read_blob(&stored)?
-        };
-        // Checked once against every slot; then each slot gets its own
-        // plugin (its own warm instances) of the same bytes.
-        let checked = self.validate(&name, &bytes, slots)?;
-        let mut loaded = vec![Arc::new(checked)];
-        for _ in slots.iter().skip(1) {
-            loaded.push(Arc::new(
-                self.load(&name, &bytes).map_err(|e| e.into_unprocessable(format_args!("plugin '{name}' refused")))?,
-            ));
-        }
+        let bytes = self.version_bytes(&manifest, version)?;
+        let loaded = self.load_for(&name, &bytes, slots)?;
         // Nothing activated yet: the file (version 0) was serving.
         let previous = manifest.active.or_else(|| self.file_version(&name).map(|_| FILE_VERSION));
         manifest.active = Some(version);
+        // A new active version ends any canary: promoted, or overtaken.
+        let had_canary = manifest.canary.take().is_some();
         if remember {
             if let Some(previous) = previous.filter(|&p| p != version) {
                 manifest.history.push(previous);
@@ -719,9 +731,46 @@ impl PluginRegistry {
         for (slot, plugin) in slots.iter().zip(loaded) {
             plugin.accepted();
             slot.swap(plugin, version)?;
+            if had_canary || slot.canary().is_some() {
+                slot.set_canary(None, &self.metrics)?;
+            }
             tracing::info!(plugin = %name, version, pipeline = %slot.pipeline(), token_id = %caller.token_id, "swapped");
         }
+        if had_canary {
+            self.show_canary(&name, None);
+        }
         Ok(manifest)
+    }
+
+    /// The bytes of `version` of the plugin `manifest` describes (0: its
+    /// file in the plugin directory).
+    fn version_bytes(&self, manifest: &Manifest, version: u32) -> Result<Vec<u8>> {
+        let name = &manifest.name;
+        if version == FILE_VERSION {
+            return Ok(self
+                .file_of(name)
+                .map_err(|e| Error::not_found(format!("plugin '{name}' has no version 0: {}", e.message())))?
+                .1);
+        }
+        let stored = manifest.versions.iter().find(|v| v.version == version).cloned().ok_or_else(|| {
+            let have: Vec<String> = manifest.versions.iter().map(|v| v.version.to_string()).collect();
+            Error::not_found(format!("plugin '{name}' has no version {version} (versions: {})", have.join(", ")))
+        })?;
+        self.read_blob(&stored)
+    }
+
+    /// `bytes` checked once against every slot, then loaded once per slot
+    /// (each its own warm instances). Runs plugin code: never with the
+    /// state's lock held.
+    fn load_for(&self, name: &str, bytes: &[u8], slots: &[Arc<dyn PluginSlot>]) -> Result<Vec<Arc<Plugin>>> {
+        let checked = self.validate(name, bytes, slots)?;
+        let mut loaded = vec![Arc::new(checked)];
+        for _ in slots.iter().skip(1) {
+            loaded.push(Arc::new(
+                self.load(name, bytes).map_err(|e| e.into_unprocessable(format_args!("plugin '{name}' refused")))?,
+            ));
+        }
+        Ok(loaded)
     }
 
     /// Deletes an inactive version (and its blob, unless another version
@@ -779,6 +828,7 @@ impl PluginRegistry {
                     active: None,
                     history: Vec::new(),
                     versions: Vec::new(),
+                    canary: None,
                 });
             }
             all.into_values().filter(|m| caller.may(m.team.as_deref())).collect()
@@ -797,6 +847,7 @@ impl PluginRegistry {
                 active: None,
                 history: Vec::new(),
                 versions: Vec::new(),
+                canary: None,
             }),
             None => Err(no_plugin(name)),
         }

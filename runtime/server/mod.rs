@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::feature::FeatureTables;
 use crate::metrics::Metrics;
 use crate::models::LoadSettings;
+use crate::pipeline::admission::TrafficRules;
 use crate::pipeline::lifecycle::ModelManager;
 use crate::pipeline::stages::plugin::TeamShares;
 use crate::pipeline::trace::TraceSampler;
@@ -312,12 +313,14 @@ async fn load(
             registry.wait_for_shared(|| *stopping.borrow())?;
         }
         let team_shares = TeamShares::new(config.plugins.max_calls_per_team);
+        let traffic = TrafficRules::new(&config.traffic, &metrics);
         let cx = BuildContext {
             registry: registry.as_ref(),
             metrics: &metrics,
             max_tensor_bytes: config.server.max_tensor_bytes,
             team_shares: &team_shares,
             features: &features,
+            traffic: &traffic,
         };
         Endpoints::build(&config, models, manager, &cx, metrics.clone())
     })

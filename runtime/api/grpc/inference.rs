@@ -111,7 +111,20 @@ impl GrpcInferenceService for InferenceApi {
         let state = &self.state;
         serve(state, cx, async |cx| {
             let target = cx.resolve(&state.endpoints, v2::version_choice(&request.model_version)?, "")?;
-            infer(&target, request, cx.deadline).await
+            let priority = match request.parameters.get("priority") {
+                None => cx.priority()?,
+                Some(param) => {
+                    use crate::proto::inference::infer_parameter::ParameterChoice;
+                    let level = match param.parameter_choice {
+                        Some(ParameterChoice::Uint64Param(v)) => Some(v),
+                        Some(ParameterChoice::Int64Param(v)) => u64::try_from(v).ok(),
+                        _ => None,
+                    };
+                    let shown = format!("{:?}", param.parameter_choice);
+                    v2::priority_parameter(true, level, &shown)?.unwrap_or_default()
+                }
+            };
+            infer(&target, request, cx.deadline, priority).await
         })
         .await
     }
@@ -121,6 +134,7 @@ async fn infer(
     target: &crate::pipeline::Target,
     request: ModelInferRequest,
     deadline: crate::pipeline::deadline::Deadline,
+    priority: crate::pipeline::priority::Priority,
 ) -> Result<ModelInferResponse> {
     let ModelInferRequest { model_name, id, inputs, outputs, raw_input_contents, .. } = request;
     if !raw_input_contents.is_empty() {
@@ -155,11 +169,12 @@ async fn infer(
         return Err(v2::classification_refused(&output.name));
     }
     let asked: Vec<String> = outputs.into_iter().map(|o| o.name).collect();
-    let answered = v2::infer(target, given, &asked, deadline, |dtype, shape, values, limit, what| match values {
-        Given::Raw(bytes) => decode_raw(dtype, shape, bytes, limit, what),
-        Given::Typed(contents) => decode_contents(dtype, shape, contents.unwrap_or_default(), limit, what),
-    })
-    .await?;
+    let answered =
+        v2::infer(target, given, &asked, deadline, priority, |dtype, shape, values, limit, what| match values {
+            Given::Raw(bytes) => decode_raw(dtype, shape, bytes, limit, what),
+            Given::Typed(contents) => decode_contents(dtype, shape, contents.unwrap_or_default(), limit, what),
+        })
+        .await?;
     let _encode = current_step("encode").entered();
     let mut tensors = Vec::with_capacity(answered.len());
     let mut raw_output_contents = Vec::with_capacity(answered.len());

@@ -26,6 +26,7 @@ use super::context::{RequestContext, ServingState, REQUEST_ID};
 use crate::error::{Error, Result};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::priority::PRIORITY_HEADER;
 use crate::pipeline::trace::MetadataCarrier;
 use crate::pipeline::Target;
 use crate::proto::tensorflow::serving::{model_spec, ModelSpec};
@@ -69,6 +70,7 @@ fn context_named<T>(state: &ServingState, api: &'static str, request: &Request<T
     let id = metadata.get(REQUEST_ID).and_then(|v| v.to_str().ok());
     let carrier = MetadataCarrier(metadata);
     RequestContext::new(&state.metrics, api, "grpc", id, name, deadline, &state.tracing, &carrier)
+        .with_priority_header(metadata.get(PRIORITY_HEADER).map(|v| v.as_bytes()))
 }
 
 /// Runs one call: `work` in the request's span (refused while the server

@@ -17,6 +17,7 @@ use crate::api::context::ServingState;
 use crate::config::OutputEncoding;
 use crate::error::Error;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::priority::Priority;
 use crate::pipeline::trace::current_step;
 use crate::pipeline::Target;
 use crate::proto::tensorflow::serving::prediction_service_server::PredictionService;
@@ -57,7 +58,7 @@ impl PredictionService for PredictionApi {
         let state = &self.state;
         serve(state, cx, async |cx| {
             let target = resolve(cx, state, request.model_spec.as_ref())?;
-            predict(&target, request, cx.deadline, state.output_encoding).await
+            predict(&target, request, cx.deadline, cx.priority()?, state.output_encoding).await
         })
         .await
     }
@@ -82,11 +83,13 @@ async fn predict(
     target: &Target,
     request: PredictRequest,
     deadline: Deadline,
+    priority: Priority,
     encoding: OutputEncoding,
 ) -> Result<PredictResponse, Error> {
     // Names first: nothing is decoded for a request that names the wrong
     // inputs or outputs.
-    let mut builder = target.request(request.inputs.keys().map(String::as_str), &request.output_filter, deadline)?;
+    let mut builder =
+        target.request(request.inputs.keys().map(String::as_str), &request.output_filter, deadline, priority)?;
     for (name, proto) in request.inputs {
         let tensor = decode(&name, proto, target.pipeline.max_tensor_bytes())?;
         builder.put(&name, tensor)?;

@@ -32,6 +32,8 @@ pub fn routes() -> Router<RestState> {
         .route("/admin/v1/plugins/{name}", put(upload).get(show))
         .route("/admin/v1/plugins/{name}/versions/{version}/activate", post(activate))
         .route("/admin/v1/plugins/{name}/rollback", post(rollback))
+        .route("/admin/v1/plugins/{name}/promote", post(promote))
+        .route("/admin/v1/plugins/{name}/canary", delete(end_canary))
         .route("/admin/v1/plugins/{name}/versions/{version}", delete(remove))
         .route("/admin/v1/pipelines/{pipeline}/plugin", put(upload_to_pipeline))
         .route("/admin/v1/pipelines", get(pipelines))
@@ -116,6 +118,12 @@ fn manifest_json(manifest: &Manifest) -> Value {
 
 fn version_number(text: &str) -> Result<u32> {
     text.parse().map_err(|_| Error::invalid_argument(format!("version '{text}' is not a whole number")))
+}
+
+#[derive(Deserialize)]
+struct ActivateQuery {
+    /// Start the version as a canary taking this percent of the calls.
+    canary: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -211,15 +219,36 @@ async fn show(State(state): State<RestState>, Path(name): Path<String>, headers:
     call(&state, &headers, move |registry, caller| Ok(manifest_json(&registry.show(caller, &name)?))).await
 }
 
+/// Activates a version, or with `?canary=PERCENT` starts it as a canary
+/// taking that percent of the calls.
 async fn activate(
     State(state): State<RestState>,
     Path((name, version)): Path<(String, String)>,
+    Query(query): Query<ActivateQuery>,
     headers: HeaderMap,
 ) -> Response {
     call(&state, &headers, move |registry, caller| {
-        Ok(manifest_json(&registry.activate(caller, &name, version_number(&version)?)?))
+        let version = version_number(&version)?;
+        let manifest = match query.canary.as_deref() {
+            None => registry.activate(caller, &name, version)?,
+            Some(percent) => {
+                let percent: f64 = percent.trim().parse().map_err(|_| {
+                    Error::invalid_argument(format!("canary = '{percent}': expected a percent, such as 5 or 0.5"))
+                })?;
+                registry.start_canary(caller, &name, version, percent)?
+            }
+        };
+        Ok(manifest_json(&manifest))
     })
     .await
+}
+
+async fn promote(State(state): State<RestState>, Path(name): Path<String>, headers: HeaderMap) -> Response {
+    call(&state, &headers, move |registry, caller| Ok(manifest_json(&registry.promote(caller, &name)?))).await
+}
+
+async fn end_canary(State(state): State<RestState>, Path(name): Path<String>, headers: HeaderMap) -> Response {
+    call(&state, &headers, move |registry, caller| Ok(manifest_json(&registry.end_canary(caller, &name)?))).await
 }
 
 async fn rollback(State(state): State<RestState>, Path(name): Path<String>, headers: HeaderMap) -> Response {

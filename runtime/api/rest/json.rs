@@ -13,6 +13,7 @@ use crate::api::context::RequestContext;
 use crate::error::{Error, Result};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::priority::Priority;
 use crate::pipeline::{status_of, Endpoints, Target, ValidRequest};
 use crate::tensor::json::{flatten, tensor_from_leaves, JsonView};
 use crate::tensor::spec::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
@@ -52,18 +53,23 @@ pub(super) async fn predict(
         }
     };
     let target = cx.resolve(endpoints, path.choice(), &signature_name)?;
-    predict_on(&target, request, cx.deadline).await
+    predict_on(&target, request, cx.deadline, cx.priority()?).await
 }
 
-async fn predict_on(target: &Target, mut request: Map<String, Value>, deadline: Deadline) -> Result<Vec<u8>> {
+async fn predict_on(
+    target: &Target,
+    mut request: Map<String, Value>,
+    deadline: Deadline,
+    priority: Priority,
+) -> Result<Vec<u8>> {
     let (form, valid) = match (request.remove("instances"), request.remove("inputs")) {
         (Some(_), Some(_)) => {
             return Err(Error::invalid_argument(
                 "the request has both \"instances\" and \"inputs\"; use one: \"instances\" (row form) or \"inputs\" (columnar form)",
             ))
         }
-        (Some(instances), None) => (Form::Row, rows_to_request(target, &instances, deadline)?),
-        (None, Some(inputs)) => (Form::Columnar, columns_to_request(target, &inputs, deadline)?),
+        (Some(instances), None) => (Form::Row, rows_to_request(target, &instances, deadline, priority)?),
+        (None, Some(inputs)) => (Form::Columnar, columns_to_request(target, &inputs, deadline, priority)?),
         (None, None) => {
             return Err(Error::invalid_argument(
                 "the request has neither \"instances\" nor \"inputs\"; send {\"instances\": [...]} or {\"inputs\": ...}",
@@ -93,13 +99,13 @@ fn kind(value: &Value) -> &'static str {
 
 /// `inputs`: one tensor per input, or the bare tensor when the signature
 /// has a single input.
-fn columns_to_request(target: &Target, inputs: &Value, deadline: Deadline) -> Result<ValidRequest> {
+fn columns_to_request(target: &Target, inputs: &Value, deadline: Deadline, priority: Priority) -> Result<ValidRequest> {
     let signature = target.signature();
     let named = match inputs {
         Value::Object(map) if !is_b64(map) => map.iter().map(|(k, v)| (k.as_str(), v)).collect::<Vec<_>>(),
         value => vec![(single_input(signature, "inputs")?.name.as_str(), value)],
     };
-    let mut builder = target.request(named.iter().map(|(k, _)| *k), &[], deadline)?;
+    let mut builder = target.request(named.iter().map(|(k, _)| *k), &[], deadline, priority)?;
     for (name, value) in named {
         let spec = input_spec(signature, name)?;
         let what = format!("input '{name}'");
@@ -111,7 +117,7 @@ fn columns_to_request(target: &Target, inputs: &Value, deadline: Deadline) -> Re
 
 /// `instances`: a list of rows, each an object of inputs (or a bare value
 /// when the signature has a single input), stacked along a new dimension 0.
-fn rows_to_request(target: &Target, instances: &Value, deadline: Deadline) -> Result<ValidRequest> {
+fn rows_to_request(target: &Target, instances: &Value, deadline: Deadline, priority: Priority) -> Result<ValidRequest> {
     let signature = target.signature();
     let Value::Array(rows) = instances else {
         return Err(Error::invalid_argument(format!("\"instances\" is {}; expected a list of rows", kind(instances))));
@@ -130,7 +136,7 @@ fn rows_to_request(target: &Target, instances: &Value, deadline: Deadline) -> Re
             leaves: Vec::new(),
         }],
     };
-    let mut builder = target.request(columns.iter().map(|c| c.name), &[], deadline)?;
+    let mut builder = target.request(columns.iter().map(|c| c.name), &[], deadline, priority)?;
     for (i, row) in rows.iter().enumerate() {
         for Column { name, row_shape, leaves } in &mut columns {
             let value = match (named_rows, row) {

@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::priority::PRIORITY_HEADER;
 use crate::pipeline::trace::{HeaderCarrier, TraceSampler};
 
 /// The OpenMetrics text format prometheus-client writes.
@@ -270,7 +271,8 @@ async fn route(
     let deadline = state.request_timeout.map_or(Deadline::NONE, Deadline::after);
     let carrier = HeaderCarrier(headers);
     let cx =
-        RequestContext::new(&state.metrics, api, "rest", given_id, &parsed.name, deadline, &state.tracing, &carrier);
+        RequestContext::new(&state.metrics, api, "rest", given_id, &parsed.name, deadline, &state.tracing, &carrier)
+            .with_priority_header(headers.get(PRIORITY_HEADER).map(|v| v.as_bytes()));
     run_call(cx, async |cx| {
         let serving = state.lifecycle.serving()?;
         let endpoints = &serving.endpoints;
@@ -278,7 +280,8 @@ async fn route(
             Call::Predict => {
                 // The URL names the pipeline: a full one refuses before
                 // the body (up to server.max_message_bytes) is read.
-                cx.resolve(endpoints, parsed.choice(), "")?.pipeline.refuse_if_full()?;
+                let priority = cx.priority()?;
+                cx.resolve(endpoints, parsed.choice(), "")?.pipeline.refuse_if_full(priority)?;
                 let bytes =
                     read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
                         .await?;

@@ -22,6 +22,7 @@ use crate::api::health::Phase;
 use crate::api::v2;
 use crate::error::{Error, Result};
 use crate::pipeline::deadline::Deadline;
+use crate::pipeline::priority::{Priority, PRIORITY_HEADER};
 use crate::pipeline::Target;
 use crate::tensor::json::JsonView;
 use crate::tensor::v2::{datatype, decode_json, decode_raw, encode_raw, flat};
@@ -114,7 +115,8 @@ pub(super) async fn route(
     };
     let deadline = state.request_timeout.map_or(Deadline::NONE, Deadline::after);
     let carrier = crate::pipeline::trace::HeaderCarrier(headers);
-    let cx = RequestContext::new(&state.metrics, api, "rest", given_id, name, deadline, &state.tracing, &carrier);
+    let cx = RequestContext::new(&state.metrics, api, "rest", given_id, name, deadline, &state.tracing, &carrier)
+        .with_priority_header(headers.get(PRIORITY_HEADER).map(|v| v.as_bytes()));
     run_call(cx, async |cx| {
         let endpoints = &state.lifecycle.serving()?.endpoints;
         match call {
@@ -130,11 +132,13 @@ pub(super) async fn route(
             Call::Infer(_, version) => {
                 let target = cx.resolve(endpoints, v2::version_choice(version)?, "")?;
                 // A full pipeline refuses before the body is read.
-                target.pipeline.refuse_if_full()?;
+                // (As the header says: the body's `priority` is not read yet.)
+                let priority = cx.priority()?;
+                target.pipeline.refuse_if_full(priority)?;
                 let body =
                     read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
                         .await?;
-                infer(&target, headers, body, cx.deadline, state.max_json_values).await
+                infer(&target, headers, body, cx.deadline, priority, state.max_json_values).await
             }
             _ => Err(Error::internal("a v2 call without a model reached the model routes, this is a bug")),
         }
@@ -199,6 +203,7 @@ async fn infer(
     headers: &HeaderMap,
     body: Bytes,
     deadline: Deadline,
+    priority: Priority,
     max_json_values: usize,
 ) -> Result<Response> {
     let (head, mut binary) = match headers.get(HEADER_LENGTH) {
@@ -262,6 +267,13 @@ async fn infer(
             binary.len()
         )));
     }
+    let given = request.parameters.get("priority");
+    let priority = v2::priority_parameter(
+        given.is_some(),
+        given.and_then(Value::as_u64),
+        &given.map_or_else(String::new, Value::to_string),
+    )?
+    .unwrap_or(priority);
     let all_binary = request.parameters.get("binary_data_output").and_then(Value::as_bool).unwrap_or(false);
     let binary_of = |name: &str| {
         request
@@ -275,11 +287,12 @@ async fn infer(
         return Err(v2::classification_refused(&output.name));
     }
     let asked: Vec<String> = request.outputs.iter().map(|o| o.name.clone()).collect();
-    let answered = v2::infer(target, inputs, &asked, deadline, |dtype, shape, given, limit, what| match given {
-        Given::Raw(bytes) => decode_raw(dtype, shape, bytes, limit, what),
-        Given::Json(data) => decode_json(dtype, shape, &data, limit, what),
-    })
-    .await?;
+    let answered =
+        v2::infer(target, inputs, &asked, deadline, priority, |dtype, shape, given, limit, what| match given {
+            Given::Raw(bytes) => decode_raw(dtype, shape, bytes, limit, what),
+            Given::Json(data) => decode_json(dtype, shape, &data, limit, what),
+        })
+        .await?;
     let _encode = crate::pipeline::trace::current_step("encode").entered();
     answer(target, request.id, answered, binary_of)
 }

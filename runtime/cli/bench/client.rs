@@ -57,6 +57,8 @@ pub struct RawPredictClient {
     grpc: tonic::client::Grpc<Channel>,
     /// The method called: Predict unless [`RawPredictClient::calling`].
     method: PathAndQuery,
+    /// Sent as `x-sluice-priority` with every call, when set.
+    priority: Option<tonic::metadata::AsciiMetadataValue>,
 }
 
 impl RawPredictClient {
@@ -67,7 +69,14 @@ impl RawPredictClient {
         let grpc = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
-        Ok(RawPredictClient { grpc, method: PathAndQuery::from_static(PREDICT_PATH) })
+        Ok(RawPredictClient { grpc, method: PathAndQuery::from_static(PREDICT_PATH), priority: None })
+    }
+
+    /// The same connection, sending `priority` (`high`, `low`, a level) as
+    /// `x-sluice-priority` with every call.
+    pub fn with_priority(mut self, priority: &str) -> anyhow::Result<RawPredictClient> {
+        self.priority = Some(priority.parse().map_err(|e| anyhow::anyhow!("bad priority {priority:?}: {e}"))?);
+        Ok(self)
     }
 
     /// The same connection, sending its requests to `method`
@@ -83,6 +92,9 @@ impl RawPredictClient {
         let mut request = tonic::Request::new(request);
         if let Some(timeout) = timeout {
             request.set_timeout(timeout);
+        }
+        if let Some(priority) = &self.priority {
+            request.metadata_mut().insert(crate::pipeline::priority::PRIORITY_HEADER, priority.clone());
         }
         let response = self.grpc.unary(request, self.method.clone(), RawCodec).await?;
         Ok(response.into_inner())

@@ -42,6 +42,8 @@ pub struct LoadPlan {
     /// TLS to an `https://` gRPC target: the CA its certificate is
     /// checked against, and a client certificate when it verifies clients.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// The priority every request asks for (`x-sluice-priority`), gRPC only.
+    pub priority: Option<String>,
 }
 
 impl LoadPlan {
@@ -61,6 +63,7 @@ impl LoadPlan {
             rest_path: None,
             grpc_method: None,
             tls: None,
+            priority: None,
         }
     }
 }
@@ -108,6 +111,9 @@ pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> anyhow::Re
                 let mut client = RawPredictClient::connect(&plan.target, plan.tls.as_ref()).await?;
                 if let Some(method) = &plan.grpc_method {
                     client = client.calling(method)?;
+                }
+                if let Some(priority) = &plan.priority {
+                    client = client.with_priority(priority)?;
                 }
                 clients.push(LoadClient::Grpc(client));
             }

@@ -56,6 +56,10 @@ pub struct BenchArgs {
     /// Deadline sent with each request.
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
+    /// The priority every gRPC request asks for (`x-sluice-priority`):
+    /// high, normal, low, or a level number (1 the highest).
+    #[arg(long)]
+    pub priority: Option<String>,
     /// Request from a JSON file in TF Serving's REST form ({"inputs": …} or {"instances": …}).
     #[arg(long)]
     pub input: Option<PathBuf>,
@@ -220,6 +224,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         rest_path,
         grpc_method: None,
         tls,
+        priority: args.priority.clone(),
         connections: args.connections,
         concurrency: args.concurrency,
         rps: args.rps,

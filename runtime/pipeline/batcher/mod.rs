@@ -25,6 +25,7 @@
 
 pub mod plan;
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +36,7 @@ use tokio::time::Instant;
 
 use self::plan::{Plan, Policy};
 use super::deadline::Deadline;
+use super::priority::Priority;
 use super::trace;
 use crate::config::BatchingParameters;
 use crate::error::{Error, Result};
@@ -50,6 +52,8 @@ struct Entry {
     inputs: Vec<Tensor>,
     rows: usize,
     deadline: Deadline,
+    /// Higher priorities join batches first.
+    priority: Priority,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Vec<Tensor>>>,
     /// Its rows' place in the queue, freed when the batch leaves the queue.
@@ -119,7 +123,12 @@ impl Batcher {
         if let Some(metrics) = &shared.plan_metrics {
             metrics.publish_curve(shared.version.latency().snapshot().points());
         }
-        let former = BatchFormer { queue, shared: shared.clone(), carry: None, queue_metrics: queue_metrics.clone() };
+        let former = BatchFormer {
+            queue,
+            shared: shared.clone(),
+            waiting: Default::default(),
+            queue_metrics: queue_metrics.clone(),
+        };
         tokio::spawn(former.run());
         Batcher {
             entries,
@@ -133,8 +142,9 @@ impl Batcher {
     }
 
     /// Runs one request's inputs (signature order, validated) through the
-    /// model in a batch with others, and returns its own outputs.
-    pub async fn run(&self, inputs: Vec<Tensor>, deadline: Deadline) -> Result<Vec<Tensor>> {
+    /// model in a batch with others, and returns its own outputs. Waiting
+    /// requests of a higher `priority` join batches first.
+    pub async fn run(&self, inputs: Vec<Tensor>, deadline: Deadline, priority: Priority) -> Result<Vec<Tensor>> {
         if deadline.expired() {
             self.queue_metrics.expired.inc();
             return Err(Error::deadline_exceeded(&format!("before {}", self.name)));
@@ -164,7 +174,10 @@ impl Batcher {
             return Err(Error::queue_full(&self.name, self.capacity_rows));
         };
         if rows <= self.max_batch_size {
-            return self.enqueue(inputs, rows, deadline, places)?.await.unwrap_or_else(|_| Err(self.stopped()));
+            return self
+                .enqueue(inputs, rows, deadline, priority, places)?
+                .await
+                .unwrap_or_else(|_| Err(self.stopped()));
         }
         // Larger than a batch: split into parts of at most max_batch_size rows.
         let mut sizes = vec![self.max_batch_size; rows / self.max_batch_size];
@@ -180,7 +193,7 @@ impl Batcher {
         let mut answers = Vec::with_capacity(sizes.len());
         for (part, &n) in parts.into_iter().zip(&sizes) {
             let place = places.split(n).ok_or_else(|| Error::internal("row permits do not add up, this is a bug"))?;
-            answers.push(self.enqueue(part, n, deadline, place)?);
+            answers.push(self.enqueue(part, n, deadline, priority, place)?);
         }
         let mut outputs: Vec<Vec<Tensor>> = Vec::with_capacity(answers.len());
         for answer in answers {
@@ -195,6 +208,7 @@ impl Batcher {
         inputs: Vec<Tensor>,
         rows: usize,
         deadline: Deadline,
+        priority: Priority,
         place: OwnedSemaphorePermit,
     ) -> Result<oneshot::Receiver<Result<Vec<Tensor>>>> {
         let (reply, answer) = oneshot::channel();
@@ -202,6 +216,7 @@ impl Batcher {
             inputs,
             rows,
             deadline,
+            priority,
             enqueued: Instant::now(),
             reply,
             _place: place,
@@ -361,15 +376,16 @@ pub(super) async fn run_now(backend: &dyn Backend, batch: Batch, deadline: Deadl
 struct BatchFormer {
     queue: mpsc::Receiver<Entry>,
     shared: Arc<Shared>,
-    /// A request that did not fit in the last batch; it opens the next.
-    carry: Option<Entry>,
+    /// Requests taken off the channel and not yet in a batch, one lane per
+    /// priority, each in arrival order.
+    waiting: [VecDeque<Entry>; 3],
     queue_metrics: QueueMetrics,
 }
 
 impl BatchFormer {
     async fn run(mut self) {
         loop {
-            let first = match self.carry.take() {
+            let first = match self.pop() {
                 Some(entry) => entry,
                 None => match self.queue.recv().await {
                     Some(entry) => entry,
@@ -379,15 +395,20 @@ impl BatchFormer {
             let oldest = first.enqueued;
             let mut rows = first.rows;
             let mut batch = vec![first];
-            while self.carry.is_none() {
+            let mut full = false;
+            while !full {
                 let plan = self.shared.plan(Instant::now(), oldest, rows);
                 if rows >= plan.want.min(plan.cap) {
                     break;
                 }
+                if let Some(entry) = self.pop() {
+                    full = !self.add(&mut batch, &mut rows, entry, plan.cap);
+                    continue;
+                }
                 tokio::select! {
                     biased;
                     next = self.queue.recv() => match next {
-                        Some(entry) => self.add(&mut batch, &mut rows, entry, plan.cap),
+                        Some(entry) => full = !self.add(&mut batch, &mut rows, entry, plan.cap),
                         None => break,
                     },
                     () = tokio::time::sleep_until(plan.close_at) => break,
@@ -398,33 +419,50 @@ impl BatchFormer {
             // them, up to the cap; past it, more still waiting is a
             // backlog, and the batch grows to the backlog cap to drain it.
             let plan = self.shared.plan(Instant::now(), oldest, rows);
-            self.top_up(&mut batch, &mut rows, plan.cap);
-            if self.carry.is_some() && plan.backlog_cap > plan.cap {
-                if let Some(entry) = self.carry.take() {
-                    self.add(&mut batch, &mut rows, entry, plan.backlog_cap);
-                }
+            let full = self.top_up(&mut batch, &mut rows, plan.cap);
+            if full && plan.backlog_cap > plan.cap {
                 self.top_up(&mut batch, &mut rows, plan.backlog_cap);
             }
             self.shared.dispatch(batch, slot, &self.queue_metrics);
         }
     }
 
-    /// Takes what is waiting into the batch, up to `cap` rows.
-    fn top_up(&mut self, batch: &mut Vec<Entry>, rows: &mut usize, cap: usize) {
-        while *rows < cap && self.carry.is_none() {
-            match self.queue.try_recv() {
-                Ok(entry) => self.add(batch, rows, entry, cap),
-                Err(_) => break,
-            }
+    /// The next waiting request, highest priority first (what arrived on
+    /// the channel is sorted into the lanes first).
+    fn pop(&mut self) -> Option<Entry> {
+        while let Ok(entry) = self.queue.try_recv() {
+            self.waiting[entry.priority.index()].push_back(entry);
         }
+        self.waiting.iter_mut().find_map(VecDeque::pop_front)
     }
 
-    fn add(&mut self, batch: &mut Vec<Entry>, rows: &mut usize, entry: Entry, cap: usize) {
+    /// Takes what is waiting into the batch, up to `cap` rows; true when a
+    /// request was left for lack of room.
+    fn top_up(&mut self, batch: &mut Vec<Entry>, rows: &mut usize, cap: usize) -> bool {
+        while *rows < cap {
+            match self.pop() {
+                Some(entry) => {
+                    if !self.add(batch, rows, entry, cap) {
+                        return true;
+                    }
+                }
+                None => return false,
+            }
+        }
+        false
+    }
+
+    /// Adds `entry` to the batch when it fits in `cap` rows; otherwise puts
+    /// it back at the head of its lane (it opens a later batch) and
+    /// answers false.
+    fn add(&mut self, batch: &mut Vec<Entry>, rows: &mut usize, entry: Entry, cap: usize) -> bool {
         if *rows + entry.rows <= cap {
             *rows += entry.rows;
             batch.push(entry);
+            true
         } else {
-            self.carry = Some(entry);
+            self.waiting[entry.priority.index()].push_front(entry);
+            false
         }
     }
 }
@@ -559,8 +597,10 @@ mod tests {
             ..BatchingParameters::default()
         };
         let batcher = batcher(&backend, params);
-        let (a, b) =
-            tokio::join!(batcher.run(rows(0.0, 1), Deadline::NONE), batcher.run(rows(10.0, 2), Deadline::NONE));
+        let (a, b) = tokio::join!(
+            batcher.run(rows(0.0, 1), Deadline::NONE, Priority::Normal),
+            batcher.run(rows(10.0, 2), Deadline::NONE, Priority::Normal)
+        );
         assert_eq!(a.unwrap()[0].to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
         assert_eq!(b.unwrap()[0].to_vec::<f32>().unwrap(), vec![20.0, 22.0, 24.0, 26.0]);
         // One batch of 3 rows, padded to the next allowed size.
@@ -574,7 +614,7 @@ mod tests {
             BatchingParameters { max_batch_size: 8, batch_timeout_micros: Some(5000), ..BatchingParameters::default() };
         let batcher = Arc::new(batcher(&backend, params));
         let started = tokio::time::Instant::now();
-        let out = batcher.run(rows(1.0, 1), Deadline::NONE).await.unwrap();
+        let out = batcher.run(rows(1.0, 1), Deadline::NONE, Priority::Normal).await.unwrap();
         assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
         // Alone, it waited for the batch timeout (paused time advances
         // straight to it), then ran.
@@ -589,7 +629,7 @@ mod tests {
         let params =
             BatchingParameters { max_batch_size: 2, batch_timeout_micros: Some(0), ..BatchingParameters::default() };
         let batcher = batcher(&backend, params);
-        let out = batcher.run(rows(0.0, 5), Deadline::NONE).await.unwrap();
+        let out = batcher.run(rows(0.0, 5), Deadline::NONE, Priority::Normal).await.unwrap();
         let want: Vec<f32> = (0..10).map(|i| 2.0 * i as f32).collect();
         assert_eq!(out[0].to_vec::<f32>().unwrap(), want);
         assert_eq!(out[0].shape(), &[5, 2]);
@@ -602,7 +642,7 @@ mod tests {
         let backend = Doubler::new();
         let params = BatchingParameters { max_batch_size: 2, max_enqueued_batches: 2, ..BatchingParameters::default() };
         let batcher = batcher(&backend, params);
-        let err = batcher.run(rows(0.0, 5), Deadline::NONE).await.unwrap_err();
+        let err = batcher.run(rows(0.0, 5), Deadline::NONE, Priority::Normal).await.unwrap_err();
         assert_eq!(err.code(), Code::ResourceExhausted);
         assert!(err.message().contains("5 rows"), "{err}");
         assert!(backend.batches.lock().unwrap().is_empty());
@@ -618,7 +658,7 @@ mod tests {
         };
         let batcher = batcher(&backend, params);
         let deadline = Deadline::after(Duration::from_millis(2));
-        let err = batcher.run(rows(0.0, 1), deadline).await.unwrap_err();
+        let err = batcher.run(rows(0.0, 1), deadline, Priority::Normal).await.unwrap_err();
         assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
         assert!(backend.batches.lock().unwrap().is_empty());
     }
@@ -640,7 +680,7 @@ mod tests {
             let first = (i * 2) as f32;
             running.push(tokio::spawn(async move {
                 let sent = Instant::now();
-                match batcher.run(rows(first, 1), Deadline::NONE).await {
+                match batcher.run(rows(first, 1), Deadline::NONE, Priority::Normal).await {
                     Ok(out) => {
                         assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![first * 2.0, first * 2.0 + 2.0]);
                         Some(sent.elapsed())

@@ -9,6 +9,7 @@
 //! [`build`]; `docs/ARCHITECTURE.md` walks through it.
 
 pub mod argmax;
+pub mod canary;
 mod classes;
 pub mod image_normalize;
 pub mod plugin;

@@ -1,17 +1,24 @@
 //! The stage that runs a WebAssembly plugin in a pipeline, swappable while
-//! it serves. It is the registry's [`PluginSlot`]: the registry checks an
-//! upload against it and swaps it, without knowing what a pipeline is.
+//! it serves, with a canary version beside the stable one when the registry
+//! starts one ([`super::canary`]). It is the registry's [`PluginSlot`]: the
+//! registry checks an upload against it, swaps it and sets its canary,
+//! without knowing what a pipeline is. A canary that fails its judgement
+//! stops serving here at once, and the registry is told, so that it rolls
+//! it back everywhere.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
-use crate::config::StageRole;
+use super::canary::{Canary, Side};
+use crate::config::{CanaryPolicy, StageRole};
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::models::ModelVersion;
+use crate::pipeline::cache::ResponseCache;
 use crate::pipeline::served::ServedModel;
 use crate::pipeline::stage::{Stage, StageCx};
 use crate::plugin::registry::{PluginRegistry, PluginSlot};
@@ -30,6 +37,8 @@ use crate::tensor::NamedTensor;
 /// instances, is freed when its last request ends.
 pub struct PluginStage {
     name: String,
+    /// The plugin's name in the registry.
+    plugin: String,
     /// The share of plugin calls its team may run at once.
     share: Arc<TeamShare>,
     pipeline: String,
@@ -41,6 +50,15 @@ pub struct PluginStage {
     version: AtomicU32,
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
+    /// The canary beside `current`, while one runs.
+    canary: ArcSwapOption<Canary>,
+    /// The input that keeps a caller on one side of a canary.
+    canary_key: Option<String>,
+    policy: CanaryPolicy,
+    /// The pipeline's response cache, emptied when what answers changes.
+    cache: Option<Arc<ResponseCache>>,
+    /// Told when a canary fails here, to roll it back everywhere.
+    registry: Weak<PluginRegistry>,
 }
 
 /// Where a plugin stage sits and what it serves.
@@ -55,6 +73,12 @@ pub struct PluginPlace<'a> {
     pub model: &'a Arc<ServedModel>,
     /// Every team's share of plugin calls.
     pub shares: &'a TeamShares,
+    /// The pipeline's response cache.
+    pub cache: Option<&'a Arc<ResponseCache>>,
+    /// The input that keeps a caller on one side of a canary.
+    pub canary_key: Option<&'a str>,
+    /// When a canary is rolled back on its own.
+    pub canary_policy: &'a CanaryPolicy,
 }
 
 /// The plugin calls each team may run at once (`plugins.max_calls_per_team`).
@@ -135,7 +159,7 @@ impl PluginStage {
     /// for a stage at `place`, checks it fits, and binds the stage to the
     /// registry so activations reach it. Each stage gets its own plugin
     /// instance pool: warm instances are never shared between pipelines.
-    pub fn build(name: &str, place: &PluginPlace<'_>, registry: &PluginRegistry) -> Result<Arc<PluginStage>> {
+    pub fn build(name: &str, place: &PluginPlace<'_>, registry: &Arc<PluginRegistry>) -> Result<Arc<PluginStage>> {
         let world = match place.role {
             StageRole::Preprocess => World::Preprocessor,
             StageRole::Postprocess => World::Postprocessor,
@@ -155,6 +179,12 @@ impl PluginStage {
             let description = plugin.description();
             let stage = Arc::new(PluginStage {
                 name: format!("plugin {name}"),
+                plugin: name.to_string(),
+                canary: ArcSwapOption::empty(),
+                canary_key: place.canary_key.map(str::to_string),
+                policy: place.canary_policy.clone(),
+                cache: place.cache.cloned(),
+                registry: Arc::downgrade(registry),
                 share: place.shares.of(place.team, place.pipeline),
                 pipeline: place.pipeline.to_string(),
                 team: place.team.map(str::to_string),
@@ -169,6 +199,14 @@ impl PluginStage {
             if let Err(e) = stage.fits_model(&current) {
                 failures.push(format!("{source}: {} {e}", current.label()));
                 continue;
+            }
+            if let Some(key) = place.canary_key {
+                if place.role == StageRole::Preprocess && !stage.inputs.iter().any(|spec| spec.name == key) {
+                    return Err(Error::invalid_argument(format!(
+                        "canary_key = \"{key}\" is not an input of plugin '{name}'; its inputs: [{}]",
+                        stage.inputs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                    )));
+                }
             }
             registry.bind(name, stage.clone())?;
             current.accepted();
@@ -239,12 +277,67 @@ impl PluginSlot for PluginStage {
         self.accepts(&plugin)?;
         self.current.store(plugin);
         self.version.store(version, Ordering::Relaxed);
+        self.forget_answers();
         Ok(())
+    }
+
+    fn set_canary(&self, canary: Option<(Arc<Plugin>, u32, f64)>, metrics: &Metrics) -> Result<()> {
+        let canary = match canary {
+            None => None,
+            Some((plugin, version, percent)) => {
+                self.accepts(&plugin)?;
+                let stable = self.version.load(Ordering::Relaxed);
+                let names = (self.pipeline.as_str(), self.plugin.as_str());
+                Some(Arc::new(Canary::new(plugin, version, percent, stable, names, &self.policy, metrics)))
+            }
+        };
+        self.canary.store(canary);
+        self.forget_answers();
+        Ok(())
+    }
+
+    fn canary(&self) -> Option<(u32, f64)> {
+        self.canary.load().as_ref().map(|c| (c.version, c.percent))
     }
 
     fn running(&self) -> (u32, String, String) {
         let current = self.current();
         (self.version.load(Ordering::Relaxed), current.label().to_string(), current.sha256().to_string())
+    }
+}
+
+impl PluginStage {
+    fn forget_answers(&self) {
+        if let Some(cache) = &self.cache {
+            cache.clear();
+        }
+    }
+
+    /// Runs one call on the side it is dealt, records it, and stops the
+    /// canary here (telling the registry) when it fails its judgement.
+    fn call(&self, inputs: Vec<NamedTensor>) -> Result<(Arc<Plugin>, Vec<NamedTensor>)> {
+        let Some(canary) = self.canary.load_full() else {
+            let plugin = self.current.load_full();
+            return plugin.call(inputs).map(|outputs| (plugin, outputs));
+        };
+        let side = canary.deal(&inputs, self.canary_key.as_deref());
+        let plugin = match side {
+            Side::Canary => canary.plugin.clone(),
+            Side::Stable => self.current.load_full(),
+        };
+        let started = Instant::now();
+        let result = plugin.call(inputs);
+        if let Some(verdict) = canary.record(side, result.is_ok(), started.elapsed()) {
+            // Only the first call to see the verdict ends it.
+            let ended = self.canary.compare_and_swap(&Some(canary.clone()), None);
+            if ended.as_ref().is_some_and(|c| Arc::ptr_eq(c, &canary)) {
+                self.forget_answers();
+                if let Some(registry) = self.registry.upgrade() {
+                    registry.canary_failed(&self.plugin, canary.version, &self.pipeline, &verdict.0);
+                }
+            }
+        }
+        result.map(|outputs| (plugin, outputs))
     }
 }
 
@@ -273,9 +366,8 @@ impl Stage for PluginStage {
             .filter(|spec| spec.shape.first() == Some(&-1))
             .find_map(|spec| inputs.iter().find(|t| t.name == spec.name))
             .map(|t| t.tensor.rows());
-        let plugin = self.current.load_full();
         // The host checks the outputs against the plugin's declaration.
-        let outputs = plugin.call(inputs)?;
+        let (plugin, outputs) = self.call(inputs)?;
         // Rows in, the same rows out: a plugin must not invent or drop rows.
         if let Some(rows) = rows {
             for (output, spec) in outputs.iter().zip(self.outputs()) {
@@ -290,6 +382,10 @@ impl Stage for PluginStage {
             }
         }
         Ok(outputs)
+    }
+
+    fn varies(&self) -> bool {
+        self.canary.load().is_some()
     }
 }
 
