@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::fixtures::*;
 use common::two_answers::TwoAnswerLoad;
 use common::*;
 use http::{Method, StatusCode};
@@ -18,18 +19,6 @@ use sluice::cli::bench::client::RestClient;
 const ML: &str = "ml-secret";
 const WEB: &str = "web-secret";
 const OPS: &str = "ops-secret";
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes))
-}
-
-fn plugin_file(name: &str) -> PathBuf {
-    root().join("target/plugins").join(format!("{name}.wasm"))
-}
-
-fn plugin_bytes(name: &str) -> Vec<u8> {
-    std::fs::read(plugin_file(name)).unwrap_or_else(|e| panic!("{name}.wasm: {e} (run scripts/build-plugins)"))
-}
 
 /// A plugin directory whose `features.wasm` is the identity plugin, and a
 /// config serving pipeline `scored` (team ml) = features → MLP.
@@ -57,25 +46,8 @@ dir = "{plugins}"
 enabled = true
 max_upload_bytes = 4194304
 {admin}
-[[admin.tokens]]
-id = "ml-ci"
-team = "ml"
-role = "team"
-sha256 = "{ml}"
-[[admin.tokens]]
-id = "web-ci"
-team = "web"
-role = "team"
-sha256 = "{web}"
-[[admin.tokens]]
-id = "ops"
-role = "admin"
-sha256 = "{ops}"
-
-[[models]]
-name = "mlp"
-base_path = "{mlp}"
-
+{ml}{web}{ops}
+{mlp}
 [[pipelines]]
 name = "scored"
 model = "mlp"
@@ -83,10 +55,10 @@ team = "ml"
 preprocess = {{ plugin = "features", workers = 2 }}
 "#,
             plugins = plugins.display(),
-            ml = sha256_hex(ML.as_bytes()),
-            web = sha256_hex(WEB.as_bytes()),
-            ops = sha256_hex(OPS.as_bytes()),
-            mlp = root().join("examples/models/mlp").display(),
+            ml = admin_token("ml-ci", Some("ml"), ML),
+            web = admin_token("web-ci", Some("web"), WEB),
+            ops = admin_token("ops", None, OPS),
+            mlp = example_model_table("mlp"),
             admin = admin,
         );
         std::fs::write(dir.path().join("sluice.toml"), config).expect("write config");

@@ -13,17 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::fixtures::*;
 use common::*;
 use http::{Method, StatusCode};
 use serde_json::Value;
 use sluice::cli::bench::client::RestClient;
 
 const OPS: &str = "ops-secret";
-
-fn plugin_bytes(name: &str) -> Vec<u8> {
-    let path = root().join("target/plugins").join(format!("{name}.wasm"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run scripts/build-plugins)", path.display()))
-}
 
 /// A plugin directory (the store inside it) and a config serving pipeline
 /// `scored` = features (identity) → MLP, with the admin API.

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::fixtures::{example_model_table, EXAMPLE_FEATURE_TABLES, RECOMMEND_PIPELINE};
 use common::redis::RedisServer;
 use common::*;
 use http::{Method, StatusCode};
@@ -54,7 +55,6 @@ fn ints_csv(generation: u32) -> String {
 }
 
 fn config(store: &Store<'_>) -> String {
-    let examples = root().join("examples/features");
     let tables = match store {
         Store::Embedded(dir) => format!(
             r#"
@@ -64,19 +64,9 @@ key = "id"
 reload_interval_ms = 20
 features.v = {{ dtype = "float32", shape = [3] }}
 
-[features.tables.users]
-file = "{users}"
-key = "user_id"
-features.recent = {{ dtype = "string", shape = [4] }}
-
-[features.tables.items]
-file = "{items}"
-key = "item_id"
-features.stats = {{ dtype = "float32", shape = [13] }}
+{EXAMPLE_FEATURE_TABLES}
 "#,
             ints = dir.join("ints.csv").display(),
-            users = examples.join("users.csv").display(),
-            items = examples.join("items.jsonl").display(),
         ),
         Store::Redis { url, cache, .. } => format!(
             r#"
@@ -112,30 +102,14 @@ features.stats = {{ dtype = "float32", shape = [13] }}
 [plugins]
 dir = "{plugins}"
 
-[[models]]
-name = "recommender"
-base_path = "$ROOT/examples/models/recommender"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{recommender_table}
 
 [[models]]
 name = "anyrank"
 base_path = "$ROOT/tests/fixtures/models/anyrank"
 onnx = {{ sessions = 1, intra_op_threads = 1 }}
 
-[[pipelines]]
-name = "recommend"
-model = "recommender"
-preprocess = {{ plugin = "feature_transform" }}
-[pipelines.feature_fetch]
-[[pipelines.feature_fetch.lookups]]
-keys = "user_id"
-table = "users"
-features = [{{ feature = "recent", tensor = "user_ids", default = "" }}]
-[[pipelines.feature_fetch.lookups]]
-keys = "item_id"
-table = "items"
-features = [{{ feature = "stats", tensor = "raw_dense" }}]
-
+{RECOMMEND_PIPELINE}
 [[pipelines]]
 name = "probe-ints"
 model = "anyrank"
@@ -169,6 +143,7 @@ key_dtype = "int64"
 table = "ints"
 features = [{{ feature = "v", tensor = "x" }}]
 {tables}"#,
+        recommender_table = example_model_table("recommender"),
         plugins = plugin_dir()
     )
 }

@@ -14,6 +14,7 @@ use std::process::Command;
 
 use base64::Engine;
 use bytes::Bytes;
+use common::fixtures::{example_model_table, EXAMPLE_FEATURE_TABLES, RECOMMEND_PIPELINE};
 use common::*;
 use http::Method;
 use prost::Message;
@@ -49,15 +50,9 @@ version_policy = "all"
 version_labels = {{ stable = 1, canary = 2 }}
 onnx = {{ sessions = 1, intra_op_threads = 1 }}
 
-[[models]]
-name = "cnn"
-base_path = "$ROOT/examples/models/cnn"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{cnn_table}
 
-[[models]]
-name = "recommender"
-base_path = "$ROOT/examples/models/recommender"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{recommender_table}
 
 [[models]]
 name = "dtypes"
@@ -83,30 +78,11 @@ model = "cnn"
 preprocess = {{ plugin = "image_normalize" }}
 postprocess = {{ plugin = "topk_labels" }}
 
-[[pipelines]]
-name = "recommend"
-model = "recommender"
-preprocess = {{ plugin = "feature_transform" }}
-[pipelines.feature_fetch]
-[[pipelines.feature_fetch.lookups]]
-keys = "user_id"
-table = "users"
-features = [{{ feature = "recent", tensor = "user_ids", default = "" }}]
-[[pipelines.feature_fetch.lookups]]
-keys = "item_id"
-table = "items"
-features = [{{ feature = "stats", tensor = "raw_dense" }}]
-
-[features.tables.users]
-file = "$ROOT/examples/features/users.csv"
-key = "user_id"
-features.recent = {{ dtype = "string", shape = [4] }}
-
-[features.tables.items]
-file = "$ROOT/examples/features/items.jsonl"
-key = "item_id"
-features.stats = {{ dtype = "float32", shape = [13] }}
+{RECOMMEND_PIPELINE}
+{EXAMPLE_FEATURE_TABLES}
 "#,
+        recommender_table = example_model_table("recommender"),
+        cnn_table = example_model_table("cnn"),
         plugins = plugins.display()
     )
 }

@@ -7,9 +7,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
+use common::fixtures::*;
 use common::two_answers::{Seen, TwoAnswerLoad};
 use common::*;
 use http::{Method, StatusCode};
@@ -17,12 +17,6 @@ use sluice::proto::tensorflow::serving::PredictRequest;
 use tonic::Code;
 
 const LANGUAGES: [(&str, &str); 2] = [("py", "Python"), ("js", "JavaScript")];
-
-fn plugin_file(name: &str) -> PathBuf {
-    let path = root().join("target/plugins").join(format!("{name}.wasm"));
-    assert!(path.is_file(), "{} is not built: run scripts/build-plugins (scripts/test does)", path.display());
-    path
-}
 
 /// How long a server serving the Python and JavaScript plugins may take to
 /// start: on a cold compile cache each of them compiles for seconds of CPU
@@ -53,15 +47,9 @@ memory_mib = 64
 timeout_ms = 200
 memory_mib = 64
 
-[[models]]
-name = "mlp"
-base_path = "$ROOT/examples/models/mlp"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{mlp_table}
 
-[[models]]
-name = "recommender"
-base_path = "$ROOT/examples/models/recommender"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{recommender_table}
 
 [[pipelines]]
 name = "scale"
@@ -103,6 +91,8 @@ name = "hostile_js"
 model = "mlp"
 preprocess = {{ plugin = "hostile_js", workers = 2 }}
 "#,
+        recommender_table = example_model_table("recommender"),
+        mlp_table = example_model_table("mlp"),
         dir = root().join("target/plugins").display(),
         cache = compile_cache(),
     )
@@ -260,10 +250,7 @@ team = "ml"
 role = "team"
 sha256 = "{token}"
 
-[[models]]
-name = "mlp"
-base_path = "$ROOT/examples/models/mlp"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{mlp_table}
 
 [[pipelines]]
 name = "scored"
@@ -271,6 +258,7 @@ model = "mlp"
 team = "ml"
 preprocess = {{ plugin = "features", workers = 2 }}
 "#,
+        mlp_table = example_model_table("mlp"),
         plugins = plugins.display(),
         cache = compile_cache(),
         token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes())),

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::fixtures::example_model_table;
 use common::*;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
@@ -391,10 +392,7 @@ export_interval_ms = 100
 [plugins]
 dir = "{plugins}"
 
-[[models]]
-name = "mlp"
-base_path = "$ROOT/examples/models/mlp"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{mlp_table}
 batching = {{ max_batch_size = 2, batch_timeout_micros = 200000 }}
 
 [[pipelines]]
@@ -402,6 +400,7 @@ name = "scale"
 model = "mlp"
 preprocess = {{ plugin = "scale", workers = 1 }}
 "#,
+        mlp_table = example_model_table("mlp"),
         plugins = plugins.display()
     ));
 

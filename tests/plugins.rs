@@ -9,6 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::fixtures::example_model_table;
 use common::*;
 use sluice::proto::tensorflow::serving::PredictRequest;
 use sluice::proto::tensorflow::{DataType, TensorProto};
@@ -33,20 +34,11 @@ dir = "{dir}"
 timeout_ms = 50
 memory_mib = 64
 
-[[models]]
-name = "mlp"
-base_path = "$ROOT/examples/models/mlp"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{mlp_table}
 
-[[models]]
-name = "cnn"
-base_path = "$ROOT/examples/models/cnn"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{cnn_table}
 
-[[models]]
-name = "recommender"
-base_path = "$ROOT/examples/models/recommender"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{recommender_table}
 
 [[pipelines]]
 name = "classify"
@@ -71,6 +63,9 @@ model = "mlp"
 team = "good"
 preprocess = {{ plugin = "identity" }}
 "#,
+        recommender_table = example_model_table("recommender"),
+        cnn_table = example_model_table("cnn"),
+        mlp_table = example_model_table("mlp"),
         dir = plugin_dir()
     )
 }
@@ -634,10 +629,7 @@ instances = "reuse"
 [plugins.limits.fresh]
 instances = "fresh"
 
-[[models]]
-name = "mlp"
-base_path = "$ROOT/examples/models/mlp"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
+{mlp_table}
 
 [[pipelines]]
 name = "hostile"
@@ -654,6 +646,7 @@ name = "fresh"
 model = "mlp"
 preprocess = {{ plugin = "fresh" }}
 "#,
+        mlp_table = example_model_table("mlp"),
         dir = plugins.path().display()
     );
     let server = Server::with_config(&config);

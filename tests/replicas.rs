@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::fixtures::*;
 use common::redis::RedisServer;
 use common::*;
 use http::{Method, StatusCode};
@@ -18,15 +19,6 @@ use serde_json::Value;
 use sluice::cli::bench::client::RestClient;
 
 const OPS: &str = "ops-secret";
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes))
-}
-
-fn plugin_bytes(name: &str) -> Vec<u8> {
-    let path = root().join("target/plugins").join(format!("{name}.wasm"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run scripts/build-plugins)", path.display()))
-}
 
 /// One replica's own directory (plugin store included) and config, all
 /// pointing at the same Redis.
@@ -50,13 +42,8 @@ key_prefix = "test:"
 reconcile_seconds = 1
 [admin]
 enabled = true
-[[admin.tokens]]
-id = "ops"
-role = "admin"
-sha256 = "{ops}"
-[[models]]
-name = "mlp"
-base_path = "{mlp}"
+{ops}
+{mlp}
 [[pipelines]]
 name = "scored"
 model = "mlp"
@@ -64,8 +51,8 @@ preprocess = {{ plugin = "features", workers = 2 }}
 "#,
             plugins = plugins.display(),
             redis = redis.url(),
-            ops = sha256_hex(OPS.as_bytes()),
-            mlp = root().join("examples/models/mlp").display(),
+            ops = admin_token("ops", None, OPS),
+            mlp = example_model_table("mlp"),
         );
         std::fs::write(dir.path().join("sluice.toml"), config).expect("write config");
         Replica { dir }
@@ -321,4 +308,82 @@ async fn a_replica_is_not_ready_until_it_has_the_shared_plugins() {
         assert!(std::time::Instant::now() < deadline, "B never ran the shared plugin: {answer}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits until `server`'s `sluice_canary_percent` for the plugin is `percent`.
+async fn wait_canary_percent(server: &Server, percent: f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = server.metric(r#"sluice_canary_percent{plugin="features"}"#).await;
+        if now == percent {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "waited 30 s for a canary at {percent}%; it is at {now}%");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_canary_started_on_one_replica_runs_on_all_and_a_rollback_on_one_ends_it_everywhere() {
+    let redis = RedisServer::start();
+    let (one, two) = (Replica::new(&redis), Replica::new(&redis));
+    let (a, b) = (one.start(), two.start());
+    let mut x = values(8, 64);
+    x[0] = 0.5;
+    let doubled: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+    let (identity, scaled) = (logits(&a, "mlp", &x).await, logits(&a, "mlp", &doubled).await);
+
+    // Started on A: B deals half its calls to the canary too.
+    let (status, answer) = admin(&a, Method::PUT, "/admin/v1/plugins/features", plugin_bytes("scale")).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, answer) =
+        admin(&a, Method::POST, "/admin/v1/plugins/features/versions/1/activate?canary=50", Vec::new()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    wait_canary_percent(&b, 50.0).await;
+    let mut seen = [0; 2];
+    for _ in 0..200 {
+        let got = logits(&b, "scored", &x).await;
+        seen[usize::from(got == scaled)] += 1;
+        assert!(got == identity || got == scaled);
+    }
+    assert!(seen[0] > 40 && seen[1] > 40, "B's answers, identity / canary: {seen:?}");
+
+    // A bad release as the canary, judged on B: B rolls it back, and A's
+    // canary ends with it.
+    let (status, answer) = admin(&a, Method::PUT, "/admin/v1/plugins/features", plugin_bytes("scale_flaky")).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, answer) =
+        admin(&a, Method::POST, "/admin/v1/plugins/features/versions/2/activate?canary=50", Vec::new()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while b
+        .metric(
+            r#"sluice_canary_calls_total{pipeline="scored",plugin="features",version="2",side="canary",outcome="ok"}"#,
+        )
+        .await
+        == 0.0
+    {
+        assert!(std::time::Instant::now() < deadline, "B never ran canary version 2");
+        let _ = logits(&b, "mlp", &x).await;
+        let mut client = b.predict_client().await;
+        let _ = client.predict(predict_request("scored", vec![("x", f32_content(&[1, 64], &x))])).await;
+    }
+    let mut bad = x.clone();
+    bad[0] = 2.0;
+    let mut client = b.predict_client().await;
+    let mut failed = 0;
+    for _ in 0..200 {
+        if client.predict(predict_request("scored", vec![("x", f32_content(&[1, 64], &bad))])).await.is_err() {
+            failed += 1;
+        }
+    }
+    assert!((1..=8).contains(&failed), "{failed} requests failed on B before the rollback");
+    wait_canary_percent(&a, 0.0).await;
+    wait_canary_percent(&b, 0.0).await;
+    assert_eq!(b.metric(r#"sluice_canary_rollbacks_total{plugin="features"}"#).await, 1.0);
+    for _ in 0..50 {
+        assert_eq!(logits(&a, "scored", &x).await, identity, "A serves the active version alone");
+    }
+    let audit = redis.command(&[b"LRANGE", b"test:plugins:audit", b"0", b"-1"]).expect("audit list");
+    assert!(audit.contains("\"action\":\"canary\"") && audit.contains("canary_rollback: "), "{audit}");
 }

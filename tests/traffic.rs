@@ -8,27 +8,15 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use common::fixtures::*;
 use common::*;
 use http::{Method, StatusCode};
 use serde_json::Value;
 
 const OPS: &str = "ops-secret";
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes))
-}
-
-fn plugin_path(name: &str) -> PathBuf {
-    root().join("target/plugins").join(format!("{name}.wasm"))
-}
-
-fn plugin_bytes(name: &str) -> Vec<u8> {
-    std::fs::read(plugin_path(name)).unwrap_or_else(|e| panic!("{name}.wasm: {e} (run scripts/build-plugins)"))
-}
 
 /// A plugin directory whose `features.wasm` is the identity plugin and
 /// whose `hostile.wasm` is the hostile one, an admin token, and `extra`
@@ -42,8 +30,8 @@ impl Fixture {
         let dir = tempfile::tempdir().expect("temp dir");
         let plugins = dir.path().join("plugins");
         std::fs::create_dir_all(&plugins).expect("plugins dir");
-        std::fs::copy(plugin_path("identity"), plugins.join("features.wasm")).expect("copy identity.wasm");
-        std::fs::copy(plugin_path("hostile"), plugins.join("hostile.wasm")).expect("copy hostile.wasm");
+        std::fs::copy(plugin_file("identity"), plugins.join("features.wasm")).expect("copy identity.wasm");
+        std::fs::copy(plugin_file("hostile"), plugins.join("hostile.wasm")).expect("copy hostile.wasm");
         let config = format!(
             r#"
 [plugins]
@@ -54,18 +42,12 @@ timeout_ms = 10000
 [admin]
 enabled = true
 max_upload_bytes = 4194304
-[[admin.tokens]]
-id = "ops"
-role = "admin"
-sha256 = "{ops}"
-[[models]]
-name = "mlp"
-base_path = "{mlp}"
-{extra}
+{ops}
+{mlp}{extra}
 "#,
             plugins = plugins.display(),
-            ops = sha256_hex(OPS.as_bytes()),
-            mlp = root().join("examples/models/mlp").display(),
+            ops = admin_token("ops", None, OPS),
+            mlp = example_model_table("mlp"),
         );
         std::fs::write(dir.path().join("sluice.toml"), config).expect("write config");
         Fixture { dir }
@@ -464,4 +446,54 @@ async fn a_malformed_priority_is_refused_naming_it_everywhere() {
         request.metadata_mut().insert("x-sluice-priority", priority.parse().expect("metadata"));
         client.predict(request).await.unwrap_or_else(|e| panic!("priority {priority}: {e}"));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_model_version_canary_takes_its_share_of_versionless_requests() {
+    let fixture = Fixture::new(&format!(
+        r#"
+[[models]]
+name = "ab"
+base_path = "{}"
+version_policy = "all"
+version_labels = {{ stable = 2, canary = 1 }}
+canary = {{ label = "canary", percent = 20 }}
+"#,
+        root().join("examples/models/mlp").display()
+    ));
+    let server = fixture.start();
+    let mut client = server.predict_client().await;
+    let x = values(9, 64);
+    let mut served = [0usize; 3];
+    for _ in 0..3000 {
+        let answer = client.predict(predict_request("ab", vec![("x", f32_content(&[1, 64], &x))])).await.expect("ab");
+        let spec = answer.into_inner().model_spec.expect("model_spec");
+        match spec.version_choice {
+            Some(sluice::proto::tensorflow::serving::model_spec::VersionChoice::Version(v)) => served[v as usize] += 1,
+            other => panic!("no version in the answer: {other:?}"),
+        }
+    }
+    let share = served[1] as f64 / 3000.0 * 100.0;
+    assert!((16.0..=24.0).contains(&share), "version 1 served {share:.1}% of versionless requests, not 20% ± 4");
+    // A request that names a version or a label gets exactly that one.
+    for _ in 0..50 {
+        let mut request = predict_request("ab", vec![("x", f32_content(&[1, 64], &x))]);
+        request.model_spec = spec("ab", Some(2));
+        let answer = client.predict(request).await.expect("ab v2").into_inner();
+        assert_eq!(
+            answer.model_spec.and_then(|s| s.version_choice),
+            Some(sluice::proto::tensorflow::serving::model_spec::VersionChoice::Version(2))
+        );
+    }
+    // A canary label that is not a label is refused, named, at start.
+    let bad = Fixture::new(&format!(
+        "[[models]]\nname = \"ab\"\nbase_path = \"{}\"\ncanary = {{ label = \"nope\", percent = 5 }}\n",
+        root().join("examples/models/mlp").display()
+    ));
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["config", "check", bad.dir.path().join("sluice.toml").to_str().expect("utf-8")])
+        .output()
+        .expect("sluice config check");
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!output.status.success() && text.contains("canary.label = \"nope\": not among version_labels"), "{text}");
 }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::fixtures::*;
 use common::*;
 use http::{Method, StatusCode};
 use prost::Message;
@@ -541,10 +542,6 @@ async fn grpc_config_reloads_add_and_remove_models_and_change_policies_and_label
 
 const OPS: &str = "ops-secret";
 const TEAM: &str = "team-secret";
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes))
-}
 
 #[tokio::test]
 async fn the_admin_api_and_the_config_file_poll_reload_models() {

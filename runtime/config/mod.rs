@@ -39,7 +39,7 @@ pub use self::plugins::{InstancePolicy, PluginLimits, PluginsConfig};
 pub use self::stage::{StageConfig, StageKind, StageRole};
 pub use self::telemetry::TracingConfig;
 pub use self::tls::TlsConfig;
-pub use self::traffic::{CacheConfig, CanaryPolicy, QuotaConfig, TrafficConfig};
+pub use self::traffic::{CacheConfig, CanaryPolicy, ModelCanary, QuotaConfig, TrafficConfig};
 pub use self::upstream::UpstreamConfig;
 
 /// Everything the server is configured with.
@@ -391,6 +391,9 @@ pub struct ModelConfig {
     /// The rate (and concurrency) quota of the model served under its
     /// own name.
     pub quota: Option<QuotaConfig>,
+    /// A share of the requests that name no version sent to a labelled
+    /// version instead of the latest.
+    pub canary: Option<ModelCanary>,
 }
 
 /// What `server.inline_inference_micros` is unless set: below the cost
@@ -446,6 +449,7 @@ impl ModelConfig {
             logging: None,
             cache: None,
             quota: None,
+            canary: None,
         }
     }
 }
@@ -743,6 +747,9 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
             logging.check(&format!("{key}.logging"))?;
         }
         traffic::check_endpoint(&key, model.cache.as_ref(), model.quota.as_ref())?;
+        if let Some(canary) = &model.canary {
+            canary.check(&format!("{key}.canary"), &model.version_labels)?;
+        }
         check_between(&format!("{key}.onnx.sessions"), model.onnx.sessions, 1, MAX_THREADS)?;
         check_between(&format!("{key}.onnx.intra_op_threads"), model.onnx.intra_op_threads, 1, MAX_THREADS)?;
         if let VersionPolicy::Specific(versions) = &model.version_policy {

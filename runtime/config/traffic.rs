@@ -95,6 +95,31 @@ impl QuotaConfig {
     }
 }
 
+/// A model version canary: requests that name no version (the latest) go to
+/// the version `label` points at for `percent` of them.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelCanary {
+    /// A `version_labels` name.
+    pub label: String,
+    /// The percent of versionless requests it gets, in (0, 100).
+    pub percent: f64,
+}
+
+impl ModelCanary {
+    /// Checks it against the model's labels; `key` names it in errors.
+    pub fn check(&self, key: &str, labels: &BTreeMap<String, i64>) -> Result<(), Invalid> {
+        if !labels.contains_key(&self.label) {
+            let known: Vec<&str> = labels.keys().map(String::as_str).collect();
+            return Err(invalid!("{key}.label = \"{}\": not among version_labels {known:?}", self.label));
+        }
+        if !(self.percent > 0.0 && self.percent < 100.0) {
+            return Err(invalid!("{key}.percent = {}: expected more than 0 and less than 100", self.percent));
+        }
+        Ok(())
+    }
+}
+
 /// `[traffic]`: priorities, team quotas, canary rollbacks.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]

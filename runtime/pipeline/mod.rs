@@ -660,6 +660,7 @@ impl Endpoints {
                         version_policy: config.version_policy.clone(),
                         version_labels: config.version_labels.clone(),
                         logging: config.logging.clone(),
+                        canary: config.canary.clone(),
                         ..ModelConfig::clone(&served)
                     };
                     *config = kept;

@@ -152,9 +152,17 @@ impl ServedModel {
         let table = self.table.load();
         let available = || table.versions.keys().map(i64::to_string).collect::<Vec<_>>().join(", ");
         match choice {
-            VersionChoice::Latest => table.versions.values().next_back().cloned().ok_or_else(|| {
-                Error::unavailable(format!("model '{}' has no version available yet{}", self.name, self.why_none()))
-            }),
+            VersionChoice::Latest => {
+                // A canary label takes its share of the versionless
+                // requests while its version is available.
+                let canary = self.config.load().canary.as_ref().and_then(|canary| {
+                    let version = table.labels.get(&canary.label)?;
+                    (rand::random::<f64>() * 100.0 < canary.percent).then(|| table.versions.get(version).cloned())?
+                });
+                canary.or_else(|| table.versions.values().next_back().cloned()).ok_or_else(|| {
+                    Error::unavailable(format!("model '{}' has no version available yet{}", self.name, self.why_none()))
+                })
+            }
             VersionChoice::Number(v) => table.versions.get(&v).cloned().ok_or_else(|| {
                 Error::not_found(format!(
                     "model '{}' has no version {v} available{}; available versions: [{}]",

@@ -72,7 +72,7 @@ pub trait PluginSlot: Send + Sync {
 pub const FILE_VERSION: u32 = 0;
 
 /// What a pipeline's plugin stage runs now.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Running {
     /// The pipeline.
     pub pipeline: String,
@@ -86,6 +86,9 @@ pub struct Running {
     pub declared: String,
     /// The SHA-256 of the bytes serving.
     pub sha256: String,
+    /// The canary beside it, while one runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryVersion>,
 }
 
 /// Who is calling, as the admin API authenticated them.
@@ -485,6 +488,7 @@ impl PluginRegistry {
                     version: Some(version),
                     declared,
                     sha256,
+                    canary: slot.canary().map(|(version, percent)| CanaryVersion { version, percent }),
                 });
             }
         }

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod fixtures;
 pub mod pki;
 pub mod process;
 pub mod redis;
