@@ -79,9 +79,7 @@ impl PluginRegistry {
     /// line, an audit entry and `sluice_canary_rollbacks`. Runs on a thread
     /// of its own, as the stage's worker must go on serving.
     pub fn canary_failed(self: &Arc<Self>, name: &str, version: u32, pipeline: &str, why: &str) {
-        tracing::error!(plugin = name, version, pipeline, "canary rolled back: {why}");
-        self.metrics.canary_rollbacks.get_or_create(&PluginNameLabels { plugin: name.to_string() }).inc();
-        let (registry, plugin, why) = (self.clone(), name.to_string(), why.to_string());
+        let (registry, plugin, why, pipeline) = (self.clone(), name.to_string(), why.to_string(), pipeline.to_string());
         let spawned = std::thread::Builder::new().name("canary-rollback".into()).spawn(move || {
             let caller = Caller { token_id: "sluice (automatic rollback)".into(), team: None, admin: true };
             let _one = registry.changing.lock().unwrap_or_else(PoisonError::into_inner);
@@ -99,6 +97,10 @@ impl PluginRegistry {
                 }
                 return;
             };
+            // Counted once, by the report that ends it (every stage of the
+            // plugin may see the canary fail).
+            tracing::error!(plugin = %plugin, version, pipeline = %pipeline, "canary rolled back: {why}");
+            registry.metrics.canary_rollbacks.get_or_create(&PluginNameLabels { plugin: plugin.clone() }).inc();
             let action = format!("canary_rollback: {why}");
             if let Err(error) = registry.stop_canary(&caller, manifest, &slots, &action) {
                 tracing::error!(plugin = %plugin, "the failed canary could not be recorded as rolled back: {error}");
