@@ -28,7 +28,9 @@ use sluice::cli::bench::client::{RawCodec, PREDICT_PATH};
 use sluice::config::OutputEncoding;
 use sluice::proto::tensorflow::serving::prediction_service_server::{PredictionService, PredictionServiceServer};
 use sluice::proto::tensorflow::serving::{
-    GetModelMetadataRequest, GetModelMetadataResponse, PredictRequest, PredictResponse,
+    ClassificationRequest, ClassificationResponse, GetModelMetadataRequest, GetModelMetadataResponse,
+    MultiInferenceRequest, MultiInferenceResponse, PredictRequest, PredictResponse, RegressionRequest,
+    RegressionResponse,
 };
 use sluice::tensor::proto::encode;
 use sluice::tensor::Tensor;
@@ -128,6 +130,24 @@ impl PredictionService for Floor {
         &self,
         _request: Request<GetModelMetadataRequest>,
     ) -> Result<Response<GetModelMetadataResponse>, Status> {
+        Err(Status::unimplemented("floor-server answers Predict only"))
+    }
+
+    async fn classify(
+        &self,
+        _request: Request<ClassificationRequest>,
+    ) -> Result<Response<ClassificationResponse>, Status> {
+        Err(Status::unimplemented("floor-server answers Predict only"))
+    }
+
+    async fn regress(&self, _request: Request<RegressionRequest>) -> Result<Response<RegressionResponse>, Status> {
+        Err(Status::unimplemented("floor-server answers Predict only"))
+    }
+
+    async fn multi_inference(
+        &self,
+        _request: Request<MultiInferenceRequest>,
+    ) -> Result<Response<MultiInferenceResponse>, Status> {
         Err(Status::unimplemented("floor-server answers Predict only"))
     }
 }

@@ -33,6 +33,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("plugin_outputs", plugin_outputs),
     ("admin_input", admin_input),
     ("warmup_file", warmup_file),
+    ("tf_examples", tf_examples),
 ];
 
 /// A gRPC TensorProto: decoded as an input is; a tensor that decodes
@@ -160,4 +161,74 @@ fn shape_and_rest(data: &[u8]) -> (Vec<i64>, &[u8]) {
     let rank = usize::from(rank % 5).min(rest.len());
     let shape = rest[..rank].iter().map(|&d| i64::from(d) - 1).collect();
     (shape, &rest[rank..])
+}
+
+/// A Classify/Regress `Input` (`ExampleList` or `ExampleListWithContext`)
+/// parsed into tensors by a config with every kind of feature (floats,
+/// narrowed integers, bools, strings; defaults and required ones), and the
+/// same bytes as one serialized `tf.Example` for Predict's `examples`
+/// input. Errors are fine; a panic, a tensor of the wrong row count, or a
+/// tensor past the limit is not.
+pub fn tf_examples(data: &[u8]) {
+    use sluice::config::examples::{DefaultValue, ExampleFeature, ExamplesConfig, FeatureDefault};
+    use sluice::proto::tensorflow::serving::{input, Input};
+    use sluice::tensor::example::{ExampleBatch, ExampleColumns};
+    use sluice::tensor::spec::Signature;
+
+    let feature = |name: &str, default: Option<FeatureDefault>| ExampleFeature {
+        name: name.into(),
+        input: None,
+        kind: None,
+        shape: None,
+        default,
+    };
+    let config = ExamplesConfig {
+        max_examples: 64,
+        predict_input: "examples".into(),
+        features: vec![
+            feature("a", None),
+            feature("b", Some(FeatureDefault::Each(vec![DefaultValue::Float(1.5), DefaultValue::Float(2.5)]))),
+            feature("c", Some(FeatureDefault::One(DefaultValue::Int(7)))),
+            feature("d", Some(FeatureDefault::One(DefaultValue::Text("none".into())))),
+            feature("e", Some(FeatureDefault::One(DefaultValue::Int(1)))),
+        ],
+        classify: None,
+        regress: None,
+    };
+    let spec = |name: &str, dtype: DType, shape: &[i64]| TensorSpec {
+        name: name.into(),
+        dtype,
+        shape: shape.to_vec(),
+        unknown_rank: false,
+    };
+    let signature = Signature {
+        inputs: vec![
+            spec("a", DType::F32, &[-1, 1]),
+            spec("b", DType::F64, &[-1, 2]),
+            spec("c", DType::I32, &[-1]),
+            spec("d", DType::String, &[-1, 1]),
+            spec("e", DType::Bool, &[-1]),
+        ],
+        outputs: vec![],
+    };
+    let columns = ExampleColumns::new(&config, &signature, &"fuzz").expect("the fuzz config fits");
+    let check = |rows: usize, parsed: sluice::error::Result<Vec<Tensor>>| {
+        let Ok(tensors) = parsed else { return };
+        assert_eq!(tensors.len(), signature.inputs.len());
+        for (tensor, spec) in tensors.iter().zip(&signature.inputs) {
+            assert_eq!(tensor.rows(), rows, "rows of {}", spec.name);
+            assert_eq!(tensor.dtype(), spec.dtype);
+            sluice::tensor::spec::check_tensor(&"fuzz", "input", spec, tensor).expect("a parsed tensor fits its input");
+        }
+    };
+    if let Ok(Input { kind: Some(kind) }) = Input::decode(data) {
+        let (examples, context) = match kind {
+            input::Kind::ExampleList(list) => (list.examples, None),
+            input::Kind::ExampleListWithContext(list) => (list.examples, list.context),
+        };
+        let batch = ExampleBatch { examples: &examples, context: context.as_ref() };
+        check(examples.len(), columns.parse(batch, LIMIT));
+    }
+    let serialized = [Bytes::copy_from_slice(data)];
+    check(1, columns.parse_serialized(&serialized, LIMIT));
 }

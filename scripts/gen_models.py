@@ -138,6 +138,47 @@ def recommender(seed):
     return make_model(graph)
 
 
+def census(seed):
+    """A tabular model of four named inputs, as a parsed tf.Example gives
+    them: age [batch,1] f32, hours [batch,1] f32, extra [batch,3] f32 and
+    country [batch,1] int64.
+
+    country is cast to float and joined with the others ([batch,6]); one
+    Gemm 6x3 + Softmax gives probabilities [batch,3], another Gemm 6x1
+    gives value [batch,1]. A test fixture for Classify, Regress and
+    MultiInference: weights ~ N(0, 0.03), so for age 18..90, hours 0..80,
+    extra -1..1 and country 0..5 the softmax is far from saturated.
+    """
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((6, 3)) * 0.03).astype(np.float32)
+    b = (rng.standard_normal(3) * 0.03).astype(np.float32)
+    v = (rng.standard_normal((6, 1)) * 0.03).astype(np.float32)
+    c = (rng.standard_normal(1) * 0.03).astype(np.float32)
+    nodes = [
+        helper.make_node("Cast", ["country"], ["country_f"], to=TensorProto.FLOAT),
+        helper.make_node("Concat", ["age", "hours", "extra", "country_f"], ["x"], axis=1),
+        helper.make_node("Gemm", ["x", "w", "b"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+        helper.make_node("Gemm", ["x", "v", "c"], ["value"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "census",
+        [
+            helper.make_tensor_value_info("age", TensorProto.FLOAT, ["batch", 1]),
+            helper.make_tensor_value_info("hours", TensorProto.FLOAT, ["batch", 1]),
+            helper.make_tensor_value_info("extra", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("country", TensorProto.INT64, ["batch", 1]),
+        ],
+        [
+            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("value", TensorProto.FLOAT, ["batch", 1]),
+        ],
+        [init("w", w), init("b", b), init("v", v), init("c", c)],
+    )
+    return make_model(graph)
+
+
 DTYPES = [
     ("f32", TensorProto.FLOAT),
     ("f64", TensorProto.DOUBLE),
@@ -246,6 +287,7 @@ def main():
     save(unshared(), fixtures, "unshared", 1)
     save(anyrank(), fixtures, "anyrank", 1, check=False)
     save(tfjson(), fixtures, "tfjson", 1)
+    save(census(7), fixtures, "census", 1)
     return 0
 
 

@@ -3,7 +3,8 @@
 //! API, KServe v2's, the plugin admin API, metrics), [`health`] (readiness,
 //! gRPC health, drain) over the server's [`phase`], model config reloads
 //! ([`reload`]), the admin API's tokens ([`admin_access`]), what every call
-//! shares ([`context`]) and what both KServe v2 codecs share ([`v2`]).
+//! shares ([`context`]), what both KServe v2 codecs share ([`v2`]) and what
+//! both TF Serving codecs share for Classify and Regress ([`examples`]).
 //!
 //! A codec decodes a request, builds one `pipeline::ValidRequest` from it
 //! through the target's `RequestBuilder`, and encodes the answer; every
@@ -12,6 +13,7 @@
 
 pub mod admin_access;
 pub mod context;
+pub mod examples;
 pub mod grpc;
 pub mod health;
 pub mod phase;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
-use crate::config::{Config, ConfigError, Invalid, Mode, ModelConfig, StageKind, StageRole};
+use crate::config::{Config, ConfigError, ExamplesConfig, Invalid, Mode, ModelConfig, StageKind, StageRole};
 use crate::feature;
 use crate::invalid;
 use crate::metrics::Metrics;
@@ -22,6 +22,7 @@ use crate::models::load_selected;
 use crate::models::repository;
 use crate::pipeline::stages::plugin::plugin_fits;
 use crate::plugin::{Plugin, PluginEngine, World};
+use crate::tensor::example::ExampleColumns;
 
 /// What a valid config serves, one line per model and pipeline.
 #[derive(Debug)]
@@ -47,11 +48,61 @@ pub async fn check(path: &Path) -> Result<Summary, ConfigError> {
         let config = Config::from_file(&path)?;
         let source = path.display().to_string();
         let mut summary = check_files(&config).map_err(|e| e.in_file(source.clone()))?;
+        summary.lines.extend(check_examples(&config).map_err(|e| e.in_file(source.clone()))?);
         summary.lines.extend(check_plugins(&config).map_err(|e| e.in_file(source))?);
         Ok(summary)
     })
     .await
     .map_err(|e| ConfigError { source: "config check".into(), message: format!("the check failed: {e}") })?
+}
+
+/// Every `examples` table checked against the versions of its model the
+/// server would load, as the server checks it: models served under their
+/// own name, and pipelines without stages (a pipeline with stages is
+/// checked against what its stages take when the server builds it).
+fn check_examples(config: &Config) -> Result<Vec<String>, Invalid> {
+    let mut wanted: Vec<(String, &ModelConfig, &ExamplesConfig)> = config
+        .models
+        .iter()
+        .filter_map(|m| m.examples.as_ref().map(|e| (format!("model '{}'", m.name), m, e)))
+        .collect();
+    for pipeline in config.pipelines.iter().filter(|p| p.feature_fetch.is_none() && p.stages().next().is_none()) {
+        let (Some(examples), Some(model)) =
+            (&pipeline.examples, config.models.iter().find(|m| m.name == pipeline.model))
+        else {
+            continue;
+        };
+        wanted.push((format!("pipeline '{}'", pipeline.name), model, examples));
+    }
+    let mut lines = Vec::new();
+    if wanted.is_empty() {
+        return Ok(lines);
+    }
+    let metrics = Metrics::new();
+    let runtime =
+        tokio::runtime::Handle::try_current().map_err(|e| invalid!("no async runtime to load models on: {e}"))?;
+    for (owner, model, examples) in wanted {
+        if model.upstream.is_some() {
+            continue;
+        }
+        let versions = runtime
+            .block_on(load_selected(model, config.onnxruntime.library.as_deref(), &metrics))
+            .map_err(|e| invalid!("{owner}: loading its model: {}", e.message()))?;
+        for version in &versions {
+            ExampleColumns::new(examples, version.signature(), version.as_ref())
+                .map_err(|e| invalid!("{owner}: {}", e.message()))?;
+        }
+        let tasks: Vec<&str> = [("Classify", examples.classify.is_some()), ("Regress", examples.regress.is_some())]
+            .into_iter()
+            .filter_map(|(name, on)| on.then_some(name))
+            .collect();
+        lines.push(format!(
+            "{owner}: tf.Examples fill its {} inputs{}",
+            examples.features.len(),
+            if tasks.is_empty() { String::new() } else { format!(" ({})", tasks.join(", ")) }
+        ));
+    }
+    Ok(lines)
 }
 
 /// Every pipeline's plugins, loaded from `[plugins] dir` with their

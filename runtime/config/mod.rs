@@ -9,6 +9,7 @@
 //! directory.
 
 pub mod batching;
+pub mod examples;
 pub mod features;
 pub mod lifecycle;
 pub mod logging;
@@ -31,6 +32,7 @@ pub use crate::error::{ConfigError, Invalid};
 use crate::invalid;
 
 pub use self::batching::{BatchingMode, BatchingParameters};
+pub use self::examples::ExamplesConfig;
 pub use self::features::{FeatureFetchConfig, FeaturesConfig};
 pub use self::lifecycle::{LifecycleConfig, ModelDefaults};
 pub use self::logging::LoggingConfig;
@@ -155,6 +157,9 @@ pub struct PipelineConfig {
     /// canary (a user id): the same value, the same version. Unset: each
     /// request is dealt at random.
     pub canary_key: Option<String>,
+    /// How `tf.Example`s fill its inputs (Classify, Regress, MultiInference,
+    /// Predict's `examples` input); refused when absent.
+    pub examples: Option<ExamplesConfig>,
 }
 
 /// How a pipeline runs its stages.
@@ -394,6 +399,9 @@ pub struct ModelConfig {
     /// A share of the requests that name no version sent to a labelled
     /// version instead of the latest.
     pub canary: Option<ModelCanary>,
+    /// How `tf.Example`s fill the inputs of the model served under its own
+    /// name; refused when absent.
+    pub examples: Option<ExamplesConfig>,
 }
 
 /// What `server.inline_inference_micros` is unless set: below the cost
@@ -450,6 +458,7 @@ impl ModelConfig {
             cache: None,
             quota: None,
             canary: None,
+            examples: None,
         }
     }
 }
@@ -577,6 +586,9 @@ impl Config {
             }
             check_between(&format!("{key}.max_in_flight"), pipeline.max_in_flight, 1, MAX_COUNT)?;
             traffic::check_endpoint(&key, pipeline.cache.as_ref(), pipeline.quota.as_ref())?;
+            if let Some(examples) = &pipeline.examples {
+                examples.check(&format!("{key}.examples"))?;
+            }
             if let Some(input) = &pipeline.canary_key {
                 if input.is_empty() {
                     return Err(invalid!("{key}.canary_key = \"\": name the input that keeps a caller on one version"));
@@ -747,6 +759,9 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
             logging.check(&format!("{key}.logging"))?;
         }
         traffic::check_endpoint(&key, model.cache.as_ref(), model.quota.as_ref())?;
+        if let Some(examples) = &model.examples {
+            examples.check(&format!("{key}.examples"))?;
+        }
         if let Some(canary) = &model.canary {
             canary.check(&format!("{key}.canary"), &model.version_labels)?;
         }

@@ -50,12 +50,13 @@ pub use self::served::{ServedModel, ServedVersion};
 use self::stage::StageRunner;
 use self::stages::plugin::PluginPlace;
 use self::trace::current_step;
-use crate::config::{check_models, Config, Mode, ModelConfig, PipelineConfig, StageConfig, StageRole};
+use crate::config::{check_models, Config, ExamplesConfig, Mode, ModelConfig, PipelineConfig, StageConfig, StageRole};
 use crate::error::{Error, Result};
 use crate::feature::FeatureTables;
 use crate::metrics::{Metrics, RequestHandles};
 use crate::models::{ModelVersion, VersionChoice};
 use crate::plugin::registry::PluginRegistry;
+use crate::tensor::example::ExampleColumns;
 use crate::tensor::spec::{fits, Signature, TensorSpec};
 use crate::tensor::{NamedTensor, Tensor};
 
@@ -73,11 +74,32 @@ pub struct Pipeline {
     /// What clients see for each model version: the first stage's inputs
     /// (or the model's) and the last stage's outputs (or the model's).
     /// Swapped whole as versions come and go (`lifecycle`).
-    signatures: ArcSwap<BTreeMap<i64, Arc<Signature>>>,
+    signatures: ArcSwap<BTreeMap<i64, EntryPoint>>,
+    /// How `tf.Example`s fill its inputs, when it takes them.
+    examples: Option<ExamplesConfig>,
     /// The most bytes one tensor built for a request may hold.
     max_tensor_bytes: usize,
     /// Request counts and latencies, resolved once.
     requests: RequestHandles,
+}
+
+/// What clients see of one model version behind a pipeline.
+#[derive(Clone)]
+pub struct EntryPoint {
+    /// The inputs clients send and the outputs they receive.
+    pub signature: Arc<Signature>,
+    /// How `tf.Example`s fill those inputs; `None` when the pipeline takes
+    /// none.
+    pub examples: Option<Arc<ExampleColumns>>,
+}
+
+impl EntryPoint {
+    /// `signature`, with `examples` checked against it.
+    fn new(signature: Signature, examples: Option<&ExamplesConfig>, owner: &dyn std::fmt::Display) -> Result<Self> {
+        let examples =
+            examples.map(|config| ExampleColumns::new(config, &signature, owner).map(Arc::new)).transpose()?;
+        Ok(EntryPoint { signature: Arc::new(signature), examples })
+    }
 }
 
 /// What building pipelines needs besides their own config.
@@ -104,12 +126,17 @@ impl Pipeline {
         traffic: &TrafficRules,
         metrics: &Metrics,
         max_tensor_bytes: usize,
-    ) -> Arc<Pipeline> {
+    ) -> Result<Arc<Pipeline>> {
         let name = model.name().to_string();
         let quota = config.quota.as_ref().map(|quota| (quota, format!("models.{name}.quota")));
         let admission = traffic.admission("model", &name, config.max_in_flight, None, quota, metrics);
         let cache = config.cache.as_ref().map(|cache| Arc::new(ResponseCache::new(cache, &name, metrics)));
-        let signatures = model.versions().iter().map(|v| (v.version(), Arc::new(v.signature().clone()))).collect();
+        let examples = config.examples.clone();
+        let signatures = model
+            .versions()
+            .iter()
+            .map(|v| Ok((v.version(), EntryPoint::new(v.signature().clone(), examples.as_ref(), v)?)))
+            .collect::<Result<_>>()?;
         let name: Arc<str> = name.into();
         let requests = metrics.request_handles(&model.name_label(), &name);
         let pipeline = Arc::new(Pipeline {
@@ -121,11 +148,12 @@ impl Pipeline {
             postprocess: None,
             cache,
             signatures: ArcSwap::from_pointee(signatures),
+            examples,
             max_tensor_bytes,
             requests,
         });
         model.attach(&pipeline);
-        pipeline
+        Ok(pipeline)
     }
 
     /// A configured pipeline, its stages checked against every loaded
@@ -183,7 +211,9 @@ impl Pipeline {
         for version in served.versions() {
             let stages = Stages { fetch: feature_fetch.as_ref(), pre: preprocess.as_ref(), post: postprocess.as_ref() };
             let signature = client_signature(&version, &stages).map_err(context)?;
-            signatures.insert(version.version(), Arc::new(signature));
+            let owner = format!("pipeline '{name}' ({version})");
+            let entry = EntryPoint::new(signature, config.examples.as_ref(), &owner).map_err(context)?;
+            signatures.insert(version.version(), entry);
         }
         let quota = config.quota.as_ref().map(|quota| (quota, format!("pipelines.{name}.quota")));
         let admission =
@@ -199,6 +229,7 @@ impl Pipeline {
             postprocess,
             cache,
             signatures: ArcSwap::from_pointee(signatures),
+            examples: config.examples.clone(),
             max_tensor_bytes: cx.max_tensor_bytes,
             requests,
         });
@@ -245,25 +276,32 @@ impl Pipeline {
 
     /// What clients send and receive when `version` serves them.
     pub fn signature(&self, version: &ModelVersion) -> Result<Arc<Signature>> {
+        self.entry_point(version).map(|entry| entry.signature)
+    }
+
+    /// What clients send and receive when `version` serves them, and how
+    /// `tf.Example`s fill it.
+    pub fn entry_point(&self, version: &ModelVersion) -> Result<EntryPoint> {
         self.signatures.load().get(&version.version()).cloned().ok_or_else(|| {
             Error::internal(format!("pipeline '{}' has no signature for {version}, this is a bug", self.name))
         })
     }
 
     /// What clients would see with `version` behind this pipeline's
-    /// stages: the one check that a new version fits them.
-    pub(crate) fn signature_over(&self, version: &ModelVersion) -> Result<Signature> {
+    /// stages: the one check that a new version fits them (and its
+    /// `examples` config).
+    pub(crate) fn signature_over(&self, version: &ModelVersion) -> Result<EntryPoint> {
         let stages = Stages {
             fetch: self.feature_fetch.as_ref(),
             pre: self.preprocess.as_ref(),
             post: self.postprocess.as_ref(),
         };
-        client_signature(version, &stages)
+        let signature = client_signature(version, &stages)?;
+        EntryPoint::new(signature, self.examples.as_ref(), &format!("pipeline '{}' ({version})", self.name))
     }
 
     /// `version` serves this pipeline from now on, as `signature`.
-    pub(crate) fn add_signature(&self, version: i64, signature: Signature) {
-        let signature = Arc::new(signature);
+    pub(crate) fn add_signature(&self, version: i64, signature: EntryPoint) {
         self.signatures.rcu(|map| {
             let mut map = BTreeMap::clone(map);
             map.insert(version, signature.clone());
@@ -540,7 +578,7 @@ impl Endpoints {
             })?;
             pipelines.insert(
                 model.name.clone(),
-                Pipeline::direct(served, model, cx.traffic, cx.metrics, cx.max_tensor_bytes),
+                Pipeline::direct(served, model, cx.traffic, cx.metrics, cx.max_tensor_bytes)?,
             );
         }
         let mut failed = BTreeMap::new();
@@ -690,7 +728,7 @@ impl Endpoints {
         for (name, (model, config)) in added {
             pipelines.insert(
                 name.clone(),
-                Pipeline::direct(model.clone(), &config, &self.traffic, &self.metrics, self.max_tensor_bytes),
+                Pipeline::direct(model.clone(), &config, &self.traffic, &self.metrics, self.max_tensor_bytes)?,
             );
             models.insert(name, model);
         }

@@ -18,9 +18,10 @@ use super::admission::AdmissionPermit;
 use super::deadline::Deadline;
 use super::priority::Priority;
 use super::request_log::LogEntry;
-use super::{Endpoints, Pipeline, ServedVersion};
+use super::{Endpoints, EntryPoint, Pipeline, ServedVersion};
 use crate::error::{Error, Result};
 use crate::models::VersionChoice;
+use crate::tensor::example::ExampleColumns;
 use crate::tensor::spec::{check_tensor, Signature, DEFAULT_SIGNATURE};
 use crate::tensor::{format_shape, Tensor};
 
@@ -34,6 +35,8 @@ pub struct Target {
     pub version: Arc<ServedVersion>,
     /// What the client sends and receives with this version.
     signature: Arc<Signature>,
+    /// How `tf.Example`s fill its inputs, when the pipeline takes them.
+    examples: Option<Arc<ExampleColumns>>,
 }
 
 impl fmt::Display for Target {
@@ -57,18 +60,34 @@ impl Target {
     ) -> Result<Target> {
         let pipeline = endpoints.named(name)?;
         let version = pipeline.model().resolve(choice)?;
-        let signature = pipeline.signature(&version)?;
+        let EntryPoint { signature, examples } = pipeline.entry_point(&version)?;
         if !signature_name.is_empty() && signature_name != DEFAULT_SIGNATURE {
             return Err(Error::failed_precondition(format!(
                 "{version} has no signature '{signature_name}'; signatures: [{DEFAULT_SIGNATURE}]"
             )));
         }
-        Ok(Target { pipeline, version, signature })
+        Ok(Target { pipeline, version, signature, examples })
     }
 
     /// What clients send and receive.
     pub fn signature(&self) -> &Signature {
         &self.signature
+    }
+
+    /// How `tf.Example`s fill its inputs, or why it takes none (naming
+    /// `call`, the API that needs them).
+    pub fn examples(&self, call: &str) -> Result<&ExampleColumns> {
+        self.examples.as_deref().ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "{self} takes no tf.Examples, so it cannot answer {call}; declare how features fill its inputs in \
+                 the config's `examples` table"
+            ))
+        })
+    }
+
+    /// How `tf.Example`s fill its inputs, when the pipeline takes them.
+    pub fn example_columns(&self) -> Option<&ExampleColumns> {
+        self.examples.as_deref()
     }
 
     /// Starts a request that names `inputs` and asks for the outputs

@@ -15,6 +15,7 @@
 
 pub mod batch;
 pub mod dtype;
+pub mod example;
 pub mod json;
 pub mod onnx;
 pub mod proto;

@@ -237,6 +237,11 @@ pub fn encode(tensor: &Tensor, encoding: OutputEncoding) -> TensorProto {
 
 /// A signature as TensorFlow's `SignatureDef`.
 pub fn signature_def(signature: &Signature) -> SignatureDef {
+    signature_def_of(signature, PREDICT_METHOD)
+}
+
+/// `signature` as a `SignatureDef` of `method` (TF Serving's method name).
+pub fn signature_def_of(signature: &Signature, method: &str) -> SignatureDef {
     let info = |spec: &TensorSpec| {
         (
             spec.name.clone(),
@@ -254,7 +259,7 @@ pub fn signature_def(signature: &Signature) -> SignatureDef {
     SignatureDef {
         inputs: signature.inputs.iter().map(info).collect(),
         outputs: signature.outputs.iter().map(info).collect(),
-        method_name: PREDICT_METHOD.to_string(),
+        method_name: method.to_string(),
         defaults: std::collections::HashMap::new(),
     }
 }

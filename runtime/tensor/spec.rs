@@ -15,6 +15,19 @@ pub const DEFAULT_SIGNATURE: &str = "serving_default";
 /// The method name TF Serving reports for predict signatures.
 pub const PREDICT_METHOD: &str = "tensorflow/serving/predict";
 
+/// The method name of classification signatures (Classify).
+pub const CLASSIFY_METHOD: &str = "tensorflow/serving/classify";
+
+/// The method name of regression signatures (Regress).
+pub const REGRESS_METHOD: &str = "tensorflow/serving/regress";
+
+/// The key of a model's classification signature, as TensorFlow's
+/// exporters name it.
+pub const CLASSIFY_SIGNATURE: &str = "classification";
+
+/// The key of a model's regression signature.
+pub const REGRESS_SIGNATURE: &str = "regression";
+
 /// One input or output of a model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {

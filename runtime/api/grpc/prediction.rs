@@ -1,4 +1,5 @@
-//! TF Serving's `PredictionService`: Predict and GetModelMetadata.
+//! TF Serving's `PredictionService`: Predict, Classify, Regress,
+//! MultiInference and GetModelMetadata.
 //!
 //! Predict is the edge where a client's request becomes a
 //! `pipeline::ValidRequest`: the model spec is resolved to one loaded
@@ -6,14 +7,18 @@
 //! anything is decoded, each tensor is decoded and checked against the
 //! signature as it is added, and only then does the request enter the
 //! pipeline. Outputs are encoded in signature order, filtered by
-//! `output_filter`.
+//! `output_filter`. A Predict whose only input is the pipeline's
+//! `examples.predict_input` (serialized `tf.Example`s) has it parsed into
+//! the inputs first. Classify, Regress and MultiInference take
+//! `tf.Example`s (`api::examples`).
 
 use std::collections::HashMap;
 
 use tonic::{Request, Response, Status};
 
-use super::{context, resolve, serve};
-use crate::api::context::ServingState;
+use super::{context, required_spec, resolve, serve, version_choice};
+use crate::api::context::{RequestContext, ServingState};
+use crate::api::examples::{self, answered_spec, Task, TaskResult};
 use crate::config::OutputEncoding;
 use crate::error::Error;
 use crate::pipeline::deadline::Deadline;
@@ -22,10 +27,12 @@ use crate::pipeline::trace::current_step;
 use crate::pipeline::Target;
 use crate::proto::tensorflow::serving::prediction_service_server::PredictionService;
 use crate::proto::tensorflow::serving::{
-    model_spec, GetModelMetadataRequest, GetModelMetadataResponse, ModelSpec, PredictRequest, PredictResponse,
-    SignatureDefMap,
+    inference_result, input, model_spec, ClassificationRequest, ClassificationResponse, GetModelMetadataRequest,
+    GetModelMetadataResponse, InferenceResult, Input, ModelSpec, MultiInferenceRequest, MultiInferenceResponse,
+    PredictRequest, PredictResponse, RegressionRequest, RegressionResponse, SignatureDefMap,
 };
-use crate::tensor::proto::{decode, encode, signature_def, SIGNATURE_DEF_FIELD, SIGNATURE_DEF_MAP_TYPE};
+use crate::tensor::example::{ExampleBatch, ExampleColumns};
+use crate::tensor::proto::{decode, encode, signature_def_of, SIGNATURE_DEF_FIELD, SIGNATURE_DEF_MAP_TYPE};
 use crate::tensor::spec::DEFAULT_SIGNATURE;
 
 /// The `PredictionService` implementation.
@@ -63,6 +70,97 @@ impl PredictionService for PredictionApi {
         .await
     }
 
+    async fn classify(
+        &self,
+        request: Request<ClassificationRequest>,
+    ) -> Result<Response<ClassificationResponse>, Status> {
+        let cx = context(&self.state, "classify", &request, request.get_ref().model_spec.as_ref());
+        let request = request.into_inner();
+        let state = &self.state;
+        serve(state, cx, async |cx| {
+            let (target, signature) = resolve_task(cx, state, request.model_spec.as_ref(), Task::Classify)?;
+            let mut results = run_tasks(&target, request.input, &[Task::Classify], cx).await?;
+            let Some(TaskResult::Classification(result)) = results.pop() else {
+                return Err(Error::internal("Classify answered with something else, this is a bug"));
+            };
+            Ok(ClassificationResponse { model_spec: Some(answered_spec(&target, signature)), result: Some(result) })
+        })
+        .await
+    }
+
+    async fn regress(&self, request: Request<RegressionRequest>) -> Result<Response<RegressionResponse>, Status> {
+        let cx = context(&self.state, "regress", &request, request.get_ref().model_spec.as_ref());
+        let request = request.into_inner();
+        let state = &self.state;
+        serve(state, cx, async |cx| {
+            let (target, signature) = resolve_task(cx, state, request.model_spec.as_ref(), Task::Regress)?;
+            let mut results = run_tasks(&target, request.input, &[Task::Regress], cx).await?;
+            let Some(TaskResult::Regression(result)) = results.pop() else {
+                return Err(Error::internal("Regress answered with something else, this is a bug"));
+            };
+            Ok(RegressionResponse { model_spec: Some(answered_spec(&target, signature)), result: Some(result) })
+        })
+        .await
+    }
+
+    async fn multi_inference(
+        &self,
+        request: Request<MultiInferenceRequest>,
+    ) -> Result<Response<MultiInferenceResponse>, Status> {
+        let first = request.get_ref().tasks.first().and_then(|t| t.model_spec.as_ref());
+        let cx = context(&self.state, "multi_inference", &request, first);
+        let request = request.into_inner();
+        let state = &self.state;
+        serve(state, cx, async |cx| {
+            let first = request.tasks.first().ok_or_else(|| {
+                Error::invalid_argument("MultiInferenceRequest must specify at least one task (tasks is empty)")
+            })?;
+            let spec = required_spec(first.model_spec.as_ref())?;
+            let target = cx.resolve(&state.endpoints, version_choice(spec), "")?;
+            let mut tasks = Vec::with_capacity(request.tasks.len());
+            let mut signatures: Vec<String> = Vec::with_capacity(request.tasks.len());
+            for (i, task) in request.tasks.iter().enumerate() {
+                let spec =
+                    required_spec(task.model_spec.as_ref()).map_err(|e| e.context(format_args!("tasks[{i}]")))?;
+                if spec.name != target.pipeline.name() {
+                    return Err(Error::invalid_argument(format!(
+                        "All ModelSpecs in a MultiInferenceRequest must access the same model name: tasks[{i}] \
+                         names '{}', tasks[0] '{}'",
+                        spec.name,
+                        target.pipeline.name()
+                    )));
+                }
+                let kind = Task::from_method(&task.method_name).map_err(|e| e.context(format_args!("tasks[{i}]")))?;
+                let signature = kind.check_signature(&target, &spec.signature_name)?;
+                // One signature per method: "", "serving_default" and
+                // its own key all name it.
+                if tasks.contains(&kind) {
+                    return Err(Error::invalid_argument(format!(
+                        "Duplicate evaluation of signature: \"{}\" (tasks[{i}] asks for {} again)",
+                        kind.signature_key(),
+                        kind.call()
+                    )));
+                }
+                tasks.push(kind);
+                signatures.push(signature);
+            }
+            let results = run_tasks(&target, request.input, &tasks, cx).await?;
+            let results = results
+                .into_iter()
+                .zip(signatures)
+                .map(|(result, signature)| InferenceResult {
+                    model_spec: Some(answered_spec(&target, signature)),
+                    result: Some(match result {
+                        TaskResult::Classification(r) => inference_result::Result::ClassificationResult(r),
+                        TaskResult::Regression(r) => inference_result::Result::RegressionResult(r),
+                    }),
+                })
+                .collect();
+            Ok(MultiInferenceResponse { results })
+        })
+        .await
+    }
+
     async fn get_model_metadata(
         &self,
         request: Request<GetModelMetadataRequest>,
@@ -79,6 +177,36 @@ impl PredictionService for PredictionApi {
     }
 }
 
+/// The target of a Classify or Regress call and the signature name its
+/// answer echoes.
+fn resolve_task(
+    cx: &mut RequestContext,
+    state: &ServingState,
+    spec: Option<&ModelSpec>,
+    task: Task,
+) -> Result<(Target, String), Error> {
+    let spec = required_spec(spec)?;
+    let target = cx.resolve(&state.endpoints, version_choice(spec), "")?;
+    let signature = task.check_signature(&target, &spec.signature_name)?;
+    Ok((target, signature))
+}
+
+/// Runs `tasks` over the examples of `input`.
+async fn run_tasks(
+    target: &Target,
+    input: Option<Input>,
+    tasks: &[Task],
+    cx: &RequestContext,
+) -> Result<Vec<TaskResult>, Error> {
+    let empty = || Error::invalid_argument("input is empty: set input.example_list or input.example_list_with_context");
+    let (examples, context) = match input.and_then(|input| input.kind).ok_or_else(empty)? {
+        input::Kind::ExampleList(list) => (list.examples, None),
+        input::Kind::ExampleListWithContext(list) => (list.examples, list.context),
+    };
+    let batch = ExampleBatch { examples: &examples, context: context.as_ref() };
+    examples::run(target, batch, tasks, cx.deadline, cx.priority()?).await
+}
+
 async fn predict(
     target: &Target,
     request: PredictRequest,
@@ -86,6 +214,11 @@ async fn predict(
     priority: Priority,
     encoding: OutputEncoding,
 ) -> Result<PredictResponse, Error> {
+    if let Some(columns) = target.example_columns() {
+        if request.inputs.len() == 1 && request.inputs.contains_key(columns.predict_input()) {
+            return predict_examples(target, columns, request, deadline, priority, encoding).await;
+        }
+    }
     // Names first: nothing is decoded for a request that names the wrong
     // inputs or outputs.
     let mut builder =
@@ -93,6 +226,43 @@ async fn predict(
     for (name, proto) in request.inputs {
         let tensor = decode(&name, proto, target.pipeline.max_tensor_bytes())?;
         builder.put(&name, tensor)?;
+    }
+    let outputs = builder.finish()?.run().await?;
+    let _encode = current_step("encode").entered();
+    Ok(PredictResponse {
+        model_spec: Some(served_spec(target.pipeline.name(), target.version.version())),
+        outputs: outputs.into_iter().map(|(name, tensor)| (name, encode(&tensor, encoding))).collect(),
+    })
+}
+
+/// Predict with serialized `tf.Example`s in place of the inputs: parsed
+/// into them, then run as any Predict.
+async fn predict_examples(
+    target: &Target,
+    columns: &ExampleColumns,
+    mut request: PredictRequest,
+    deadline: Deadline,
+    priority: Priority,
+    encoding: OutputEncoding,
+) -> Result<PredictResponse, Error> {
+    let name = columns.predict_input();
+    let proto =
+        request.inputs.remove(name).ok_or_else(|| Error::internal("the examples input vanished, this is a bug"))?;
+    let mut builder = target.request(columns.input_names(), &request.output_filter, deadline, priority)?;
+    let serialized = decode(name, proto, target.pipeline.max_tensor_bytes())?;
+    let strings = match serialized.strings() {
+        Some(strings) if serialized.shape().len() == 1 => strings,
+        _ => {
+            return Err(Error::invalid_argument(format!(
+                "input '{name}' is {} {}; it takes serialized tf.Examples: DT_STRING [examples]",
+                serialized.dtype(),
+                crate::tensor::format_shape(serialized.shape())
+            )))
+        }
+    };
+    let tensors = columns.parse_serialized(strings, target.pipeline.max_tensor_bytes())?;
+    for (input, tensor) in columns.input_names().zip(tensors) {
+        builder.put(input, tensor)?;
     }
     let outputs = builder.finish()?.run().await?;
     let _encode = current_step("encode").entered();
@@ -112,7 +282,10 @@ fn model_metadata(target: &Target, fields: &[String], signature_name: &str) -> R
         )));
     }
     let signatures = SignatureDefMap {
-        signature_def: HashMap::from([(DEFAULT_SIGNATURE.to_string(), signature_def(target.signature()))]),
+        signature_def: examples::signatures(target)
+            .into_iter()
+            .map(|(key, signature, method)| (key.to_string(), signature_def_of(&signature, method)))
+            .collect(),
     };
     let any = prost_types::Any {
         type_url: SIGNATURE_DEF_MAP_TYPE.to_string(),

@@ -16,7 +16,7 @@ use crate::pipeline::deadline::Deadline;
 use crate::pipeline::priority::Priority;
 use crate::pipeline::{status_of, Endpoints, Target, ValidRequest};
 use crate::tensor::json::{flatten, tensor_from_leaves, JsonView};
-use crate::tensor::spec::{Signature, TensorSpec, DEFAULT_SIGNATURE, PREDICT_METHOD};
+use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{format_shape, tensor_bytes, Tensor};
 
 /// How the request's tensors were given; the answer uses the same form.
@@ -324,7 +324,6 @@ pub(super) fn status_json(endpoints: &Endpoints, name: &str, choice: VersionChoi
 
 /// TF Serving's metadata answer: the `serving_default` signature.
 pub(super) fn metadata_json(target: &Target) -> Result<Vec<u8>> {
-    let signature = target.signature();
     let tensors = |specs: &[TensorSpec]| -> Value {
         specs
             .iter()
@@ -343,6 +342,18 @@ pub(super) fn metadata_json(target: &Target) -> Result<Vec<u8>> {
             .collect::<Map<String, Value>>()
             .into()
     };
+    let signatures: Map<String, Value> = crate::api::examples::signatures(target)
+        .into_iter()
+        .map(|(key, signature, method)| {
+            let def = json!({
+                "inputs": tensors(&signature.inputs),
+                "outputs": tensors(&signature.outputs),
+                "method_name": method,
+                "defaults": {},
+            });
+            (key.to_string(), def)
+        })
+        .collect();
     let body = json!({
         "model_spec": {
             "name": target.pipeline.name(),
@@ -351,14 +362,7 @@ pub(super) fn metadata_json(target: &Target) -> Result<Vec<u8>> {
         },
         "metadata": {
             "signature_def": {
-                "signature_def": {
-                    DEFAULT_SIGNATURE: {
-                        "inputs": tensors(&signature.inputs),
-                        "outputs": tensors(&signature.outputs),
-                        "method_name": PREDICT_METHOD,
-                        "defaults": {},
-                    }
-                }
+                "signature_def": signatures,
             }
         }
     });

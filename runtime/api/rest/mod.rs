@@ -14,6 +14,7 @@
 //! until the server is ready, and again once it drains.
 
 pub mod admin;
+mod examples_json;
 mod json;
 mod v2;
 
@@ -30,6 +31,7 @@ use std::panic::AssertUnwindSafe;
 use tracing::Instrument;
 
 use super::context::{request_id, RequestContext, REQUEST_ID};
+use super::examples::Task;
 use super::health::{Lifecycle, Phase};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -123,9 +125,11 @@ async fn readiness(State(state): State<RestState>) -> Response {
 #[derive(Debug, PartialEq, Eq)]
 enum Call<'a> {
     Predict,
+    /// `:classify` and `:regress`: `tf.Example`s in TF Serving's JSON form.
+    Task(Task),
     Metadata,
     Status,
-    /// `:classify`, `:regress`: TF Serving's other verbs, not served.
+    /// A verb TF Serving does not have.
     Other(&'a str),
 }
 
@@ -170,6 +174,8 @@ fn decoded(segment: &str) -> Result<std::borrow::Cow<'_, str>> {
 fn parse_path(path: &str) -> Result<ModelPath<'_>> {
     let (rest, call) = match path.rsplit_once(':') {
         Some((rest, "predict")) => (rest, Call::Predict),
+        Some((rest, "classify")) => (rest, Call::Task(Task::Classify)),
+        Some((rest, "regress")) => (rest, Call::Task(Task::Regress)),
         Some((rest, verb)) if !verb.contains('/') => (rest, Call::Other(verb)),
         _ => match path.strip_suffix("/metadata") {
             Some(rest) => (rest, Call::Metadata),
@@ -254,11 +260,14 @@ async fn route(
     };
     let (api, wanted) = match parsed.call {
         Call::Predict => ("predict", Method::POST),
+        Call::Task(Task::Classify) => ("classify", Method::POST),
+        Call::Task(Task::Regress) => ("regress", Method::POST),
         Call::Metadata => ("get_model_metadata", Method::GET),
         Call::Status => ("get_model_status", Method::GET),
         Call::Other(verb) => {
             let error = Error::unimplemented(format!(
-                "':{verb}' is not served; sluice serves ':predict' (POST), '/metadata' (GET) and status (GET)"
+                "':{verb}' is not served; sluice serves ':predict', ':classify', ':regress' (POST), '/metadata' (GET) \
+                 and status (GET)"
             ));
             return (request_id(given_id), error_response(&error));
         }
@@ -286,6 +295,14 @@ async fn route(
                     read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
                         .await?;
                 json::predict(cx, endpoints, &parsed, &bytes, state.max_json_values).await
+            }
+            Call::Task(task) => {
+                let priority = cx.priority()?;
+                cx.resolve(endpoints, parsed.choice(), "")?.pipeline.refuse_if_full(priority)?;
+                let bytes =
+                    read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
+                        .await?;
+                examples_json::answer(cx, endpoints, parsed.choice(), task, &bytes, state.max_json_values).await
             }
             Call::Metadata => json::metadata_json(&cx.resolve(endpoints, parsed.choice(), "")?),
             _ => json::status_json(endpoints, &parsed.name, parsed.choice()),
@@ -382,7 +399,9 @@ mod tests {
             ("mlp".into(), Version::Label("stable".into()), Call::Metadata)
         );
         assert_eq!(parts("mlp/versions/3"), ("mlp".into(), Version::Number(3), Call::Status));
-        assert_eq!(parse_path("mlp:classify").unwrap().call, Call::Other("classify"));
+        assert_eq!(parse_path("mlp:classify").unwrap().call, Call::Task(Task::Classify));
+        assert_eq!(parse_path("mlp/versions/2:regress").unwrap().call, Call::Task(Task::Regress));
+        assert_eq!(parse_path("mlp:explain").unwrap().call, Call::Other("explain"));
         let err = parse_path("mlp/versions/x:predict").unwrap_err();
         assert!(err.message().contains("'x'"), "{err}");
         // Split as sent, then decoded: an encoded '/' or ':' is part of the
