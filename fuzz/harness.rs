@@ -52,11 +52,11 @@ pub fn tensor_proto(data: &[u8]) {
 /// TF Serving writes them, then each value decoded as a tensor of every
 /// dtype.
 pub fn rest_json(data: &[u8]) {
-    if sluice::tensor::json::check_value_count(data, 10_000, "fuzz").is_err() {
+    if sluice::tensor::json::check_json_bounds(data, 10_000, "fuzz").is_err() {
         return;
     }
     let body = sluice::tensor::json::accept_non_finite(data);
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(&body) else { return };
+    let Ok(value) = sluice::tensor::json::parse::<serde_json::Value>(&body) else { return };
     let candidates: Vec<&serde_json::Value> = match &value {
         serde_json::Value::Object(map) => map.values().collect(),
         other => vec![other],

@@ -19,7 +19,7 @@ use sluice::cli::bench::client::RestClient;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use sluice::proto::tensorflow::serving::{
     input, ClassificationRequest, ExampleList, ExampleListWithContext, GetModelMetadataRequest, InferenceTask, Input,
-    ModelSpec, MultiInferenceRequest, RegressionRequest, SignatureDefMap,
+    ModelSpec, MultiInferenceRequest, PredictRequest, RegressionRequest, SignatureDefMap,
 };
 use sluice::proto::tensorflow::Example;
 use sluice::tensor::example::{bytes_feature, example, float_feature, int64_feature};
@@ -229,6 +229,18 @@ async fn bad_examples_are_refused_naming_the_example_and_the_feature() {
         .await
         .expect_err("refused");
     assert!(status.message().contains("No signature was found with the name: \"classification\" for Regress"));
+
+    let status = client
+        .predict(PredictRequest { model_spec: model("census", "classification"), ..Default::default() })
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status
+            .message()
+            .contains("signatures: [serving_default, classification (call Classify), regression (call Regress)]"),
+        "{status:?}"
+    );
 
     // MultiInference's own rules.
     let task = |name: &str, signature: &str, method: &str| InferenceTask {

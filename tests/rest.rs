@@ -314,9 +314,10 @@ async fn each_bad_rest_request_gets_its_status_and_a_message_and_the_server_keep
             Method::POST,
             "/v1/models/mlp:classify",
             good.clone(),
-            StatusCode::NOT_IMPLEMENTED,
-            "':classify' is not served",
+            StatusCode::BAD_REQUEST,
+            "takes no tf.Examples, so it cannot answer Classify",
         ),
+        (Method::POST, "/v1/models/mlp:explain", good.clone(), StatusCode::NOT_IMPLEMENTED, "':explain' is not served"),
         (Method::GET, "/v1/models/nope", String::new(), StatusCode::NOT_FOUND, "nope"),
         // As TF Serving: a path under /v1 that is no API is a malformed
         // request (400), and a name is split on the path's raw '/' and ':'
@@ -402,4 +403,28 @@ base_path = "$ROOT/examples/models/mlp"
     let good = json!({ "instances": vec![vec![0.5f32; 64]; 10] }).to_string();
     let response = call(&mut rest, Method::POST, "/v1/models/mlp:predict", &good).await;
     assert_eq!(response.status, StatusCode::OK, "640 values pass: {}", response.text());
+}
+
+#[tokio::test]
+async fn high_rank_json_tensors_parse_past_serde_json_s_limit_and_absurd_nesting_is_refused_before_parsing() {
+    let server = Server::examples();
+    let mut client = client(&server);
+    let nested = |rank: usize| format!("{}0.5{}", "[".repeat(rank), "]".repeat(rank));
+    // Rank 130 is past serde_json's own recursion limit (128): TF Serving
+    // parses it, and so does sluice, then refuses it for the model's rank.
+    let body = format!("{{\"inputs\": {{\"x\": {}}}}}", nested(130));
+    let response = call(&mut client, Method::POST, "/v1/models/mlp:predict", &body).await;
+    assert_eq!(response.status, StatusCode::BAD_REQUEST, "{}", response.text());
+    assert!(response.text().contains("(rank 130), but model 'mlp'"), "{}", response.text());
+    let body = format!("{{\"inputs\": {{\"x\": {}}}}}", nested(255));
+    let response = call(&mut client, Method::POST, "/v1/models/mlp:predict", &body).await;
+    assert!(response.text().contains("input 'x' has more than 254 dimensions"), "{}", response.text());
+    for path in ["/v1/models/mlp:predict", "/v1/models/mlp:classify", "/v2/models/mlp/infer"] {
+        let response = call(&mut client, Method::POST, path, &nested(100_000)).await;
+        assert_eq!(response.status, StatusCode::BAD_REQUEST, "{path}: {}", response.text());
+        assert!(response.text().contains("nests more than 260 lists and objects deep"), "{path}: {}", response.text());
+    }
+    let x: Vec<f32> = values(3, 64);
+    let answer = post(&mut client, "/v1/models/mlp:predict", &json!({ "instances": [x] })).await;
+    assert!(answer["predictions"].is_array(), "still serving: {answer}");
 }

@@ -62,8 +62,20 @@ impl Target {
         let version = pipeline.model().resolve(choice)?;
         let EntryPoint { signature, examples } = pipeline.entry_point(&version)?;
         if !signature_name.is_empty() && signature_name != DEFAULT_SIGNATURE {
+            // The classification and regression signatures take
+            // tf.Examples through Classify and Regress.
+            let tasks = examples.as_ref().map_or(String::new(), |columns| {
+                let mut tasks = String::new();
+                if columns.classify().is_some() {
+                    tasks.push_str(", classification (call Classify)");
+                }
+                if columns.regress().is_some() {
+                    tasks.push_str(", regression (call Regress)");
+                }
+                tasks
+            });
             return Err(Error::failed_precondition(format!(
-                "{version} has no signature '{signature_name}'; signatures: [{DEFAULT_SIGNATURE}]"
+                "{version} has no signature '{signature_name}' for Predict; signatures: [{DEFAULT_SIGNATURE}{tasks}]"
             )));
         }
         Ok(Target { pipeline, version, signature, examples })

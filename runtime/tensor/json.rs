@@ -30,6 +30,11 @@ pub fn flatten<'a>(value: &'a Value, what: &dyn std::fmt::Display) -> Result<(Ve
         match value {
             Value::Array(items) => {
                 if depth == shape.len() {
+                    if depth == MAX_RANK {
+                        return Err(Error::invalid_argument(format!(
+                            "{what} has more than {MAX_RANK} dimensions, TensorFlow's most"
+                        )));
+                    }
                     if !leaves.is_empty() {
                         return Err(Error::invalid_argument(format!(
                             "{what}: the array is ragged: a list appears where other rows have a value"
@@ -156,13 +161,23 @@ pub fn tensor_from_json(value: &Value, dtype: DType, what: &str) -> Result<Tenso
     tensor_from_leaves(dtype, shape, &leaves, what)
 }
 
-/// Refuses a JSON text holding more than `limit` values before it is
-/// parsed: one pass over the bytes counting the separators outside
-/// strings (`,`, `:`, `[`, `{`), an upper bound of the values a parser
-/// would build. Parsed JSON takes tens of bytes per value, so a body
-/// within its size limit could otherwise take gigabytes.
-pub fn check_value_count(text: &[u8], limit: usize, key: &str) -> Result<()> {
-    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+/// TensorFlow's most dimensions of one tensor (`TensorShape`'s limit): a
+/// JSON tensor may nest this deep, as TF Serving accepts.
+pub const MAX_RANK: usize = 254;
+
+/// The deepest a JSON body may nest: a tensor of [`MAX_RANK`] dimensions
+/// inside a request's own objects and lists (`{"instances": [{"x": …}]}`).
+pub const MAX_JSON_DEPTH: usize = MAX_RANK + 6;
+
+/// Refuses a JSON text holding more than `limit` values, or nesting deeper
+/// than [`MAX_JSON_DEPTH`], before it is parsed: one pass over the bytes
+/// counting the separators outside strings (`,`, `:`, `[`, `{`), an upper
+/// bound of the values a parser would build, and the open brackets.
+/// Parsed JSON takes tens of bytes per value, so a body within its size
+/// limit could otherwise take gigabytes; the depth bound is what makes
+/// [`parse`] (which has no recursion limit of its own) safe.
+pub fn check_json_bounds(text: &[u8], limit: usize, key: &str) -> Result<()> {
+    let (mut count, mut depth, mut in_string, mut escaped) = (1usize, 0usize, false, false);
     for &b in text {
         if in_string {
             match (escaped, b) {
@@ -175,7 +190,18 @@ pub fn check_value_count(text: &[u8], limit: usize, key: &str) -> Result<()> {
         }
         match b {
             b'"' => in_string = true,
-            b',' | b':' | b'[' | b'{' => count += 1,
+            b',' | b':' => count += 1,
+            b'[' | b'{' => {
+                count += 1;
+                depth += 1;
+                if depth > MAX_JSON_DEPTH {
+                    return Err(Error::invalid_argument(format!(
+                        "the JSON body nests more than {MAX_JSON_DEPTH} lists and objects deep; a tensor has at \
+                         most {MAX_RANK} dimensions"
+                    )));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
         if count > limit {
@@ -185,6 +211,17 @@ pub fn check_value_count(text: &[u8], limit: usize, key: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Parses a JSON text that [`check_json_bounds`] has passed, without
+/// serde_json's recursion limit of 128, which would refuse tensors of
+/// high rank that TF Serving takes.
+pub fn parse<T: serde::de::DeserializeOwned>(text: &[u8]) -> serde_json::Result<T> {
+    let mut deserializer = serde_json::Deserializer::from_slice(text);
+    deserializer.disable_recursion_limit();
+    let value = T::deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(value)
 }
 
 /// A tensor (or one row of it) written as TF Serving writes tensors:
@@ -386,9 +423,29 @@ mod value_count_tests {
 
     #[test]
     fn values_are_counted_outside_strings() {
-        assert!(check_value_count(br#"{"a": [1, 2, 3]}"#, 6, "k").is_ok());
-        assert!(check_value_count(br#"{"a": [1, 2, 3]}"#, 4, "k").is_err());
-        assert!(check_value_count(br#"["a,b,c,d,e,\",f"]"#, 2, "k").is_ok());
+        assert!(check_json_bounds(br#"{"a": [1, 2, 3]}"#, 6, "k").is_ok());
+        assert!(check_json_bounds(br#"{"a": [1, 2, 3]}"#, 4, "k").is_err());
+        assert!(check_json_bounds(br#"["a,b,c,d,e,\",f"]"#, 2, "k").is_ok());
+    }
+
+    #[test]
+    fn deep_tensors_parse_up_to_tensorflow_rank_and_no_further() {
+        let nested = |rank: usize| format!("{}1.5{}", "[".repeat(rank), "]".repeat(rank));
+        // A rank-254 tensor inside a request's own objects.
+        let body = format!("{{\"inputs\": {{\"x\": {}}}}}", nested(MAX_RANK));
+        assert!(check_json_bounds(body.as_bytes(), 1 << 20, "k").is_ok());
+        let value: Value = parse(body.as_bytes()).expect("deeper than serde_json's own limit of 128");
+        let (shape, leaves) = flatten(&value["inputs"]["x"], &"x").expect("rank 254 flattens");
+        assert_eq!((shape.len(), leaves.len()), (MAX_RANK, 1));
+        let too_deep: Value = parse(nested(MAX_RANK + 1).as_bytes()).expect("parses");
+        let err = flatten(&too_deep, &"input 'x'").unwrap_err();
+        assert!(err.message().contains("input 'x' has more than 254 dimensions"), "{err}");
+        let err = check_json_bounds(nested(MAX_JSON_DEPTH + 1).as_bytes(), 1 << 20, "k").unwrap_err();
+        assert_eq!(err.code(), crate::error::Code::InvalidArgument);
+        assert!(err.message().contains("nests more than 260"), "{err}");
+        // Brackets inside strings do not count.
+        let quoted = format!("[\"{}\"]", "[".repeat(10_000));
+        assert!(check_json_bounds(quoted.as_bytes(), 1 << 20, "k").is_ok());
     }
 }
 

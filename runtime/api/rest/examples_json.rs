@@ -34,8 +34,8 @@ pub(super) async fn answer(
     body: &[u8],
     max_json_values: usize,
 ) -> Result<Vec<u8>> {
-    crate::tensor::json::check_value_count(body, max_json_values, "server.max_json_values")?;
-    let request: Value = serde_json::from_slice(body)
+    crate::tensor::json::check_json_bounds(body, max_json_values, "server.max_json_values")?;
+    let request: Value = crate::tensor::json::parse(body)
         .map_err(|e| Error::invalid_argument(format!("the request body is not valid JSON: {e}")))?;
     let Value::Object(mut request) = request else {
         return Err(Error::invalid_argument("the request body is not a JSON object; send {\"examples\": [...]}"));

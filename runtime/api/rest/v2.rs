@@ -223,8 +223,8 @@ async fn infer(
             (body, binary)
         }
     };
-    crate::tensor::json::check_value_count(&head, max_json_values, "server.max_json_values")?;
-    let request: InferRequest = serde_json::from_slice(&crate::tensor::json::accept_non_finite(&head))
+    crate::tensor::json::check_json_bounds(&head, max_json_values, "server.max_json_values")?;
+    let request: InferRequest = crate::tensor::json::parse(&crate::tensor::json::accept_non_finite(&head))
         .map_err(|e| Error::invalid_argument(format!("the inference request is not valid v2 JSON: {e}")))?;
     let mut inputs = Vec::with_capacity(request.inputs.len());
     for input in request.inputs {
