@@ -201,8 +201,17 @@ pub struct LatencyLabels {
 /// TF Serving's (`predict`, `get_model_metadata`, `get_model_status`) and
 /// the Open Inference Protocol's (`model_infer`, `model_metadata`,
 /// `model_ready`).
-pub const APIS: [&str; 6] =
-    ["predict", "get_model_metadata", "get_model_status", "model_infer", "model_metadata", "model_ready"];
+pub const APIS: [&str; 9] = [
+    "predict",
+    "classify",
+    "regress",
+    "multi_inference",
+    "get_model_metadata",
+    "get_model_status",
+    "model_infer",
+    "model_metadata",
+    "model_ready",
+];
 
 /// The entry points requests come through.
 pub const ENTRYPOINTS: [&str; 2] = ["grpc", "rest"];
