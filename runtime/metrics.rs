@@ -301,416 +301,197 @@ impl MetricConstructor<Histogram> for RowsBuckets {
     }
 }
 
-/// Every metric family, and the registry that exports them.
-pub struct Metrics {
-    registry: Registry,
+/// Declares every metric family once: its field of [`Metrics`], type,
+/// constructor, exported name and help. `Metrics::new` builds and
+/// registers them all from this one table.
+macro_rules! metric_families {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $make:expr, $name:literal => $help:literal;)*) => {
+        /// Every metric family, and the registry that exports them.
+        pub struct Metrics {
+            registry: Registry,
+            /// Names requests asked for that resolved to nothing, as labelled so
+            /// far (at most [`MAX_UNRESOLVED_NAMES`]).
+            unresolved_names: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
+            $($(#[$doc])* pub $field: $ty,)*
+        }
+
+        impl Metrics {
+            /// A registry with every family registered.
+            pub fn new() -> Arc<Metrics> {
+                let mut registry = Registry::default();
+                $(
+                    let $field: $ty = $make;
+                    registry.register($name, $help, $field.clone());
+                )*
+                Arc::new(Metrics { registry, unresolved_names: std::sync::Mutex::default(), $($field,)* })
+            }
+        }
+    };
+}
+
+metric_families! {
     /// Requests waiting in a queue now.
-    pub queue_depth: Family<QueueLabels, Gauge>,
+    queue_depth: Family<QueueLabels, Gauge> = Family::default(),
+        "sluice_queue_depth" => "Requests waiting in a queue; for an admission queue, requests admitted and not yet answered";
     /// Time requests waited in a queue before a worker took them.
-    pub queue_wait_seconds: Family<QueueLabels, Histogram, SecondsBuckets>,
+    queue_wait_seconds: Family<QueueLabels, Histogram, SecondsBuckets> = Family::new_with_constructor(SecondsBuckets),
+        "sluice_queue_wait_seconds" => "Time requests waited in a queue before a worker took them";
     /// Time a stage spent on a request.
-    pub stage_seconds: Family<QueueLabels, Histogram, SecondsBuckets>,
+    stage_seconds: Family<QueueLabels, Histogram, SecondsBuckets> = Family::new_with_constructor(SecondsBuckets),
+        "sluice_stage_seconds" => "Time a pipeline stage spent on a request";
     /// Requests refused, by queue and reason.
-    pub rejections: Family<RejectionLabels, Counter>,
+    rejections: Family<RejectionLabels, Counter> = Family::default(),
+        "sluice_rejections" => "Requests refused, by queue and reason";
     /// Rows per batch run (without padding).
-    pub batch_rows: Family<ModelLabels, Histogram, RowsBuckets>,
+    batch_rows: Family<ModelLabels, Histogram, RowsBuckets> = Family::new_with_constructor(RowsBuckets),
+        "sluice_batch_rows" => "Rows per batch run, without padding";
     /// Padding rows added to reach an allowed batch size.
-    pub padding_rows: Family<ModelLabels, Counter>,
+    padding_rows: Family<ModelLabels, Counter> = Family::default(),
+        "sluice_padding_rows" => "Rows of padding added to batches";
     /// Batches run by the model.
-    pub model_runs: Family<ModelLabels, Counter>,
+    model_runs: Family<ModelLabels, Counter> = Family::default(),
+        "sluice_model_runs" => "Batches run by a model version";
     /// Of those, the batches run on the thread that decoded the request.
-    pub inline_runs: Family<ModelLabels, Counter>,
+    inline_runs: Family<ModelLabels, Counter> = Family::default(),
+        "sluice_inline_runs" => "Batches a model version ran on the thread that decoded the request (cheaper than server.inline_inference_micros)";
     /// Time the model took per batch.
-    pub inference_seconds: Family<ModelLabels, Histogram, SecondsBuckets>,
+    inference_seconds: Family<ModelLabels, Histogram, SecondsBuckets> = Family::new_with_constructor(SecondsBuckets),
+        "sluice_inference_seconds" => "Time a model version took per batch";
     /// Requests by model, pipeline, API, entry point and status (TF
     /// Serving's `:tensorflow:serving:request_count`).
-    pub requests: Family<RequestLabels, Counter>,
+    requests: Family<RequestLabels, Counter> = Family::default(),
+        "sluice_serving_request_count" => "Requests by model, pipeline, API, entry point and status (TF Serving's request_count)";
     /// Request latency (TF Serving's `:tensorflow:serving:request_latency`).
-    pub request_latency: Family<LatencyLabels, Histogram, SecondsBuckets>,
+    request_latency: Family<LatencyLabels, Histogram, SecondsBuckets> = Family::new_with_constructor(SecondsBuckets),
+        "sluice_serving_request_latency_seconds" => "Request latency by model, pipeline, API and entry point (TF Serving's request_latency)";
     /// Resident memory of the process, read at each scrape.
-    pub resident_memory: Gauge,
+    resident_memory: Gauge = Gauge::default(),
+        "sluice_process_resident_memory_bytes" => "Resident memory of the sluice process";
     /// Plugin calls by outcome.
-    pub plugin_calls: Family<PluginCallLabels, Counter>,
+    plugin_calls: Family<PluginCallLabels, Counter> = Family::default(),
+        "sluice_plugin_calls" => "Plugin calls by outcome";
     /// Time per plugin call, instantiation included.
-    pub plugin_seconds: Family<PluginLabels, Histogram, SecondsBuckets>,
+    plugin_seconds: Family<PluginLabels, Histogram, SecondsBuckets> = Family::new_with_constructor(SecondsBuckets),
+        "sluice_plugin_seconds" => "Time per plugin call, instantiation included";
     /// Plugin instances made: under the `reset` policy a steady rate means
     /// resets that fail (memories that grow, traps), under `fresh` one a call.
-    pub plugin_instances_made: Family<PluginLabels, Counter>,
+    plugin_instances_made: Family<PluginLabels, Counter> = Family::default(),
+        "sluice_plugin_instances_made" => "Plugin instances made (under instances = reset, only when one cannot be put back)";
     /// Feature lookups (one per request and table).
-    pub feature_lookups: Family<TableLabels, Counter>,
+    feature_lookups: Family<TableLabels, Counter> = Family::default(),
+        "sluice_feature_lookups" => "Feature lookups, one per request and table";
     /// Feature keys looked up, by outcome (`hit`, `miss`).
-    pub feature_keys: Family<TableOutcomeLabels, Counter>,
+    feature_keys: Family<TableOutcomeLabels, Counter> = Family::default(),
+        "sluice_feature_keys" => "Feature keys looked up, by outcome";
     /// Feature lookups that failed (store down, too slow, malformed value).
-    pub feature_errors: Family<TableLabels, Counter>,
+    feature_errors: Family<TableLabels, Counter> = Family::default(),
+        "sluice_feature_errors" => "Feature lookups that failed: store down or too slow, malformed value";
     /// Local cache answers (`hit`, `miss`), per key.
-    pub feature_cache: Family<TableOutcomeLabels, Counter>,
+    feature_cache: Family<TableOutcomeLabels, Counter> = Family::default(),
+        "sluice_feature_cache" => "Feature cache answers per key, by outcome";
     /// Round trips to a feature store.
-    pub feature_round_trips: Family<TableLabels, Counter>,
+    feature_round_trips: Family<TableLabels, Counter> = Family::default(),
+        "sluice_feature_round_trips" => "Round trips to a feature store";
     /// Distinct keys per round trip.
-    pub feature_round_trip_keys: Family<TableLabels, Histogram, RowsBuckets>,
+    feature_round_trip_keys: Family<TableLabels, Histogram, RowsBuckets> = Family::new_with_constructor(RowsBuckets),
+        "sluice_feature_round_trip_keys" => "Distinct keys per round trip to a feature store";
     /// Time a lookup took, cache and round trip included.
-    pub feature_fetch_seconds: Family<TableLabels, Histogram, SecondsBuckets>,
+    feature_fetch_seconds: Family<TableLabels, Histogram, SecondsBuckets> = Family::new_with_constructor(SecondsBuckets),
+        "sluice_feature_fetch_seconds" => "Time a feature lookup took, cache and round trip included";
     /// Embedded table reloads, by outcome (`ok`, `refused`).
-    pub feature_reloads: Family<TableOutcomeLabels, Counter>,
+    feature_reloads: Family<TableOutcomeLabels, Counter> = Family::default(),
+        "sluice_feature_reloads" => "Embedded feature table reloads, by outcome";
     /// Versions of each model by state.
-    pub model_versions: Family<VersionStateLabels, Gauge>,
+    model_versions: Family<VersionStateLabels, Gauge> = Family::default(),
+        "sluice_model_versions" => "Versions of each model by state (START, LOADING, AVAILABLE, UNLOADING, END)";
     /// Time to load a version (graph optimisation and sessions).
-    pub model_load_seconds: Family<ModelNameLabels, Histogram, LoadSecondsBuckets>,
+    model_load_seconds: Family<ModelNameLabels, Histogram, LoadSecondsBuckets> = Family::new_with_constructor(LoadSecondsBuckets),
+        "sluice_model_load_seconds" => "Time to load a model version: graph optimisation and sessions";
     /// Time to warm a version up.
-    pub model_warmup_seconds: Family<ModelNameLabels, Histogram, LoadSecondsBuckets>,
+    model_warmup_seconds: Family<ModelNameLabels, Histogram, LoadSecondsBuckets> = Family::new_with_constructor(LoadSecondsBuckets),
+        "sluice_model_warmup_seconds" => "Time to warm a model version up";
     /// Versions whose load or warmup failed.
-    pub model_load_failures: Family<ModelNameLabels, Counter>,
+    model_load_failures: Family<ModelNameLabels, Counter> = Family::default(),
+        "sluice_model_load_failures" => "Model versions whose load or warmup failed";
     /// Loads by where their optimised graph came from (`hit`, `miss`, `off`).
-    pub optimized_model_cache: Family<OutcomeLabels, Counter>,
+    optimized_model_cache: Family<OutcomeLabels, Counter> = Family::default(),
+        "sluice_optimized_model_cache" => "Version loads by where their optimised graph came from: hit, miss, off";
     /// Calls forwarded to an upstream, by the code it answered.
-    pub upstream_requests: Family<UpstreamCodeLabels, Counter>,
+    upstream_requests: Family<UpstreamCodeLabels, Counter> = Family::default(),
+        "sluice_upstream_requests" => "Calls forwarded to an upstream TF Serving, by the code it answered";
     /// Time a forwarded call took.
-    pub upstream_seconds: Family<UpstreamLabels, Histogram, SecondsBuckets>,
+    upstream_seconds: Family<UpstreamLabels, Histogram, SecondsBuckets> = Family::new_with_constructor(SecondsBuckets),
+        "sluice_upstream_seconds" => "Time a call forwarded to an upstream took";
     /// Calls in flight to an upstream.
-    pub upstream_in_flight: Family<UpstreamLabels, Gauge>,
+    upstream_in_flight: Family<UpstreamLabels, Gauge> = Family::default(),
+        "sluice_upstream_in_flight" => "Calls in flight to an upstream";
     /// Times an upstream was ejected.
-    pub upstream_ejections: Family<UpstreamLabels, Counter>,
+    upstream_ejections: Family<UpstreamLabels, Counter> = Family::default(),
+        "sluice_upstream_ejections" => "Times an upstream was ejected after failing";
     /// 1 while an upstream takes calls, 0 while it is ejected.
-    pub upstream_healthy: Family<UpstreamLabels, Gauge>,
+    upstream_healthy: Family<UpstreamLabels, Gauge> = Family::default(),
+        "sluice_upstream_healthy" => "1 while an upstream takes calls, 0 while it is ejected";
     /// Connections open, by port.
-    pub connections_open: Family<PortLabels, Gauge>,
+    connections_open: Family<PortLabels, Gauge> = Family::default(),
+        "sluice_connections_open" => "Connections open, by port";
     /// Connections closed at once because `max_connections` were open.
-    pub connections_refused: Family<PortLabels, Counter>,
+    connections_refused: Family<PortLabels, Counter> = Family::default(),
+        "sluice_connections_refused" => "Connections closed at once because server.max_connections were open";
     /// Auto batching: the rows a batch waits for now.
-    pub batch_auto_want_rows: Family<ModelLabels, Gauge>,
+    batch_auto_want_rows: Family<ModelLabels, Gauge> = Family::default(),
+        "sluice_batch_auto_want_rows" => "Auto batching: the rows a batch of a model version waits for now (1: no waiting)";
     /// Auto batching: the largest batch within the latency target now.
-    pub batch_auto_cap_rows: Family<ModelLabels, Gauge>,
+    batch_auto_cap_rows: Family<ModelLabels, Gauge> = Family::default(),
+        "sluice_batch_auto_cap_rows" => "Auto batching: the largest batch of a model version that runs within the latency target";
     /// Auto batching: how long the last batch planned to wait.
-    pub batch_auto_wait_seconds: Family<ModelLabels, FloatGauge>,
+    batch_auto_wait_seconds: Family<ModelLabels, FloatGauge> = Family::default(),
+        "sluice_batch_auto_wait_seconds" => "Auto batching: how long the last batch planned to wait for more rows";
     /// Auto batching: rows arriving per second.
-    pub batch_arrival_rate: Family<ModelLabels, FloatGauge>,
+    batch_arrival_rate: Family<ModelLabels, FloatGauge> = Family::default(),
+        "sluice_batch_arrival_rows_per_second" => "Auto batching: rows arriving at a model version per second (moving average)";
     /// Auto batching: the learned seconds per batch, by batch size.
-    pub batch_latency_estimate: Family<CurveLabels, FloatGauge>,
+    batch_latency_estimate: Family<CurveLabels, FloatGauge> = Family::default(),
+        "sluice_batch_latency_estimate_seconds" => "Auto batching: the learned seconds a model version takes per batch, by batch size";
     /// The shared plugin registry's revision this replica serves.
-    pub plugin_registry_revision: Gauge,
+    plugin_registry_revision: Gauge = Gauge::default(),
+        "sluice_plugin_registry_revision" => "The shared plugin registry's revision this replica serves";
     /// Syncs with the shared plugin registry that failed.
-    pub plugin_registry_sync_failures: Counter,
+    plugin_registry_sync_failures: Counter = Counter::default(),
+        "sluice_plugin_registry_sync_failures" => "Syncs with the shared plugin registry that failed";
     /// Request log records, by outcome.
-    pub request_log_records: Family<RequestLogLabels, Counter>,
+    request_log_records: Family<RequestLogLabels, Counter> = Family::default(),
+        "sluice_request_log_records" => "Request log records by outcome: written, dropped_queue_full, dropped_failing (the log could not be written)";
     /// Bytes written to request logs.
-    pub request_log_bytes: Family<ModelNameLabels, Counter>,
+    request_log_bytes: Family<ModelNameLabels, Counter> = Family::default(),
+        "sluice_request_log_bytes" => "Bytes written to a model's request log files";
     /// Times a request log could not be written and stopped for a while.
-    pub request_log_failures: Family<ModelNameLabels, Counter>,
+    request_log_failures: Family<ModelNameLabels, Counter> = Family::default(),
+        "sluice_request_log_failures" => "Times a model's request log could not be written (disk full, directory gone) and stopped for a while";
     /// TLS certificate reloads, by outcome (`ok`, `refused`).
-    pub tls_reloads: Family<OutcomeLabels, Counter>,
+    tls_reloads: Family<OutcomeLabels, Counter> = Family::default(),
+        "sluice_tls_reloads" => "TLS certificate reloads after the files changed, by outcome: ok, refused (the current ones stay)";
     /// Response cache lookups, by outcome (`hit`, `miss`, `bypass`).
-    pub response_cache_requests: Family<PipelineOutcomeLabels, Counter>,
+    response_cache_requests: Family<PipelineOutcomeLabels, Counter> = Family::default(),
+        "sluice_response_cache_requests" => "Response cache lookups by pipeline and outcome: hit, miss, bypass (a plugin canary was running)";
     /// Bytes a response cache keeps.
-    pub response_cache_bytes: Family<PipelineLabels, Gauge>,
+    response_cache_bytes: Family<PipelineLabels, Gauge> = Family::default(),
+        "sluice_response_cache_bytes" => "Bytes a pipeline's response cache keeps (inputs and answers)";
     /// Plugin calls on each side of a canary, by version and outcome.
-    pub canary_calls: Family<CanaryLabels, Counter>,
+    canary_calls: Family<CanaryLabels, Counter> = Family::default(),
+        "sluice_canary_calls" => "Plugin calls on each side of a canary (stable, canary), by version and outcome";
     /// The percent of calls a plugin's canary version gets (0: none).
-    pub canary_percent: Family<PluginNameLabels, FloatGauge>,
+    canary_percent: Family<PluginNameLabels, FloatGauge> = Family::default(),
+        "sluice_canary_percent" => "The percent of a plugin's calls its canary version gets; 0 when none runs";
     /// Canaries rolled back because they did worse than the stable version.
-    pub canary_rollbacks: Family<PluginNameLabels, Counter>,
-    /// Names requests asked for that resolved to nothing, as labelled so
-    /// far (at most [`MAX_UNRESOLVED_NAMES`]).
-    unresolved_names: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
+    canary_rollbacks: Family<PluginNameLabels, Counter> = Family::default(),
+        "sluice_canary_rollbacks" => "Canary versions rolled back on their own for doing worse than the stable version";
     /// TLS handshakes that failed (no or a wrong client certificate, a
     /// plaintext client, a timeout), by port.
-    pub tls_handshake_failures: Family<PortLabels, Counter>,
+    tls_handshake_failures: Family<PortLabels, Counter> = Family::default(),
+        "sluice_tls_handshake_failures" => "TLS handshakes that failed (a missing or unknown client certificate, a plaintext client, a timeout), by port";
 }
 
 impl Metrics {
-    /// A registry with every family registered.
-    pub fn new() -> Arc<Metrics> {
-        let mut registry = Registry::default();
-        let metrics = Metrics {
-            queue_depth: Family::default(),
-            queue_wait_seconds: Family::new_with_constructor(SecondsBuckets),
-            stage_seconds: Family::new_with_constructor(SecondsBuckets),
-            rejections: Family::default(),
-            batch_rows: Family::new_with_constructor(RowsBuckets),
-            padding_rows: Family::default(),
-            model_runs: Family::default(),
-            inline_runs: Family::default(),
-            inference_seconds: Family::new_with_constructor(SecondsBuckets),
-            requests: Family::default(),
-            request_latency: Family::new_with_constructor(SecondsBuckets),
-            resident_memory: Gauge::default(),
-            plugin_calls: Family::default(),
-            plugin_seconds: Family::new_with_constructor(SecondsBuckets),
-            plugin_instances_made: Family::default(),
-            feature_lookups: Family::default(),
-            feature_keys: Family::default(),
-            feature_errors: Family::default(),
-            feature_cache: Family::default(),
-            feature_round_trips: Family::default(),
-            feature_round_trip_keys: Family::new_with_constructor(RowsBuckets),
-            feature_fetch_seconds: Family::new_with_constructor(SecondsBuckets),
-            feature_reloads: Family::default(),
-            model_versions: Family::default(),
-            model_load_seconds: Family::new_with_constructor(LoadSecondsBuckets),
-            model_warmup_seconds: Family::new_with_constructor(LoadSecondsBuckets),
-            model_load_failures: Family::default(),
-            optimized_model_cache: Family::default(),
-            upstream_requests: Family::default(),
-            upstream_seconds: Family::new_with_constructor(SecondsBuckets),
-            upstream_in_flight: Family::default(),
-            upstream_ejections: Family::default(),
-            upstream_healthy: Family::default(),
-            connections_open: Family::default(),
-            connections_refused: Family::default(),
-            batch_auto_want_rows: Family::default(),
-            batch_auto_cap_rows: Family::default(),
-            batch_auto_wait_seconds: Family::default(),
-            batch_arrival_rate: Family::default(),
-            batch_latency_estimate: Family::default(),
-            plugin_registry_revision: Gauge::default(),
-            plugin_registry_sync_failures: Counter::default(),
-            request_log_records: Family::default(),
-            request_log_bytes: Family::default(),
-            request_log_failures: Family::default(),
-            tls_reloads: Family::default(),
-            response_cache_requests: Family::default(),
-            response_cache_bytes: Family::default(),
-            canary_calls: Family::default(),
-            canary_percent: Family::default(),
-            canary_rollbacks: Family::default(),
-            unresolved_names: std::sync::Mutex::default(),
-            tls_handshake_failures: Family::default(),
-            registry: Registry::default(),
-        };
-        registry.register(
-            "sluice_queue_depth",
-            "Requests waiting in a queue; for an admission queue, requests admitted and not yet answered",
-            metrics.queue_depth.clone(),
-        );
-        registry.register(
-            "sluice_queue_wait_seconds",
-            "Time requests waited in a queue before a worker took them",
-            metrics.queue_wait_seconds.clone(),
-        );
-        registry.register(
-            "sluice_stage_seconds",
-            "Time a pipeline stage spent on a request",
-            metrics.stage_seconds.clone(),
-        );
-        registry.register("sluice_rejections", "Requests refused, by queue and reason", metrics.rejections.clone());
-        registry.register("sluice_batch_rows", "Rows per batch run, without padding", metrics.batch_rows.clone());
-        registry.register("sluice_padding_rows", "Rows of padding added to batches", metrics.padding_rows.clone());
-        registry.register("sluice_model_runs", "Batches run by a model version", metrics.model_runs.clone());
-        registry.register(
-            "sluice_inline_runs",
-            "Batches a model version ran on the thread that decoded the request (cheaper than server.inline_inference_micros)",
-            metrics.inline_runs.clone(),
-        );
-        registry.register(
-            "sluice_inference_seconds",
-            "Time a model version took per batch",
-            metrics.inference_seconds.clone(),
-        );
-        registry.register(
-            "sluice_serving_request_count",
-            "Requests by model, pipeline, API, entry point and status (TF Serving's request_count)",
-            metrics.requests.clone(),
-        );
-        registry.register(
-            "sluice_serving_request_latency_seconds",
-            "Request latency by model, pipeline, API and entry point (TF Serving's request_latency)",
-            metrics.request_latency.clone(),
-        );
-        registry.register(
-            "sluice_process_resident_memory_bytes",
-            "Resident memory of the sluice process",
-            metrics.resident_memory.clone(),
-        );
-        registry.register("sluice_plugin_calls", "Plugin calls by outcome", metrics.plugin_calls.clone());
-        registry.register(
-            "sluice_plugin_seconds",
-            "Time per plugin call, instantiation included",
-            metrics.plugin_seconds.clone(),
-        );
-        registry.register(
-            "sluice_plugin_instances_made",
-            "Plugin instances made (under instances = reset, only when one cannot be put back)",
-            metrics.plugin_instances_made.clone(),
-        );
-        registry.register(
-            "sluice_feature_lookups",
-            "Feature lookups, one per request and table",
-            metrics.feature_lookups.clone(),
-        );
-        registry.register("sluice_feature_keys", "Feature keys looked up, by outcome", metrics.feature_keys.clone());
-        registry.register(
-            "sluice_feature_errors",
-            "Feature lookups that failed: store down or too slow, malformed value",
-            metrics.feature_errors.clone(),
-        );
-        registry.register(
-            "sluice_feature_cache",
-            "Feature cache answers per key, by outcome",
-            metrics.feature_cache.clone(),
-        );
-        registry.register(
-            "sluice_feature_round_trips",
-            "Round trips to a feature store",
-            metrics.feature_round_trips.clone(),
-        );
-        registry.register(
-            "sluice_feature_round_trip_keys",
-            "Distinct keys per round trip to a feature store",
-            metrics.feature_round_trip_keys.clone(),
-        );
-        registry.register(
-            "sluice_feature_fetch_seconds",
-            "Time a feature lookup took, cache and round trip included",
-            metrics.feature_fetch_seconds.clone(),
-        );
-        registry.register(
-            "sluice_feature_reloads",
-            "Embedded feature table reloads, by outcome",
-            metrics.feature_reloads.clone(),
-        );
-        registry.register(
-            "sluice_model_versions",
-            "Versions of each model by state (START, LOADING, AVAILABLE, UNLOADING, END)",
-            metrics.model_versions.clone(),
-        );
-        registry.register(
-            "sluice_model_load_seconds",
-            "Time to load a model version: graph optimisation and sessions",
-            metrics.model_load_seconds.clone(),
-        );
-        registry.register(
-            "sluice_model_warmup_seconds",
-            "Time to warm a model version up",
-            metrics.model_warmup_seconds.clone(),
-        );
-        registry.register(
-            "sluice_model_load_failures",
-            "Model versions whose load or warmup failed",
-            metrics.model_load_failures.clone(),
-        );
-        registry.register(
-            "sluice_optimized_model_cache",
-            "Version loads by where their optimised graph came from: hit, miss, off",
-            metrics.optimized_model_cache.clone(),
-        );
-        registry.register(
-            "sluice_upstream_requests",
-            "Calls forwarded to an upstream TF Serving, by the code it answered",
-            metrics.upstream_requests.clone(),
-        );
-        registry.register(
-            "sluice_upstream_seconds",
-            "Time a call forwarded to an upstream took",
-            metrics.upstream_seconds.clone(),
-        );
-        registry.register(
-            "sluice_upstream_in_flight",
-            "Calls in flight to an upstream",
-            metrics.upstream_in_flight.clone(),
-        );
-        registry.register(
-            "sluice_upstream_ejections",
-            "Times an upstream was ejected after failing",
-            metrics.upstream_ejections.clone(),
-        );
-        registry.register(
-            "sluice_upstream_healthy",
-            "1 while an upstream takes calls, 0 while it is ejected",
-            metrics.upstream_healthy.clone(),
-        );
-        registry.register("sluice_connections_open", "Connections open, by port", metrics.connections_open.clone());
-        registry.register(
-            "sluice_connections_refused",
-            "Connections closed at once because server.max_connections were open",
-            metrics.connections_refused.clone(),
-        );
-        registry.register(
-            "sluice_plugin_registry_revision",
-            "The shared plugin registry's revision this replica serves",
-            metrics.plugin_registry_revision.clone(),
-        );
-        registry.register(
-            "sluice_plugin_registry_sync_failures",
-            "Syncs with the shared plugin registry that failed",
-            metrics.plugin_registry_sync_failures.clone(),
-        );
-        registry.register(
-            "sluice_batch_auto_want_rows",
-            "Auto batching: the rows a batch of a model version waits for now (1: no waiting)",
-            metrics.batch_auto_want_rows.clone(),
-        );
-        registry.register(
-            "sluice_batch_auto_cap_rows",
-            "Auto batching: the largest batch of a model version that runs within the latency target",
-            metrics.batch_auto_cap_rows.clone(),
-        );
-        registry.register(
-            "sluice_batch_auto_wait_seconds",
-            "Auto batching: how long the last batch planned to wait for more rows",
-            metrics.batch_auto_wait_seconds.clone(),
-        );
-        registry.register(
-            "sluice_batch_arrival_rows_per_second",
-            "Auto batching: rows arriving at a model version per second (moving average)",
-            metrics.batch_arrival_rate.clone(),
-        );
-        registry.register(
-            "sluice_batch_latency_estimate_seconds",
-            "Auto batching: the learned seconds a model version takes per batch, by batch size",
-            metrics.batch_latency_estimate.clone(),
-        );
-        registry.register(
-            "sluice_request_log_records",
-            "Request log records by outcome: written, dropped_queue_full, dropped_failing (the log could not be written)",
-            metrics.request_log_records.clone(),
-        );
-        registry.register(
-            "sluice_request_log_bytes",
-            "Bytes written to a model's request log files",
-            metrics.request_log_bytes.clone(),
-        );
-        registry.register(
-            "sluice_request_log_failures",
-            "Times a model's request log could not be written (disk full, directory gone) and stopped for a while",
-            metrics.request_log_failures.clone(),
-        );
-        registry.register(
-            "sluice_tls_reloads",
-            "TLS certificate reloads after the files changed, by outcome: ok, refused (the current ones stay)",
-            metrics.tls_reloads.clone(),
-        );
-        registry.register(
-            "sluice_tls_handshake_failures",
-            "TLS handshakes that failed (a missing or unknown client certificate, a plaintext client, a timeout), by port",
-            metrics.tls_handshake_failures.clone(),
-        );
-        registry.register(
-            "sluice_response_cache_requests",
-            "Response cache lookups by pipeline and outcome: hit, miss, bypass (a plugin canary was running)",
-            metrics.response_cache_requests.clone(),
-        );
-        registry.register(
-            "sluice_response_cache_bytes",
-            "Bytes a pipeline's response cache keeps (inputs and answers)",
-            metrics.response_cache_bytes.clone(),
-        );
-        registry.register(
-            "sluice_canary_calls",
-            "Plugin calls on each side of a canary (stable, canary), by version and outcome",
-            metrics.canary_calls.clone(),
-        );
-        registry.register(
-            "sluice_canary_percent",
-            "The percent of a plugin's calls its canary version gets; 0 when none runs",
-            metrics.canary_percent.clone(),
-        );
-        registry.register(
-            "sluice_canary_rollbacks",
-            "Canary versions rolled back on their own for doing worse than the stable version",
-            metrics.canary_rollbacks.clone(),
-        );
-        Arc::new(Metrics { registry, ..metrics })
-    }
-
     /// The handles of pipeline `pipeline`'s response cache.
     pub fn response_cache(&self, pipeline: &str) -> CacheHandles {
         let outcome = |outcome| {
