@@ -8,14 +8,17 @@
 //! to the file's own directory, so a config works from any working
 //! directory.
 
+pub mod admin;
 pub mod batching;
 pub mod examples;
 pub mod features;
 pub mod lifecycle;
 pub mod logging;
+pub mod model;
 pub mod onnx;
 pub mod plugins;
 pub mod redis_access;
+pub mod server;
 pub mod stage;
 pub mod telemetry;
 pub mod tf_model_config;
@@ -23,7 +26,7 @@ pub mod tls;
 pub mod traffic;
 pub mod upstream;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -31,13 +34,16 @@ use serde::Deserialize;
 pub use crate::error::{ConfigError, Invalid};
 use crate::invalid;
 
+pub use self::admin::{AdminConfig, Role, TokenConfig};
 pub use self::batching::{BatchingMode, BatchingParameters};
 pub use self::examples::ExamplesConfig;
 pub use self::features::{FeatureFetchConfig, FeaturesConfig};
 pub use self::lifecycle::{LifecycleConfig, ModelDefaults};
 pub use self::logging::LoggingConfig;
+pub use self::model::{check_models, ModelConfig, VersionPolicy};
 pub use self::onnx::OnnxOptions;
 pub use self::plugins::{InstancePolicy, PluginLimits, PluginsConfig};
+pub use self::server::{GrpcThreads, OutputEncoding, ServerConfig, DEFAULT_INLINE_INFERENCE_MICROS};
 pub use self::stage::{StageConfig, StageKind, StageRole};
 pub use self::telemetry::TracingConfig;
 pub use self::tls::TlsConfig;
@@ -78,51 +84,6 @@ pub struct Config {
     /// Priorities, team quotas and canary rollbacks.
     #[serde(default)]
     pub traffic: TrafficConfig,
-}
-
-/// The plugin admin API (on the REST port, under `/admin/v1/`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdminConfig {
-    /// Serve the admin API at all.
-    pub enabled: bool,
-    /// A port of its own (for a network only deploy tooling reaches); 0
-    /// picks a free one. Unset: the admin API is on the REST port.
-    pub port: Option<u16>,
-    /// Largest plugin upload accepted, in bytes.
-    pub max_upload_bytes: usize,
-    /// Who may call it.
-    pub tokens: Vec<TokenConfig>,
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        AdminConfig { enabled: false, port: None, max_upload_bytes: 64 << 20, tokens: Vec::new() }
-    }
-}
-
-/// What a token may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Its own team's plugins and pipelines.
-    Team,
-    /// Everything.
-    Admin,
-}
-
-/// One bearer token, stored as the SHA-256 of the token, never the token.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenConfig {
-    /// A name for the token, written in the audit log instead of the token.
-    pub id: String,
-    /// The team it acts for (required for the `team` role).
-    pub team: Option<String>,
-    /// What it may do.
-    pub role: Role,
-    /// `printf %s TOKEN | sha256sum`, 64 hex digits.
-    pub sha256: String,
 }
 
 /// A pipeline: the name clients call, its model, and its stages.
@@ -175,32 +136,6 @@ pub enum Mode {
     Sequential,
 }
 
-/// How numeric outputs are written into a `TensorProto`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum OutputEncoding {
-    /// Typed fields (`float_val`, `int64_val`, …): what TF Serving sends by
-    /// default, and what client code reading `.float_val` expects.
-    #[default]
-    TypedFields,
-    /// Packed `tensor_content`: one copy of the bytes, the fastest.
-    TensorContent,
-}
-
-/// Which threads serve the gRPC port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum GrpcThreads {
-    /// One single-threaded runtime per core, each serving the connections
-    /// it is dealt (the least busy core gets the next): a connection's
-    /// calls never leave its thread, so no call wakes a second thread.
-    #[default]
-    PerCore,
-    /// Tokio's work-stealing runtime, shared with the HTTP port: any idle
-    /// thread may take any call, at the cost of waking threads to steal.
-    Shared,
-}
-
 impl PipelineConfig {
     /// Its stages, in the order a request passes them.
     pub fn stages(&self) -> impl Iterator<Item = (StageRole, &StageConfig)> {
@@ -215,102 +150,6 @@ impl PipelineConfig {
     }
 }
 
-/// Listening addresses and protocol limits.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServerConfig {
-    /// Address to bind; `0.0.0.0` serves every interface, as TF Serving does.
-    pub host: String,
-    /// gRPC port (TF Serving's `--port`); 0 picks a free one.
-    pub port: u16,
-    /// HTTP port for metrics (TF Serving's `--rest_api_port`); 0 picks a
-    /// free one.
-    pub rest_api_port: u16,
-    /// Largest gRPC message accepted or sent, in bytes.
-    pub max_message_bytes: usize,
-    /// Largest tensor a request may make the server build, in bytes:
-    /// decoded inputs (a single value broadcast to a large shape), stage
-    /// outputs (a built-in sized from the request's rows). Checked before
-    /// anything is allocated; a request over it gets RESOURCE_EXHAUSTED.
-    pub max_tensor_bytes: usize,
-    /// The most values (numbers, strings, arrays, objects) a REST JSON
-    /// body may hold: parsed JSON takes far more memory than its text, so
-    /// the body size alone does not bound it.
-    pub max_json_values: usize,
-    /// How numeric outputs are written in Predict responses.
-    pub output_encoding: OutputEncoding,
-    /// Seconds in-flight requests get to finish after SIGTERM.
-    pub drain_timeout_secs: u64,
-    /// A Unix socket to serve gRPC on too (TF Serving's `--grpc_socket_path`).
-    pub grpc_socket_path: Option<PathBuf>,
-    /// The deadline of a REST request, in milliseconds (TF Serving's
-    /// `--rest_api_timeout_in_ms`); none: no deadline.
-    pub rest_api_timeout_ms: Option<u64>,
-    /// Another path the Prometheus metrics answer on (TF Serving's
-    /// `--monitoring_config_file` `prometheus_config { path }`).
-    pub metrics_path: Option<String>,
-    /// Connections open at once, per port; more are closed at once.
-    pub max_connections: usize,
-    /// HTTP/2 streams (calls) open at once on one connection.
-    pub max_concurrent_streams: u32,
-    /// The largest request head (request line and headers), in bytes;
-    /// larger gets 431.
-    pub max_header_bytes: usize,
-    /// How long a client may take to send a request's headers, in
-    /// milliseconds; a slower one (a slow-loris) is cut off.
-    pub header_read_timeout_ms: u64,
-    /// How long a client may take to send a REST request's body, in
-    /// milliseconds; slower gets 408 and the connection closed.
-    pub body_read_timeout_ms: u64,
-    /// How many nice steps below the network threads the compute threads
-    /// run (inference sessions and their pools, pipelined stage workers):
-    /// 0 (the default) runs them alike, 19 only when nothing else wants
-    /// the CPU. Above 0, a saturated CPU still answers refusals and health
-    /// probes at once, at a cost in peak throughput (`runtime/threads.rs`).
-    /// Read at start-up.
-    pub compute_nice: usize,
-    /// The most a batch may cost, in microseconds, to run on the network
-    /// thread that decoded its request instead of being handed to an
-    /// inference thread (two thread wake-ups that cost more than a small
-    /// model's run). Measured per model and batch size while serving; a
-    /// size not yet measured, or dearer, runs on the inference threads.
-    /// 0 turns inline runs off.
-    pub inline_inference_micros: u64,
-    /// Which threads serve the gRPC port: `per_core` (a single-threaded
-    /// runtime per core) or `shared` (tokio's work-stealing runtime).
-    pub grpc_threads: GrpcThreads,
-    /// TLS on the gRPC, REST and admin ports (not the Unix socket); off
-    /// when absent.
-    pub tls: Option<TlsConfig>,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            host: "0.0.0.0".to_string(),
-            port: 8500,
-            rest_api_port: 8501,
-            max_message_bytes: 64 << 20,
-            max_tensor_bytes: 256 << 20,
-            max_json_values: 1 << 22,
-            output_encoding: OutputEncoding::TypedFields,
-            drain_timeout_secs: 30,
-            grpc_socket_path: None,
-            rest_api_timeout_ms: None,
-            metrics_path: None,
-            max_connections: 10_000,
-            max_concurrent_streams: 1024,
-            max_header_bytes: 64 << 10,
-            header_read_timeout_ms: 10_000,
-            body_read_timeout_ms: 30_000,
-            compute_nice: 0,
-            inline_inference_micros: DEFAULT_INLINE_INFERENCE_MICROS,
-            grpc_threads: GrpcThreads::PerCore,
-            tls: None,
-        }
-    }
-}
-
 /// Where the ONNX Runtime library is.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -318,99 +157,6 @@ pub struct OnnxRuntimeConfig {
     /// Path of `libonnxruntime.so.*`; found automatically when unset.
     pub library: Option<PathBuf>,
 }
-
-/// Which versions of a model are loaded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VersionPolicy {
-    /// The N highest versions (TF Serving's default is the highest one).
-    Latest(usize),
-    /// Every version found.
-    All,
-    /// Exactly these versions; each must exist.
-    Specific(Vec<i64>),
-}
-
-impl Default for VersionPolicy {
-    fn default() -> Self {
-        VersionPolicy::Latest(1)
-    }
-}
-
-impl<'de> Deserialize<'de> for VersionPolicy {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged, expecting = "\"latest\", \"all\", { latest = N } or { specific = [versions] }")]
-        enum Repr {
-            Name(String),
-            Latest { latest: usize },
-            Specific { specific: Vec<i64> },
-        }
-        match Repr::deserialize(deserializer)? {
-            Repr::Name(name) if name == "latest" => Ok(VersionPolicy::Latest(1)),
-            Repr::Name(name) if name == "all" => Ok(VersionPolicy::All),
-            Repr::Name(other) => Err(serde::de::Error::custom(format!(
-                "unknown version policy \"{other}\"; expected \"latest\", \"all\", {{ latest = N }} or {{ specific = [versions] }}"
-            ))),
-            Repr::Latest { latest: 0 } => Err(serde::de::Error::custom("{ latest = 0 } would load nothing; use 1 or more")),
-            Repr::Latest { latest } => Ok(VersionPolicy::Latest(latest)),
-            Repr::Specific { specific } if specific.is_empty() => {
-                Err(serde::de::Error::custom("{ specific = [] } would load nothing; list at least one version"))
-            }
-            Repr::Specific { specific } => Ok(VersionPolicy::Specific(specific)),
-        }
-    }
-}
-
-/// One model: where its versions are and how to serve them.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelConfig {
-    /// The name clients put in `model_spec.name`.
-    pub name: String,
-    /// Directory holding one subdirectory per version: `BASE/VERSION/model.onnx`.
-    /// Empty for a model forwarded to an upstream.
-    #[serde(default)]
-    pub base_path: PathBuf,
-    /// Which versions to load.
-    #[serde(default)]
-    pub version_policy: VersionPolicy,
-    /// Names for versions (`stable = 1`), for `model_spec.version_label`.
-    #[serde(default)]
-    pub version_labels: BTreeMap<String, i64>,
-    /// Requests of this model admitted at once, waiting or running; more
-    /// are refused with RESOURCE_EXHAUSTED.
-    #[serde(default = "default_max_in_flight")]
-    pub max_in_flight: usize,
-    /// ONNX Runtime session settings.
-    #[serde(default)]
-    pub onnx: OnnxOptions,
-    /// Dynamic batching; off when absent.
-    pub batching: Option<BatchingParameters>,
-    /// Forward inference to TF Serving instead of running ONNX Runtime.
-    pub upstream: Option<UpstreamConfig>,
-    /// Request logging (TF Serving's `logging_config`); off when absent.
-    pub logging: Option<LoggingConfig>,
-    /// The response cache of the model served under its own name; off
-    /// when absent.
-    pub cache: Option<CacheConfig>,
-    /// The rate (and concurrency) quota of the model served under its
-    /// own name.
-    pub quota: Option<QuotaConfig>,
-    /// A share of the requests that name no version sent to a labelled
-    /// version instead of the latest.
-    pub canary: Option<ModelCanary>,
-    /// How `tf.Example`s fill the inputs of the model served under its own
-    /// name; refused when absent.
-    pub examples: Option<ExamplesConfig>,
-}
-
-/// What `server.inline_inference_micros` is unless set: below the cost
-/// of the two thread wake-ups an inference thread costs (docs/BENCHMARKS.md).
-pub const DEFAULT_INLINE_INFERENCE_MICROS: u64 = 50;
-
-/// Above this a run holds a network thread long enough to delay every
-/// other connection it serves: that is what inference threads are for.
-const MAX_INLINE_INFERENCE_MICROS: usize = 1000;
 
 /// The most threads one setting may start.
 pub(crate) const MAX_THREADS: usize = 1024;
@@ -438,29 +184,8 @@ pub(crate) fn check_between(key: &str, value: usize, min: usize, max: usize) -> 
     Ok(())
 }
 
-fn default_max_in_flight() -> usize {
+pub(crate) fn default_max_in_flight() -> usize {
     1024
-}
-
-impl ModelConfig {
-    /// A model given on the command line (`--model_name`, `--model_base_path`).
-    pub fn from_flags(name: String, base_path: PathBuf) -> ModelConfig {
-        ModelConfig {
-            name,
-            base_path,
-            version_policy: VersionPolicy::default(),
-            version_labels: BTreeMap::new(),
-            max_in_flight: default_max_in_flight(),
-            onnx: OnnxOptions::default(),
-            batching: None,
-            upstream: None,
-            logging: None,
-            cache: None,
-            quota: None,
-            canary: None,
-            examples: None,
-        }
-    }
 }
 
 impl Config {
@@ -570,7 +295,7 @@ impl Config {
         check_at_most(
             "server.inline_inference_micros",
             usize::try_from(self.server.inline_inference_micros).unwrap_or(usize::MAX),
-            MAX_INLINE_INFERENCE_MICROS,
+            server::MAX_INLINE_INFERENCE_MICROS,
         )?;
         let names = check_models(&self.models)?;
         let mut endpoint_names = HashSet::new();
@@ -646,7 +371,7 @@ impl Config {
                 return Err(invalid!("{key}.fuel is set, but fuel metering is off; set plugins.fuel = true"));
             }
         }
-        self.check_admin()?;
+        admin::check(&self.admin, self.plugins.dir.is_some())?;
         self.features.check()?;
         for (i, pipeline) in self.pipelines.iter().enumerate() {
             if let Some(team) = &pipeline.team {
@@ -681,105 +406,6 @@ impl Config {
         }
         Ok(())
     }
-}
-
-impl Config {
-    fn check_admin(&self) -> Result<(), Invalid> {
-        let admin = &self.admin;
-        if !admin.enabled {
-            return Ok(());
-        }
-        if self.plugins.dir.is_none() {
-            return Err(Invalid(
-                "admin.enabled = true: set [plugins] dir, where uploaded plugins are stored".to_string(),
-            ));
-        }
-        if admin.tokens.is_empty() {
-            return Err(Invalid(
-                "admin.enabled = true, but admin.tokens is empty: nobody could use the admin API".to_string(),
-            ));
-        }
-        if admin.max_upload_bytes == 0 {
-            return Err(Invalid("admin.max_upload_bytes = 0: must be at least 1".to_string()));
-        }
-        let mut ids = HashSet::new();
-        for (i, token) in admin.tokens.iter().enumerate() {
-            let key = format!("admin.tokens[{i}]");
-            check_name(&format!("{key}.id"), &token.id)?;
-            if !ids.insert(token.id.as_str()) {
-                return Err(invalid!("{key}.id = \"{}\": another token has the same id", token.id));
-            }
-            if token.sha256.len() != 64 || !token.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(invalid!(
-                    "{key}.sha256 = \"{}\": expected 64 hex digits, the SHA-256 of the token (printf %s TOKEN | sha256sum)",
-                    token.sha256
-                ));
-            }
-            match (token.role, &token.team) {
-                (Role::Team, None) => return Err(invalid!("{key}: role = \"team\" needs team = \"NAME\"")),
-                (_, Some(team)) => check_name(&format!("{key}.team"), team)?,
-                (Role::Admin, None) => {}
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The checks of a model list, whether from the config file or a reload:
-/// names valid and unique, limits at least 1, versions non-negative.
-/// Answers the names.
-pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
-    let mut names = HashSet::new();
-    for (i, model) in models.iter().enumerate() {
-        let key = format!("models[{i}]");
-        check_name(&format!("{key}.name"), &model.name)?;
-        if !names.insert(model.name.as_str()) {
-            return Err(invalid!("{key}.name = \"{}\": another model has the same name", model.name));
-        }
-        match (&model.upstream, model.base_path.as_os_str().is_empty()) {
-            (None, true) => {
-                return Err(invalid!(
-                    "{key} (\"{}\"): base_path is missing; give the model's directory, or [models.upstream] to \
-                     forward it to TF Serving",
-                    model.name
-                ))
-            }
-            (Some(_), false) => {
-                return Err(invalid!(
-                    "{key} (\"{}\"): base_path and upstream are both set; a model is loaded from its directory \
-                     or forwarded, not both",
-                    model.name
-                ))
-            }
-            (Some(upstream), true) => upstream.check(&format!("{key}.upstream"))?,
-            (None, false) => {}
-        }
-        check_between(&format!("{key}.max_in_flight"), model.max_in_flight, 1, MAX_COUNT)?;
-        if let Some(logging) = &model.logging {
-            logging.check(&format!("{key}.logging"))?;
-        }
-        traffic::check_endpoint(&key, model.cache.as_ref(), model.quota.as_ref())?;
-        if let Some(examples) = &model.examples {
-            examples.check(&format!("{key}.examples"))?;
-        }
-        if let Some(canary) = &model.canary {
-            canary.check(&format!("{key}.canary"), &model.version_labels)?;
-        }
-        check_between(&format!("{key}.onnx.sessions"), model.onnx.sessions, 1, MAX_THREADS)?;
-        check_between(&format!("{key}.onnx.intra_op_threads"), model.onnx.intra_op_threads, 1, MAX_THREADS)?;
-        if let VersionPolicy::Specific(versions) = &model.version_policy {
-            if let Some(v) = versions.iter().find(|&&v| v < 0) {
-                return Err(invalid!("{key}.version_policy: version {v} is negative; versions are >= 0"));
-            }
-        }
-        for (label, version) in &model.version_labels {
-            check_name(&format!("{key}.version_labels"), label)?;
-            if *version < 0 {
-                return Err(invalid!("{key}.version_labels.{label} = {version}: versions are >= 0"));
-            }
-        }
-    }
-    Ok(names)
 }
 
 /// Names (models, labels, later pipelines and plugins) are what clients
