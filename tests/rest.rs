@@ -7,6 +7,7 @@
 mod common;
 
 use bytes::Bytes;
+use common::fixtures::example_model_table;
 use common::*;
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -353,15 +354,7 @@ async fn each_bad_rest_request_gets_its_status_and_a_message_and_the_server_keep
 
 #[tokio::test]
 async fn an_oversized_body_is_refused_with_413_and_the_request_id_comes_back() {
-    let server = Server::with_config(
-        r#"
-[server]
-max_message_bytes = 65536
-[[models]]
-name = "mlp"
-base_path = "$ROOT/examples/models/mlp"
-"#,
-    );
+    let server = Server::with_config(&format!("[server]\nmax_message_bytes = 65536\n{}", example_model_table("mlp")));
     let mut rest = client(&server);
     let big = json!({ "instances": vec![vec![0.5f32; 64]; 400] }).to_string();
     assert!(big.len() > 65536);
@@ -381,15 +374,7 @@ base_path = "$ROOT/examples/models/mlp"
 
 #[tokio::test]
 async fn a_json_body_with_more_values_than_the_limit_is_refused_before_it_is_parsed() {
-    let server = Server::with_config(
-        r#"
-[server]
-max_json_values = 1000
-[[models]]
-name = "mlp"
-base_path = "$ROOT/examples/models/mlp"
-"#,
-    );
+    let server = Server::with_config(&format!("[server]\nmax_json_values = 1000\n{}", example_model_table("mlp")));
     let mut rest = client(&server);
     // 20 rows of 64 values: 1280 numbers, a few KB of text.
     let rows = json!({ "instances": vec![vec![0.5f32; 64]; 20] }).to_string();
