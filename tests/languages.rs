@@ -31,6 +31,18 @@ fn compile_cache() -> String {
     root().join("target/tmp/plugin-cache").display().to_string()
 }
 
+/// Each pipeline of the config: its name, its model, its preprocess stage.
+const PIPELINES: &[(&str, &str, &str)] = &[
+    ("scale", "mlp", "plugin = \"scale\""),
+    ("scale_py", "mlp", "plugin = \"scale_py\""),
+    ("scale_js", "mlp", "plugin = \"scale_js\""),
+    ("recommend", "recommender", "plugin = \"feature_transform\""),
+    ("recommend_py", "recommender", "plugin = \"feature_transform_py\""),
+    ("recommend_js", "recommender", "plugin = \"feature_transform_js\""),
+    ("hostile_py", "mlp", "plugin = \"hostile_py\", workers = 2"),
+    ("hostile_js", "mlp", "plugin = \"hostile_js\", workers = 2"),
+];
+
 fn config() -> String {
     plugin_file("hostile_py");
     format!(
@@ -50,49 +62,15 @@ memory_mib = 64
 {mlp_table}
 
 {recommender_table}
-
-[[pipelines]]
-name = "scale"
-model = "mlp"
-preprocess = {{ plugin = "scale" }}
-
-[[pipelines]]
-name = "scale_py"
-model = "mlp"
-preprocess = {{ plugin = "scale_py" }}
-
-[[pipelines]]
-name = "scale_js"
-model = "mlp"
-preprocess = {{ plugin = "scale_js" }}
-
-[[pipelines]]
-name = "recommend"
-model = "recommender"
-preprocess = {{ plugin = "feature_transform" }}
-
-[[pipelines]]
-name = "recommend_py"
-model = "recommender"
-preprocess = {{ plugin = "feature_transform_py" }}
-
-[[pipelines]]
-name = "recommend_js"
-model = "recommender"
-preprocess = {{ plugin = "feature_transform_js" }}
-
-[[pipelines]]
-name = "hostile_py"
-model = "mlp"
-preprocess = {{ plugin = "hostile_py", workers = 2 }}
-
-[[pipelines]]
-name = "hostile_js"
-model = "mlp"
-preprocess = {{ plugin = "hostile_js", workers = 2 }}
-"#,
+{pipelines}"#,
         recommender_table = example_model_table("recommender"),
         mlp_table = example_model_table("mlp"),
+        pipelines = PIPELINES
+            .iter()
+            .map(|(name, model, stage)| format!(
+                "[[pipelines]]\nname = \"{name}\"\nmodel = \"{model}\"\npreprocess = {{ {stage} }}\n\n"
+            ))
+            .collect::<String>(),
         dir = root().join("target/plugins").display(),
         cache = compile_cache(),
     )
