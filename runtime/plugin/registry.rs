@@ -26,18 +26,22 @@
 //! cache of it.
 
 mod canary;
+mod replicas;
+mod storage;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use self::storage::read_manifest;
+
 pub use super::manifest::{CanaryVersion, Manifest, StoredVersion};
 use super::shared::SharedRegistry;
-use super::store::{remove_stale_temporaries, sha256_hex, write_atomically};
+use super::store::{remove_stale_temporaries, write_atomically};
 use super::{Plugin, PluginEngine, PluginsConfig};
 use crate::config::check_name;
 use crate::error::{Error, Result};
@@ -201,169 +205,6 @@ impl PluginRegistry {
         self.revision.load(Ordering::Acquire)
     }
 
-    /// Waits until this replica has the shared registry's plugins and
-    /// manifests in its store, retrying while Redis does not answer: a new
-    /// replica starts with every active plugin, and is not ready before.
-    /// Blocking.
-    pub fn wait_for_shared(&self, stopping: impl Fn() -> bool) -> Result<()> {
-        if self.shared.is_none() {
-            return Ok(());
-        }
-        let mut wait = Duration::from_millis(100);
-        loop {
-            match self.sync() {
-                Ok(_) => {
-                    tracing::info!(revision = self.revision(), "plugins in step with the shared registry");
-                    return Ok(());
-                }
-                // Redis not answering: wait for it, not ready meanwhile.
-                Err(error @ Error::Unavailable(_)) if !stopping() => {
-                    tracing::warn!("waiting for the shared plugin registry before serving: {error}");
-                    std::thread::sleep(wait);
-                    wait = (wait * 2).min(Duration::from_secs(2));
-                }
-                Err(error @ Error::Unavailable(_)) => return Err(error),
-                // What it holds is bad (a corrupted blob): waiting would
-                // not help. The stages fall back as with a bad local
-                // store, and each later change retries.
-                Err(error) => {
-                    tracing::error!("starting without part of the shared plugin registry: {error}");
-                    return Ok(());
-                }
-            }
-        }
-    }
-
-    /// Follows the shared registry from now on: each change another
-    /// replica makes is applied here (`sync` on a blocking thread, one at
-    /// a time, never more than one queued).
-    pub fn follow(self: &Arc<Self>) {
-        let Some(shared) = &self.shared else { return };
-        let registry: Weak<PluginRegistry> = Arc::downgrade(self);
-        shared.watch(move || {
-            let Some(registry) = registry.upgrade() else { return };
-            if registry.sync_queued.swap(true, Ordering::AcqRel) {
-                return;
-            }
-            tokio::task::spawn_blocking(move || {
-                registry.sync_queued.store(false, Ordering::Release);
-                if let Err(error) = registry.sync() {
-                    tracing::warn!("plugins not in step with the shared registry: {error}");
-                }
-            });
-        });
-    }
-
-    /// Applies the shared registry's changes since the revision this
-    /// replica has: fetches missing blobs (checked against their hashes),
-    /// writes the manifests here, and swaps every stage whose active
-    /// version changed. Answers whether anything changed. Blocking.
-    pub fn sync(&self) -> Result<bool> {
-        let _one = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
-        self.sync_locked()
-    }
-
-    fn sync_locked(&self) -> Result<bool> {
-        let Some(shared) = &self.shared else { return Ok(false) };
-        let snapshot = shared.snapshot().inspect_err(|_| {
-            self.metrics.plugin_registry_sync_failures.inc();
-        })?;
-        if snapshot.revision == self.revision() {
-            return Ok(false);
-        }
-        let (mut failed, mut unreachable) = (Vec::new(), false);
-        for manifest in snapshot.manifests.values() {
-            if let Err(error) = self.apply_shared(shared, manifest) {
-                tracing::error!(plugin = %manifest.name, "shared plugin change not applied here: {error}");
-                unreachable |= matches!(error, Error::Unavailable(_));
-                failed.push(format!("{}: {error}", manifest.name));
-            }
-        }
-        if !failed.is_empty() {
-            self.metrics.plugin_registry_sync_failures.inc();
-            let message = format!(
-                "revision {} of the shared plugin registry could not be applied: {}",
-                snapshot.revision,
-                failed.join("; ")
-            );
-            return Err(if unreachable { Error::unavailable(message) } else { Error::internal(message) });
-        }
-        tracing::info!(from = self.revision(), to = snapshot.revision, "applied the shared plugin registry");
-        self.set_revision(snapshot.revision);
-        Ok(true)
-    }
-
-    fn set_revision(&self, revision: u64) {
-        self.revision.store(revision, Ordering::Release);
-        self.metrics.plugin_registry_revision.set(i64::try_from(revision).unwrap_or(i64::MAX));
-    }
-
-    /// Makes one plugin here as the shared registry has it.
-    fn apply_shared(&self, shared: &SharedRegistry, manifest: &Manifest) -> Result<()> {
-        check_name("name", &manifest.name)?;
-        let name = &manifest.name;
-        for version in &manifest.versions {
-            let path = self.blob_path(&version.sha256);
-            if self.read_blob_at(&path, &version.sha256).is_err() {
-                let bytes = shared.blob(&version.sha256)?;
-                write_atomically(&path, &bytes)
-                    .map_err(|e| Error::internal(format!("storing {}: {e}", path.display())))?;
-            }
-        }
-        let (local, slots) = {
-            let state = self.lock();
-            (state.manifests.get(name).cloned(), state.bindings.get(name).cloned().unwrap_or_default())
-        };
-        // A pipeline runs only its own team's uploads.
-        let slots: Slots = slots.into_iter().filter(|slot| slot.team() == manifest.team.as_deref()).collect();
-        let active = manifest.active.unwrap_or(FILE_VERSION);
-        let behind: Slots = slots.iter().filter(|slot| slot.running().0 != active).cloned().collect();
-        let wanted = manifest.canary.as_ref().map(|c| (c.version, c.percent));
-        let canary_behind = slots.iter().any(|slot| slot.canary() != wanted);
-        if local.as_ref() == Some(manifest) && behind.is_empty() && !canary_behind {
-            return Ok(());
-        }
-        let mut loaded = Vec::with_capacity(behind.len());
-        if !behind.is_empty() {
-            let bytes = if active == FILE_VERSION {
-                self.file_of(name)?.1
-            } else {
-                let stored =
-                    manifest.versions.iter().find(|v| v.version == active).ok_or_else(|| {
-                        Error::internal(format!("its active version {active} is not among its versions"))
-                    })?;
-                self.read_blob(stored)?
-            };
-            loaded.push(Arc::new(self.validate(name, &bytes, &behind)?));
-            for _ in behind.iter().skip(1) {
-                loaded.push(Arc::new(self.load(name, &bytes)?));
-            }
-        }
-        self.write_manifest(manifest)?;
-        let mut state = self.lock();
-        state.manifests.insert(name.clone(), manifest.clone());
-        for (slot, plugin) in behind.iter().zip(loaded) {
-            plugin.accepted();
-            slot.swap(plugin, active)?;
-            tracing::info!(plugin = %name, version = active, pipeline = %slot.pipeline(), "swapped, as the shared registry says");
-        }
-        drop(state);
-        if canary_behind {
-            self.apply_canary(manifest, &slots)?;
-        }
-        Ok(())
-    }
-
-    /// Records a change in the shared registry before it is applied here;
-    /// nothing without one. Fails (and nothing changes) when another
-    /// replica changed the registry since this one last synced.
-    fn commit_shared(&self, manifest: &Manifest, audit: serde_json::Value) -> Result<()> {
-        let Some(shared) = &self.shared else { return Ok(()) };
-        let revision = shared.commit(self.revision(), manifest, &audit)?;
-        self.set_revision(revision);
-        Ok(())
-    }
-
     /// The registry's state. No plugin code ever runs while it is held
     /// (validation and loading happen outside), and its data is consistent
     /// between statements, so a panic elsewhere cannot leave it half
@@ -435,41 +276,6 @@ impl PluginRegistry {
             }
         }
         Ok(sources)
-    }
-
-    /// `NAME.wasm` in the plugin directory: version 0.
-    fn file_of(&self, name: &str) -> Result<(PathBuf, Vec<u8>)> {
-        let path = self.config.path_of(name)?;
-        let bytes = std::fs::read(&path)
-            .map_err(|e| Error::invalid_argument(format!("cannot read plugin {}: {e}", path.display())))?;
-        Ok((path, bytes))
-    }
-
-    /// Version 0 as a stored version is described: the file's hash, size
-    /// and time; `None` when there is no file.
-    fn file_version(&self, name: &str) -> Option<StoredVersion> {
-        let (path, bytes) = self.file_of(name).ok()?;
-        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-        Some(StoredVersion {
-            version: FILE_VERSION,
-            sha256: sha256_hex(&bytes),
-            size: bytes.len() as u64,
-            declared: format!("{}", path.display()),
-            uploaded_at: modified.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs()),
-            uploaded_by: "[plugins] dir".to_string(),
-        })
-    }
-
-    /// A manifest as clients see it: version 0 (the file) among the
-    /// versions, and active while nothing else is.
-    fn with_file(&self, mut manifest: Manifest) -> Manifest {
-        if let Some(file) = self.file_version(&manifest.name) {
-            manifest.versions.insert(0, file);
-            if manifest.active.is_none() {
-                manifest.active = Some(FILE_VERSION);
-            }
-        }
-        manifest
     }
 
     /// What every pipeline's plugin stage runs now, for `caller`.
@@ -873,56 +679,6 @@ impl PluginRegistry {
         drop(state);
         Ok(self.with_file(manifest))
     }
-
-    fn blob_path(&self, sha256: &str) -> PathBuf {
-        self.blobs.join(format!("{sha256}.wasm"))
-    }
-
-    fn read_blob(&self, stored: &StoredVersion) -> Result<Vec<u8>> {
-        self.read_blob_at(&self.blob_path(&stored.sha256), &stored.sha256)
-    }
-
-    /// The blob's bytes, refused when they no longer hash to its name.
-    fn read_blob_at(&self, path: &Path, sha256: &str) -> Result<Vec<u8>> {
-        let bytes = std::fs::read(path).map_err(|e| Error::internal(format!("cannot read {}: {e}", path.display())))?;
-        let actual = sha256_hex(&bytes);
-        if actual != sha256 {
-            return Err(Error::internal(format!(
-                "{} is corrupted: its SHA-256 is {actual}, the manifest says {sha256}",
-                path.display()
-            )));
-        }
-        Ok(bytes)
-    }
-
-    fn write_manifest(&self, manifest: &Manifest) -> Result<()> {
-        let path = self.manifests.join(format!("{}.json", manifest.name));
-        let bytes = serde_json::to_vec_pretty(manifest)
-            .map_err(|e| Error::internal(format!("encoding the manifest failed: {e}")))?;
-        write_atomically(&path, &bytes).map_err(|e| Error::internal(format!("writing {}: {e}", path.display())))
-    }
-}
-
-fn read_manifest(path: &Path) -> Result<Manifest> {
-    let bytes = std::fs::read(path).map_err(|e| Error::internal(e.to_string()))?;
-    let manifest: Manifest =
-        serde_json::from_slice(&bytes).map_err(|e| Error::internal(format!("not a manifest: {e}")))?;
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
-    if manifest.name != stem {
-        return Err(Error::internal(format!("it names plugin '{}', but the file is {stem}.json", manifest.name)));
-    }
-    check_name("name", &manifest.name)?;
-    if let Some(active) = manifest.active.filter(|&a| a != FILE_VERSION) {
-        if !manifest.versions.iter().any(|v| v.version == active) {
-            return Err(Error::internal(format!("active version {active} is not among its versions")));
-        }
-    }
-    if let Some(bad) =
-        manifest.versions.iter().find(|v| v.sha256.len() != 64 || !v.sha256.bytes().all(|b| b.is_ascii_hexdigit()))
-    {
-        return Err(Error::internal(format!("version {} has a malformed sha256 \"{}\"", bad.version, bad.sha256)));
-    }
-    Ok(manifest)
 }
 
 fn no_plugin(name: &str) -> Error {
