@@ -3,8 +3,9 @@
 //! `age`, `hours`, `extra` ×3, `country`), the server's whole edge work
 //! from the request bytes to the model's input tensors —
 //!
-//! - `classify`: decode a `ClassificationRequest`, parse its examples
-//!   (`tensor::example`), one tensor per input;
+//! - `classify`: decode a `ClassificationRequest` (its examples stay
+//!   serialized, as TF Serving's `lazy` fields), parse them straight from
+//!   the request buffer (`tensor::example`), one tensor per input;
 //! - `predict typed`: decode a `PredictRequest` of the same four inputs in
 //!   typed fields (`float_val`, `int64_val`: what TF clients send by
 //!   default), and each tensor;
@@ -75,6 +76,7 @@ fn requests(rows: usize) -> (Bytes, Bytes, Bytes) {
                 ("country".to_string(), int64_feature(vec![(i as i64) % 5])),
             ])
         })
+        .map(|example| Bytes::from(example.encode_to_vec()))
         .collect();
     let spec = Some(ModelSpec { name: "census".into(), ..Default::default() });
     let classify = ClassificationRequest {

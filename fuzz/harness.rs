@@ -224,11 +224,67 @@ pub fn tf_examples(data: &[u8]) {
     if let Ok(Input { kind: Some(kind) }) = Input::decode(data) {
         let (examples, context) = match kind {
             input::Kind::ExampleList(list) => (list.examples, None),
-            input::Kind::ExampleListWithContext(list) => (list.examples, list.context),
+            input::Kind::ExampleListWithContext(list) => (list.examples, Some(list.context)),
         };
         let batch = ExampleBatch { examples: &examples, context: context.as_ref() };
-        check(examples.len(), columns.parse(batch, LIMIT));
+        let parsed = columns.parse(batch, LIMIT);
+        same_as_prost(&examples, context.as_ref(), &parsed);
+        check(examples.len(), parsed);
     }
     let serialized = [Bytes::copy_from_slice(data)];
-    check(1, columns.parse_serialized(&serialized, LIMIT));
+    let parsed = columns.parse_serialized(&serialized, LIMIT);
+    same_as_prost(&serialized, None, &parsed);
+    check(1, parsed);
+}
+
+/// The parse reads examples in place; prost decodes them whole. Where
+/// prost decodes every example (and the context), the parse must not call
+/// them malformed, and what it reads of `a` (float32, required) and `c`
+/// (int32, default 7) must be what the decoded messages hold.
+fn same_as_prost(examples: &[Bytes], context: Option<&Bytes>, parsed: &sluice::error::Result<Vec<Tensor>>) {
+    use sluice::proto::tensorflow::{feature, Example};
+    let decoded: Result<Vec<Example>, _> = examples.iter().map(|e| Example::decode(e.clone())).collect();
+    let context = context.map(|c| Example::decode(c.clone()));
+    let (Ok(decoded), Some(Ok(_)) | None) = (decoded, &context) else { return };
+    let tensors = match parsed {
+        Ok(tensors) => tensors,
+        Err(e) => {
+            assert!(
+                !e.message().contains("not a valid serialized") && !e.message().contains("is not valid"),
+                "prost decodes what the parse calls malformed: {e}"
+            );
+            return;
+        }
+    };
+    let context = context.and_then(Result::ok);
+    let lookup = |example: &Example, name: &str| -> Option<feature::Kind> {
+        let kind = example.features.as_ref()?.feature.get(name)?.kind.clone()?;
+        let empty = match &kind {
+            feature::Kind::BytesList(l) => l.value.is_empty(),
+            feature::Kind::FloatList(l) => l.value.is_empty(),
+            feature::Kind::Int64List(l) => l.value.is_empty(),
+        };
+        (!empty).then_some(kind)
+    };
+    let value = |example: &Example, name: &str| {
+        lookup(example, name).or_else(|| context.as_ref().and_then(|c| lookup(c, name)))
+    };
+    let a: Vec<f32> = decoded
+        .iter()
+        .map(|e| match value(e, "a") {
+            Some(feature::Kind::FloatList(l)) => l.value[0],
+            other => panic!("the parse succeeded, but prost reads a as {other:?}"),
+        })
+        .collect();
+    let parsed_a = tensors[0].to_vec::<f32>().expect("a is float32");
+    assert!(a.iter().zip(&parsed_a).all(|(x, y)| x.to_bits() == y.to_bits()), "a: {a:?} vs {parsed_a:?}");
+    let c: Vec<i32> = decoded
+        .iter()
+        .map(|e| match value(e, "c") {
+            Some(feature::Kind::Int64List(l)) => l.value[0] as i32,
+            None => 7,
+            other => panic!("the parse succeeded, but prost reads c as {other:?}"),
+        })
+        .collect();
+    assert_eq!(tensors[2].to_vec::<i32>().expect("c is int32"), c);
 }

@@ -57,8 +57,14 @@ fn person(age: f32) -> Example {
     example([("age".to_string(), float_feature(vec![age]))])
 }
 
+/// Examples as the wire carries them (sluice's `ExampleList` keeps them
+/// serialized, as TF Serving's lazy fields).
+fn wire(examples: &[Example]) -> Vec<Bytes> {
+    examples.iter().map(|e| Bytes::from(prost::Message::encode_to_vec(e))).collect()
+}
+
 fn list(examples: Vec<Example>) -> Option<Input> {
-    Some(Input { kind: Some(input::Kind::ExampleList(ExampleList { examples })) })
+    Some(Input { kind: Some(input::Kind::ExampleList(ExampleList { examples: wire(&examples) })) })
 }
 
 fn model(name: &str, signature: &str) -> Option<ModelSpec> {
@@ -270,14 +276,17 @@ async fn bad_examples_are_refused_naming_the_example_and_the_feature() {
         .await
         .expect_err("refused");
     assert_eq!(status.code(), Code::InvalidArgument);
-    assert!(status.message().contains("input 'examples' element 1 is not a serialized tf.Example"), "{status:?}");
+    assert!(
+        status.message().contains("input 'examples': example 1 is not a valid serialized tf.Example"),
+        "{status:?}"
+    );
 
     // Still serving, with context.
     let context = example([("country".to_string(), int64_feature(vec![4]))]);
     let input = Some(Input {
         kind: Some(input::Kind::ExampleListWithContext(ExampleListWithContext {
-            examples: vec![person(33.0), person(44.0)],
-            context: Some(context),
+            examples: wire(&[person(33.0), person(44.0)]),
+            context: Bytes::from(prost::Message::encode_to_vec(&context)),
         })),
     });
     let answer = client.classify(classify("census", "classification", input)).await.expect("still serving");

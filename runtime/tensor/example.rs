@@ -14,8 +14,8 @@
 use std::fmt;
 
 use bytes::Bytes;
-use prost::Message;
 
+use super::protowire::{read_varint, Fields, WireError, WireValue};
 use super::spec::{Signature, TensorSpec};
 use super::{format_shape, tensor_bytes, DType, Tensor, TensorData};
 use crate::config::examples::{
@@ -56,14 +56,37 @@ enum Values {
     Strings(Vec<Bytes>),
 }
 
-/// The examples of one request: TF Serving's `ExampleList` or
-/// `ExampleListWithContext`.
+/// The examples of one request, serialized as the wire carries them: TF
+/// Serving's `ExampleList` or `ExampleListWithContext`, or Predict's
+/// `examples` strings.
 #[derive(Debug, Clone, Copy)]
 pub struct ExampleBatch<'a> {
-    /// The examples, one row each.
-    pub examples: &'a [Example],
-    /// Features every example has unless it gives its own.
-    pub context: Option<&'a Example>,
+    /// Serialized `tf.Example`s, one row each.
+    pub examples: &'a [Bytes],
+    /// A serialized `tf.Example` whose features every example has unless
+    /// it gives its own.
+    pub context: Option<&'a Bytes>,
+}
+
+/// One feature's values as an example gives them: the kind, and where in
+/// the `tf.train.Feature`'s bytes the lists of that kind start (a message
+/// given twice is merged, so a later list of the same kind adds to the
+/// earlier one, and a list of another kind replaces it).
+#[derive(Debug, Clone, Copy)]
+struct Given<'a> {
+    kind: FeatureKind,
+    feature: &'a [u8],
+    from: usize,
+    count: usize,
+}
+
+/// The `tf.train.Feature` field number of each kind's list.
+fn list_field(kind: FeatureKind) -> u32 {
+    match kind {
+        FeatureKind::Bytes => 1,
+        FeatureKind::Float => 2,
+        FeatureKind::Int64 => 3,
+    }
 }
 
 /// The kind of values an input of `dtype` takes from a feature.
@@ -179,30 +202,70 @@ impl ExampleColumns {
     /// One tensor per input (in signature order, named by
     /// [`Self::input_names`]): row `i` from example `i`, each feature
     /// taken from the example, else the context, else the default.
-    /// `limit` bounds each tensor's bytes.
+    /// `limit` bounds each tensor's bytes. One walk over each example finds
+    /// the features the inputs read; the others are skipped unread.
     pub fn parse(&self, batch: ExampleBatch<'_>, limit: usize) -> Result<Vec<Tensor>> {
         let rows = batch.examples.len();
         self.check_count(rows)?;
-        self.columns.iter().map(|column| column.parse(batch, rows, limit)).collect()
+        let width = self.columns.len();
+        let mut context = vec![None; width];
+        if let Some(bytes) = batch.context {
+            self.scan(bytes, &mut context).map_err(|e| {
+                Error::invalid_argument(format!("the context is not a valid serialized tf.Example: {e}"))
+            })?;
+        }
+        let mut found = vec![None; rows * width];
+        for (i, (example, found)) in batch.examples.iter().zip(found.chunks_mut(width)).enumerate() {
+            self.scan(example, found).map_err(|e| {
+                Error::invalid_argument(format!("example {i} is not a valid serialized tf.Example: {e}"))
+            })?;
+        }
+        let mut tensors = Vec::with_capacity(width);
+        for (index, column) in self.columns.iter().enumerate() {
+            let own: Vec<Option<&[u8]>> = found.iter().skip(index).step_by(width).copied().collect();
+            tensors.push(column.parse(batch, &own, context[index], limit)?);
+        }
+        Ok(tensors)
     }
 
-    /// Decodes serialized `tf.Example`s (Predict's `examples` input, one
-    /// per element) and parses them.
+    /// Parses Predict's `examples` input: serialized `tf.Example`s, one
+    /// per element.
     pub fn parse_serialized(&self, serialized: &[Bytes], limit: usize) -> Result<Vec<Tensor>> {
-        self.check_count(serialized.len())?;
-        let examples = serialized
-            .iter()
-            .enumerate()
-            .map(|(i, bytes)| {
-                Example::decode(bytes.clone()).map_err(|e| {
-                    Error::invalid_argument(format!(
-                        "input '{}' element {i} is not a serialized tf.Example: {e}",
-                        self.predict_input
-                    ))
-                })
-            })
-            .collect::<Result<Vec<Example>>>()?;
-        self.parse(ExampleBatch { examples: &examples, context: None }, limit)
+        self.parse(ExampleBatch { examples: serialized, context: None }, limit)
+            .map_err(|e| e.context(format_args!("input '{}'", self.predict_input)))
+    }
+
+    /// Finds in one serialized example the `tf.train.Feature` of each
+    /// column's feature (the last one given, as a map keeps it).
+    fn scan<'a>(&self, example: &'a [u8], found: &mut [Option<&'a [u8]>]) -> std::result::Result<(), WireError> {
+        for field in Fields::new(example) {
+            let features = match field? {
+                (1, WireValue::Bytes(features)) => features,
+                (1, _) => return Err(WireError("its features are of the wrong wire type")),
+                _ => continue,
+            };
+            for entry in Fields::new(features) {
+                let entry = match entry? {
+                    (1, WireValue::Bytes(entry)) => entry,
+                    (1, _) => return Err(WireError("a feature entry is of the wrong wire type")),
+                    _ => continue,
+                };
+                let (mut name, mut value): (&[u8], &[u8]) = (&[], &[]);
+                for part in Fields::new(entry) {
+                    match part? {
+                        (1, WireValue::Bytes(given)) => name = given,
+                        (2, WireValue::Bytes(given)) => value = given,
+                        (1 | 2, _) => return Err(WireError("a feature entry is of the wrong wire type")),
+                        _ => {}
+                    }
+                }
+                std::str::from_utf8(name).map_err(|_| WireError("a feature name is not UTF-8"))?;
+                if let Some(index) = self.columns.iter().position(|c| c.feature.as_bytes() == name) {
+                    found[index] = Some(value);
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -325,34 +388,58 @@ impl Column {
         })
     }
 
-    fn parse(&self, batch: ExampleBatch<'_>, rows: usize, limit: usize) -> Result<Tensor> {
+    /// The column's tensor: row `i` from `own[i]` (example `i`'s
+    /// `tf.train.Feature` of this feature, when it has one), else from
+    /// `context`'s, else the default.
+    fn parse(
+        &self,
+        batch: ExampleBatch<'_>,
+        own: &[Option<&[u8]>],
+        context: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Tensor> {
+        let rows = own.len();
         let mut shape = Vec::with_capacity(self.shape.len() + 1);
         shape.push(rows as i64);
         shape.extend_from_slice(&self.shape);
         tensor_bytes(self.dtype, &shape, limit, &format!("input '{}' parsed from tf.Examples", self.input))?;
+        let context = match (context, batch.context) {
+            (Some(feature), Some(source)) => self
+                .given(feature)
+                .map_err(|e| {
+                    Error::invalid_argument(format!("the context's feature '{}' is not valid: {e}", self.feature))
+                })?
+                .map(|given| (given, source)),
+            _ => None,
+        };
+        let pick = |row: usize| -> Result<Option<(Given<'_>, &Bytes)>> {
+            let mine = match own[row] {
+                Some(feature) => self.given(feature).map_err(|e| {
+                    Error::invalid_argument(format!("example {row}: feature '{}' is not valid: {e}", self.feature))
+                })?,
+                None => None,
+            };
+            Ok(mine.map(|given| (given, &batch.examples[row])).or(context))
+        };
         let data = match self.dtype.size() {
             Some(size) => {
                 let mut out = Vec::with_capacity(rows * self.count * size);
-                for (i, example) in batch.examples.iter().enumerate() {
-                    match (self.find(example, batch.context), &self.default) {
-                        (Some(values), _) => self.put(values, &mut out, i)?,
+                for row in 0..rows {
+                    match (pick(row)?, &self.default) {
+                        (Some((given, _)), _) => self.put_fixed(given, &mut out, row)?,
                         (None, Some(Values::Fixed(default))) => out.extend_from_slice(default),
-                        (None, _) => return Err(self.missing(i)),
+                        (None, _) => return Err(self.missing(row)),
                     }
                 }
                 TensorData::Fixed(Bytes::from(out))
             }
             None => {
                 let mut out = Vec::with_capacity(rows * self.count);
-                for (i, example) in batch.examples.iter().enumerate() {
-                    match (self.find(example, batch.context), &self.default) {
-                        (Some(feature::Kind::BytesList(list)), _) => {
-                            self.check_count(list.value.len(), i)?;
-                            out.extend(list.value.iter().cloned());
-                        }
-                        (Some(other), _) => return Err(self.wrong_kind(other, i)),
+                for row in 0..rows {
+                    match (pick(row)?, &self.default) {
+                        (Some((given, source)), _) => self.put_strings(given, source, &mut out, row)?,
                         (None, Some(Values::Strings(default))) => out.extend(default.iter().cloned()),
-                        (None, _) => return Err(self.missing(i)),
+                        (None, _) => return Err(self.missing(row)),
                     }
                 }
                 TensorData::Strings(out)
@@ -361,44 +448,98 @@ impl Column {
         Ok(Tensor::from_parts_unchecked(self.dtype, shape, data))
     }
 
-    /// The feature's values in `example`, else in `context`. A feature
-    /// with no values (or no kind) counts as absent, as in TensorFlow.
-    fn find<'e>(&self, example: &'e Example, context: Option<&'e Example>) -> Option<&'e feature::Kind> {
-        let lookup = |example: &'e Example| -> Option<&'e feature::Kind> {
-            let kind = example.features.as_ref()?.feature.get(&self.feature)?.kind.as_ref()?;
-            let empty = match kind {
-                feature::Kind::BytesList(l) => l.value.is_empty(),
-                feature::Kind::FloatList(l) => l.value.is_empty(),
-                feature::Kind::Int64List(l) => l.value.is_empty(),
+    /// What a serialized `tf.train.Feature` gives: its kind and value
+    /// count; `None` when it gives no values (or no kind), which counts as
+    /// not giving the feature, as in TensorFlow.
+    fn given<'a>(&self, feature: &'a [u8]) -> std::result::Result<Option<Given<'a>>, WireError> {
+        let (mut kind, mut from) = (None, 0);
+        let mut fields = Fields::new(feature);
+        loop {
+            let at = fields.position();
+            let Some(field) = fields.next() else { break };
+            let this = match field? {
+                (1, WireValue::Bytes(_)) => FeatureKind::Bytes,
+                (2, WireValue::Bytes(_)) => FeatureKind::Float,
+                (3, WireValue::Bytes(_)) => FeatureKind::Int64,
+                (1..=3, _) => return Err(WireError("a list of the wrong wire type")),
+                _ => continue,
             };
-            (!empty || self.count == 0).then_some(kind)
-        };
-        lookup(example).or_else(|| context.and_then(lookup))
+            if kind != Some(this) {
+                (kind, from) = (Some(this), at);
+            }
+        }
+        let Some(kind) = kind else { return Ok(None) };
+        let mut count = 0usize;
+        for_each_list(feature, from, kind, |list| {
+            count += count_values(kind, list)?;
+            Ok(())
+        })?;
+        Ok((count > 0 || self.count == 0).then_some(Given { kind, feature, from, count }))
     }
 
     /// Appends one example's fixed-width values, converted to the dtype.
-    fn put(&self, values: &feature::Kind, out: &mut Vec<u8>, example: usize) -> Result<()> {
-        match values {
-            feature::Kind::FloatList(list) if self.kind == FeatureKind::Float => {
-                self.check_count(list.value.len(), example)?;
-                for &v in &list.value {
-                    push_float(self.dtype, f64::from(v), out);
-                }
-            }
-            feature::Kind::Int64List(list) if self.kind == FeatureKind::Int64 => {
-                self.check_count(list.value.len(), example)?;
-                for &v in &list.value {
-                    push_int(self.dtype, v, out).map_err(|why| {
-                        Error::invalid_argument(format!(
-                            "example {example}: feature '{}' value {v} {why} (input '{}' is {})",
-                            self.feature, self.input, self.dtype
-                        ))
-                    })?;
-                }
-            }
-            other => return Err(self.wrong_kind(other, example)),
+    fn put_fixed(&self, given: Given<'_>, out: &mut Vec<u8>, example: usize) -> Result<()> {
+        if given.kind != self.kind {
+            return Err(self.wrong_kind(given.kind, example));
         }
-        Ok(())
+        self.check_count(given.count, example)?;
+        let out_of_range = |v: i64, why: &str| {
+            Error::invalid_argument(format!(
+                "example {example}: feature '{}' value {v} {why} (input '{}' is {})",
+                self.feature, self.input, self.dtype
+            ))
+        };
+        let mut failed = None;
+        for_each_list(given.feature, given.from, given.kind, |list| {
+            for field in Fields::new(list) {
+                match (given.kind, field?) {
+                    (FeatureKind::Float, (1, WireValue::Bytes(packed))) => {
+                        for chunk in packed.chunks_exact(4) {
+                            let v = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                            push_float(self.dtype, f64::from(v), out);
+                        }
+                    }
+                    (FeatureKind::Float, (1, WireValue::Fixed32(bits))) => {
+                        push_float(self.dtype, f64::from(f32::from_bits(bits)), out)
+                    }
+                    (FeatureKind::Int64, (1, WireValue::Bytes(packed))) => {
+                        let mut pos = 0;
+                        while pos < packed.len() {
+                            let v = read_varint(packed, &mut pos)? as i64;
+                            if let Err(why) = push_int(self.dtype, v, out) {
+                                failed.get_or_insert_with(|| out_of_range(v, why));
+                            }
+                        }
+                    }
+                    (FeatureKind::Int64, (1, WireValue::Varint(v))) => {
+                        if let Err(why) = push_int(self.dtype, v as i64, out) {
+                            failed.get_or_insert_with(|| out_of_range(v as i64, why));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        })
+        .map_err(|e| Error::invalid_argument(format!("example {example}: feature '{}': {e}", self.feature)))?;
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Appends one example's strings: slices of the buffer they came in.
+    fn put_strings(&self, given: Given<'_>, source: &Bytes, out: &mut Vec<Bytes>, example: usize) -> Result<()> {
+        if given.kind != FeatureKind::Bytes {
+            return Err(self.wrong_kind(given.kind, example));
+        }
+        self.check_count(given.count, example)?;
+        for_each_list(given.feature, given.from, given.kind, |list| {
+            for field in Fields::new(list) {
+                if let (1, WireValue::Bytes(value)) = field? {
+                    out.push(source.slice_ref(value));
+                }
+            }
+            Ok(())
+        })
+        .map_err(|e| Error::invalid_argument(format!("example {example}: feature '{}': {e}", self.feature)))
     }
 
     fn check_count(&self, given: usize, example: usize) -> Result<()> {
@@ -413,12 +554,7 @@ impl Column {
         Ok(())
     }
 
-    fn wrong_kind(&self, given: &feature::Kind, example: usize) -> Error {
-        let given = match given {
-            feature::Kind::BytesList(_) => FeatureKind::Bytes,
-            feature::Kind::FloatList(_) => FeatureKind::Float,
-            feature::Kind::Int64List(_) => FeatureKind::Int64,
-        };
+    fn wrong_kind(&self, given: FeatureKind, example: usize) -> Error {
         Error::invalid_argument(format!(
             "example {example}: feature '{}' is a {}, but input '{}' ({}) takes a {}",
             self.feature,
@@ -438,6 +574,52 @@ impl Column {
             format_shape(&self.shape)
         ))
     }
+}
+
+/// Calls `each` with every list message of `kind` in a serialized
+/// `tf.train.Feature`, from byte `from` on.
+fn for_each_list<'a>(
+    feature: &'a [u8],
+    from: usize,
+    kind: FeatureKind,
+    mut each: impl FnMut(&'a [u8]) -> std::result::Result<(), WireError>,
+) -> std::result::Result<(), WireError> {
+    let wanted = list_field(kind);
+    for field in Fields::new(&feature[from..]) {
+        if let (number, WireValue::Bytes(list)) = field? {
+            if number == wanted {
+                each(list)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The values one list message of `kind` holds, its encoding checked.
+fn count_values(kind: FeatureKind, list: &[u8]) -> std::result::Result<usize, WireError> {
+    let mut count = 0usize;
+    for field in Fields::new(list) {
+        count += match (kind, field?) {
+            (FeatureKind::Float, (1, WireValue::Bytes(packed))) if packed.len() % 4 == 0 => packed.len() / 4,
+            (FeatureKind::Float, (1, WireValue::Bytes(_))) => {
+                return Err(WireError("packed floats whose length is not a multiple of 4"))
+            }
+            (FeatureKind::Float, (1, WireValue::Fixed32(_))) => 1,
+            (FeatureKind::Int64, (1, WireValue::Bytes(packed))) => {
+                let (mut pos, mut n) = (0, 0);
+                while pos < packed.len() {
+                    read_varint(packed, &mut pos)?;
+                    n += 1;
+                }
+                n
+            }
+            (FeatureKind::Int64, (1, WireValue::Varint(_))) => 1,
+            (FeatureKind::Bytes, (1, WireValue::Bytes(_))) => 1,
+            (_, (1, _)) => return Err(WireError("a value of the wrong wire type")),
+            _ => 0,
+        };
+    }
+    Ok(count)
 }
 
 /// Appends `v` as one element of `dtype` (a float dtype).
@@ -525,6 +707,12 @@ pub fn example(features: impl IntoIterator<Item = (String, Feature)>) -> Example
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
+
+    /// Examples as the wire carries them.
+    fn wire(examples: &[Example]) -> Vec<Bytes> {
+        examples.iter().map(|e| Bytes::from(e.encode_to_vec())).collect()
+    }
 
     fn spec(name: &str, dtype: DType, shape: &[i64]) -> TensorSpec {
         TensorSpec { name: name.into(), dtype, shape: shape.to_vec(), unknown_rank: false }
@@ -573,8 +761,12 @@ mod tests {
         ];
         let context =
             example([("hours".into(), float_feature(vec![10.0])), ("country".into(), int64_feature(vec![3]))]);
-        let tensors =
-            columns().parse(ExampleBatch { examples: &examples, context: Some(&context) }, 1 << 20).expect("parse");
+        let tensors = columns()
+            .parse(
+                ExampleBatch { examples: &wire(&examples), context: Some(&wire(std::slice::from_ref(&context))[0]) },
+                1 << 20,
+            )
+            .expect("parse");
         assert_eq!(tensors[0].to_vec::<f32>(), Some(vec![30.0, 50.0]));
         // The example's own hours win over the context's.
         assert_eq!(tensors[1].to_vec::<f32>(), Some(vec![20.0, 10.0]));
@@ -605,20 +797,23 @@ mod tests {
         ];
         for (bad, expected) in cases {
             let examples = vec![good(), bad];
-            let err = columns.parse(ExampleBatch { examples: &examples, context: None }, 1 << 20).unwrap_err();
+            let err = columns.parse(ExampleBatch { examples: &wire(&examples), context: None }, 1 << 20).unwrap_err();
             assert_eq!(err.code(), crate::error::Code::InvalidArgument);
             assert!(err.message().contains(expected), "{err}");
         }
         let none = columns.parse(ExampleBatch { examples: &[], context: None }, 1 << 20).unwrap_err();
         assert!(none.message().contains("input is empty"), "{none}");
         let many = vec![good(); 1025];
-        let err = columns.parse(ExampleBatch { examples: &many, context: None }, 1 << 20).unwrap_err();
+        let err = columns.parse(ExampleBatch { examples: &wire(&many), context: None }, 1 << 20).unwrap_err();
         assert!(err.message().contains("more than the 1024"), "{err}");
         let small = vec![good(); 100];
-        let err = columns.parse(ExampleBatch { examples: &small, context: None }, 64).unwrap_err();
+        let err = columns.parse(ExampleBatch { examples: &wire(&small), context: None }, 64).unwrap_err();
         assert!(err.message().contains("max_tensor_bytes"), "{err}");
         let err = columns.parse_serialized(&[Bytes::from_static(b"\xff\xff")], 1 << 20).unwrap_err();
-        assert!(err.message().contains("element 0 is not a serialized tf.Example"), "{err}");
+        assert!(
+            err.message().contains("input 'examples': example 0 is not a valid serialized tf.Example: truncated"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -645,16 +840,70 @@ mod tests {
         assert!(err.message().contains("takes a float_list"), "{err}");
     }
 
+    /// Protobuf by hand: a key, then a varint, or a length and bytes.
+    fn field(number: u32, wire_type: u8, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        prost::encoding::encode_varint(u64::from(number << 3 | u32::from(wire_type)), &mut out);
+        if wire_type == 2 {
+            prost::encoding::encode_varint(payload.len() as u64, &mut out);
+        }
+        out.extend_from_slice(payload);
+        out
+    }
+
+    fn entry(name: &str, feature: &[u8]) -> Vec<u8> {
+        field(1, 2, &[field(1, 2, name.as_bytes()), field(2, 2, feature)].concat())
+    }
+
+    fn floats(values: &[f32]) -> Vec<u8> {
+        let packed: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        field(2, 2, &field(1, 2, &packed))
+    }
+
+    #[test]
+    fn reads_the_wire_as_prost_merges_it() {
+        let columns = columns();
+        let unpacked = field(2, 2, &[field(1, 5, &7.5f32.to_le_bytes()), field(9, 0, &[1])].concat());
+        let features = [
+            // Given twice: the last entry wins.
+            entry("age", &floats(&[1.0])),
+            entry("age", &unpacked),
+            // Two float lists merge; an int64 list before them is replaced.
+            entry("extra", &[field(3, 2, &field(1, 2, &[5])), floats(&[1.0]), floats(&[2.0, 3.0])].concat()),
+            // Unknown fields and a group are skipped.
+            field(7, 0, &[3]),
+            [0x5b, 0x08, 0x01, 0x5c].to_vec(),
+        ]
+        .concat();
+        let example = [field(1, 2, &features), field(5, 2, b"ignored")].concat();
+        let bytes = Bytes::from(example);
+        let decoded = Example::decode(bytes.clone()).expect("prost reads it too");
+        let extra = &decoded.features.as_ref().expect("features").feature["extra"];
+        assert_eq!(*extra, float_feature(vec![1.0, 2.0, 3.0]), "prost merges the lists the same way");
+        let tensors = columns.parse(ExampleBatch { examples: &[bytes], context: None }, 1 << 20).expect("parses");
+        assert_eq!(tensors[0].to_vec::<f32>(), Some(vec![7.5]));
+        assert_eq!(tensors[2].to_vec::<f32>(), Some(vec![1.0, 2.0, 3.0]));
+        // Cut anywhere inside, it is refused naming the example, never
+        // read past its end.
+        let whole = field(1, 2, &features);
+        for cut in 1..whole.len() {
+            let cut = Bytes::copy_from_slice(&whole[..cut]);
+            if let Err(e) = columns.parse(ExampleBatch { examples: &[cut], context: None }, 1 << 20) {
+                assert!(e.message().starts_with("example 0"), "{e}");
+            }
+        }
+    }
+
     #[test]
     fn narrows_integers_with_a_range_check() {
         let config: ExamplesConfig = toml::from_str("features = [{ name = \"n\" }]").expect("config");
         let signature = Signature { inputs: vec![spec("n", DType::I32, &[-1])], outputs: vec![] };
         let columns = ExampleColumns::new(&config, &signature, &"m").expect("fits");
         let ok = vec![example([("n".into(), int64_feature(vec![-7]))])];
-        let parsed = columns.parse(ExampleBatch { examples: &ok, context: None }, 1024).expect("parse");
+        let parsed = columns.parse(ExampleBatch { examples: &wire(&ok), context: None }, 1024).expect("parse");
         assert_eq!(parsed[0].to_vec::<i32>(), Some(vec![-7]));
         let big = vec![example([("n".into(), int64_feature(vec![1 << 40]))])];
-        let err = columns.parse(ExampleBatch { examples: &big, context: None }, 1024).unwrap_err();
+        let err = columns.parse(ExampleBatch { examples: &wire(&big), context: None }, 1024).unwrap_err();
         assert!(err.message().contains("value 1099511627776 is out of range"), "{err}");
     }
 }

@@ -19,6 +19,7 @@ pub mod example;
 pub mod json;
 pub mod onnx;
 pub mod proto;
+pub mod protowire;
 pub mod spec;
 pub mod v2;
 

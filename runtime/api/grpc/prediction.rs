@@ -201,7 +201,7 @@ async fn run_tasks(
     let empty = || Error::invalid_argument("input is empty: set input.example_list or input.example_list_with_context");
     let (examples, context) = match input.and_then(|input| input.kind).ok_or_else(empty)? {
         input::Kind::ExampleList(list) => (list.examples, None),
-        input::Kind::ExampleListWithContext(list) => (list.examples, list.context),
+        input::Kind::ExampleListWithContext(list) => (list.examples, Some(list.context)),
     };
     let batch = ExampleBatch { examples: &examples, context: context.as_ref() };
     examples::run(target, batch, tasks, cx.deadline, cx.priority()?).await

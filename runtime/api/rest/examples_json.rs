@@ -12,6 +12,7 @@
 
 use base64::Engine;
 use bytes::Bytes;
+use prost::Message;
 use serde_json::{json, Value};
 
 use crate::api::context::RequestContext;
@@ -56,12 +57,14 @@ pub(super) async fn answer(
         ));
     };
     columns.check_count(rows.len())?;
+    // Serialized, as gRPC clients send them: one parse serves both.
+    let serialized = |example: Example| Bytes::from(example.encode_to_vec());
     let examples = rows
         .iter()
         .enumerate()
-        .map(|(i, row)| to_example(columns, row, &format!("examples[{i}]")))
-        .collect::<Result<Vec<Example>>>()?;
-    let context = request.remove("context").map(|c| to_example(columns, &c, "context")).transpose()?;
+        .map(|(i, row)| to_example(columns, row, &format!("examples[{i}]")).map(serialized))
+        .collect::<Result<Vec<Bytes>>>()?;
+    let context = request.remove("context").map(|c| to_example(columns, &c, "context").map(serialized)).transpose()?;
     let batch = ExampleBatch { examples: &examples, context: context.as_ref() };
     let mut results = examples::run(&target, batch, &[task], cx.deadline, cx.priority()?).await?;
     let _encode = crate::pipeline::trace::current_step("encode").entered();
