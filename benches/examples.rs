@@ -33,13 +33,7 @@ fn spec(name: &str, dtype: DType, width: i64) -> TensorSpec {
 }
 
 fn columns() -> (ExampleColumns, Signature) {
-    let feature = |name: &str, default: Option<FeatureDefault>| ExampleFeature {
-        name: name.into(),
-        input: None,
-        kind: None,
-        shape: None,
-        default,
-    };
+    let feature = ExampleFeature::named;
     let config = ExamplesConfig {
         max_examples: 1 << 16,
         predict_input: "examples".into(),

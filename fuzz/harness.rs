@@ -175,13 +175,7 @@ pub fn tf_examples(data: &[u8]) {
     use sluice::tensor::example::{ExampleBatch, ExampleColumns};
     use sluice::tensor::spec::Signature;
 
-    let feature = |name: &str, default: Option<FeatureDefault>| ExampleFeature {
-        name: name.into(),
-        input: None,
-        kind: None,
-        shape: None,
-        default,
-    };
+    let feature = ExampleFeature::named;
     let config = ExamplesConfig {
         max_examples: 64,
         predict_input: "examples".into(),

@@ -58,6 +58,12 @@ pub struct ExampleFeature {
 }
 
 impl ExampleFeature {
+    /// The feature `name` filling the input of the same name, its kind and
+    /// shape the input's.
+    pub fn named(name: &str, default: Option<FeatureDefault>) -> Self {
+        ExampleFeature { name: name.to_string(), input: None, kind: None, shape: None, default }
+    }
+
     /// The input this feature fills.
     pub fn input_name(&self) -> &str {
         self.input.as_deref().unwrap_or(&self.name)
