@@ -28,7 +28,7 @@ const HPA: &str = "deploy/k8s/base/hpa.yaml";
 const ADAPTER_RULES: &str = "deploy/k8s/prometheus-adapter-rules.yaml";
 const REST_ROUTES: &str = "runtime/api/rest/mod.rs";
 const METRICS: &str = "runtime/metrics.rs";
-const CONFIG_DEFAULTS: &str = "runtime/config/mod.rs";
+const CONFIG_DEFAULTS: &str = "runtime/config/server.rs";
 /// Where the command line is defined: the binary's global flags and
 /// `serve`'s flags.
 const MAIN: &str = "runtime/main.rs and runtime/cli/serve_args.rs";
@@ -514,38 +514,37 @@ fn probe_and_scrape_paths_are_routes_of_the_rest_api() {
 }
 
 /// Registered metric families of runtime/metrics.rs: name → `Counter`,
-/// `Gauge` or `Histogram`, from the `registry.register("name", …,
-/// metrics.field.clone())` calls and the fields' types.
+/// `Gauge` or `Histogram`, from the rows of its `metric_families!` table
+/// (`field: Type = constructor,` then `"name" => "help";`).
 fn registered_metrics() -> BTreeMap<String, String> {
     let text = read(METRICS);
-    let mut field_types = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.trim().strip_prefix("pub ") else { continue };
-        let Some((field, ty)) = rest.split_once(": ") else { continue };
-        if !field.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+    let table = text
+        .split("\nmetric_families! {")
+        .nth(1)
+        .and_then(|rest| rest.split("\n}\n").next())
+        .unwrap_or_else(|| panic!("{METRICS}: no `metric_families! {{` table found; has the registry moved?"));
+    let mut metrics = BTreeMap::new();
+    let mut kind: Option<&str> = None;
+    for line in table.lines().map(str::trim) {
+        if line.starts_with("///") {
             continue;
         }
-        let kind = ["Histogram", "Counter", "Gauge"].into_iter().find(|k| ty.contains(k));
-        if let Some(kind) = kind {
-            field_types.insert(field.to_string(), kind.to_string());
+        if let Some((_, rest)) = line
+            .split_once(": ")
+            .filter(|(field, _)| !field.is_empty() && field.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            kind = ["Histogram", "Counter", "Gauge"]
+                .into_iter()
+                .find(|k| rest.split(" = ").next().unwrap_or("").contains(k));
+        } else if let Some(name) =
+            line.strip_prefix('"').filter(|l| l.contains("\" =>")).and_then(|l| l.split('"').next())
+        {
+            let kind =
+                kind.take().unwrap_or_else(|| panic!("{METRICS}: no counter, gauge or histogram type before {name}"));
+            metrics.insert(name.to_string(), kind.to_string());
         }
     }
-    let mut metrics = BTreeMap::new();
-    for call in text.split("registry.register(").skip(1) {
-        let call = call.split(");").next().unwrap_or("");
-        let Some(name) = call.split('"').nth(1) else { continue };
-        let field = call.split("metrics.").nth(1).and_then(|f| f.split('.').next()).unwrap_or("");
-        let kind = field_types
-            .get(field)
-            .cloned()
-            .unwrap_or_else(|| panic!("{METRICS}: the type of field '{field}' registered as {name} was not found"));
-        metrics.insert(name.to_string(), kind);
-    }
-    assert!(
-        metrics.len() >= 5,
-        "{METRICS}: found only {} registry.register calls; has the registry moved?",
-        metrics.len()
-    );
+    assert!(metrics.len() >= 5, "{METRICS}: found only {} metric families; has the registry moved?", metrics.len());
     metrics
 }
 
