@@ -496,11 +496,11 @@ impl Column {
                     (FeatureKind::Float, (1, WireValue::Bytes(packed))) => {
                         for chunk in packed.chunks_exact(4) {
                             let v = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-                            push_float(self.dtype, f64::from(v), out);
+                            push_f32(self.dtype, v, out);
                         }
                     }
                     (FeatureKind::Float, (1, WireValue::Fixed32(bits))) => {
-                        push_float(self.dtype, f64::from(f32::from_bits(bits)), out)
+                        push_f32(self.dtype, f32::from_bits(bits), out)
                     }
                     (FeatureKind::Int64, (1, WireValue::Bytes(packed))) => {
                         let mut pos = 0;
@@ -620,6 +620,15 @@ fn count_values(kind: FeatureKind, list: &[u8]) -> std::result::Result<usize, Wi
         };
     }
     Ok(count)
+}
+
+/// Appends a float32 the wire gave: its bits as they are for float32 (a
+/// signalling NaN stays one), converted for the other float dtypes.
+fn push_f32(dtype: DType, v: f32, out: &mut Vec<u8>) {
+    match dtype {
+        DType::F32 => out.extend_from_slice(&v.to_le_bytes()),
+        _ => push_float(dtype, f64::from(v), out),
+    }
 }
 
 /// Appends `v` as one element of `dtype` (a float dtype).
