@@ -226,7 +226,7 @@ pub fn tf_examples(data: &[u8]) {
         check(examples.len(), parsed);
     }
     let serialized = [Bytes::copy_from_slice(data)];
-    let parsed = columns.parse_serialized(&serialized, LIMIT);
+    let parsed = columns.parse(ExampleBatch { examples: &serialized, context: None }, LIMIT);
     same_as_prost(&serialized, None, &parsed);
     check(1, parsed);
 }

@@ -11,7 +11,7 @@
 use crate::error::{Error, Result};
 use crate::pipeline::deadline::Deadline;
 use crate::pipeline::priority::Priority;
-use crate::pipeline::Target;
+use crate::pipeline::{RequestBuilder, Target, ValidRequest};
 use crate::proto::tensorflow::serving::{
     model_spec, Class, ClassificationResult, Classifications, ModelSpec, Regression, RegressionResult,
 };
@@ -118,12 +118,8 @@ pub async fn run(
     // nothing but the count.
     columns.check_count(batch.examples.len())?;
     let wanted = wanted_outputs(columns, tasks);
-    let mut builder = target.request(columns.input_names(), &wanted, deadline, priority)?;
-    let tensors = columns.parse(batch, target.pipeline.max_tensor_bytes())?;
-    for (name, tensor) in columns.input_names().zip(tensors) {
-        builder.put(name, tensor)?;
-    }
-    let outputs = builder.finish()?.run().await?;
+    let builder = target.request(columns.input_names(), &wanted, deadline, priority)?;
+    let outputs = fill(builder, columns, batch, target.pipeline.max_tensor_bytes())?.run().await?;
     let rows = batch.examples.len();
     let find = |name: &str| -> Result<&Tensor> {
         outputs.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| {
@@ -137,6 +133,22 @@ pub async fn run(
             Task::Regress => regression(target, columns, rows, &find).map(TaskResult::Regression),
         })
         .collect()
+}
+
+/// Parses `batch` into the inputs of a request started with
+/// `columns.input_names()` (so admitted before anything is parsed), and
+/// finishes it; `limit` bounds each tensor's bytes.
+pub fn fill(
+    mut builder: RequestBuilder<'_>,
+    columns: &ExampleColumns,
+    batch: ExampleBatch<'_>,
+    limit: usize,
+) -> Result<ValidRequest> {
+    let tensors = columns.parse(batch, limit)?;
+    for (name, tensor) in columns.input_names().zip(tensors) {
+        builder.put(name, tensor)?;
+    }
+    builder.finish()
 }
 
 /// The outputs `tasks` read, each once.

@@ -220,19 +220,11 @@ impl ExampleColumns {
                 Error::invalid_argument(format!("example {i} is not a valid serialized tf.Example: {e}"))
             })?;
         }
-        let mut tensors = Vec::with_capacity(width);
-        for (index, column) in self.columns.iter().enumerate() {
-            let own: Vec<Option<&[u8]>> = found.iter().skip(index).step_by(width).copied().collect();
-            tensors.push(column.parse(batch, &own, context[index], limit)?);
-        }
-        Ok(tensors)
-    }
-
-    /// Parses Predict's `examples` input: serialized `tf.Example`s, one
-    /// per element.
-    pub fn parse_serialized(&self, serialized: &[Bytes], limit: usize) -> Result<Vec<Tensor>> {
-        self.parse(ExampleBatch { examples: serialized, context: None }, limit)
-            .map_err(|e| e.context(format_args!("input '{}'", self.predict_input)))
+        self.columns
+            .iter()
+            .enumerate()
+            .map(|(index, column)| column.parse(batch, |row| found[row * width + index], context[index], limit))
+            .collect()
     }
 
     /// Finds in one serialized example the `tf.train.Feature` of each
@@ -388,17 +380,17 @@ impl Column {
         })
     }
 
-    /// The column's tensor: row `i` from `own[i]` (example `i`'s
+    /// The column's tensor: row `i` from `own(i)` (example `i`'s
     /// `tf.train.Feature` of this feature, when it has one), else from
     /// `context`'s, else the default.
-    fn parse(
+    fn parse<'a>(
         &self,
-        batch: ExampleBatch<'_>,
-        own: &[Option<&[u8]>],
+        batch: ExampleBatch<'a>,
+        own: impl Fn(usize) -> Option<&'a [u8]>,
         context: Option<&[u8]>,
         limit: usize,
     ) -> Result<Tensor> {
-        let rows = own.len();
+        let rows = batch.examples.len();
         let mut shape = Vec::with_capacity(self.shape.len() + 1);
         shape.push(rows as i64);
         shape.extend_from_slice(&self.shape);
@@ -413,7 +405,7 @@ impl Column {
             _ => None,
         };
         let pick = |row: usize| -> Result<Option<(Given<'_>, &Bytes)>> {
-            let mine = match own[row] {
+            let mine = match own(row) {
                 Some(feature) => self.given(feature).map_err(|e| {
                     Error::invalid_argument(format!("example {row}: feature '{}' is not valid: {e}", self.feature))
                 })?,
@@ -818,11 +810,10 @@ mod tests {
         let small = vec![good(); 100];
         let err = columns.parse(ExampleBatch { examples: &wire(&small), context: None }, 64).unwrap_err();
         assert!(err.message().contains("max_tensor_bytes"), "{err}");
-        let err = columns.parse_serialized(&[Bytes::from_static(b"\xff\xff")], 1 << 20).unwrap_err();
-        assert!(
-            err.message().contains("input 'examples': example 0 is not a valid serialized tf.Example: truncated"),
-            "{err}"
-        );
+        let err = columns
+            .parse(ExampleBatch { examples: &[Bytes::from_static(b"\xff\xff")], context: None }, 1 << 20)
+            .unwrap_err();
+        assert!(err.message().contains("example 0 is not a valid serialized tf.Example: truncated"), "{err}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ use crate::proto::tensorflow::serving::{
     GetModelMetadataResponse, InferenceResult, Input, ModelSpec, MultiInferenceRequest, MultiInferenceResponse,
     PredictRequest, PredictResponse, RegressionRequest, RegressionResponse, SignatureDefMap,
 };
-use crate::tensor::example::{ExampleBatch, ExampleColumns};
+use crate::tensor::example::ExampleBatch;
 use crate::tensor::proto::{decode, encode, signature_def_of, SIGNATURE_DEF_FIELD, SIGNATURE_DEF_MAP_TYPE};
 use crate::tensor::spec::DEFAULT_SIGNATURE;
 
@@ -209,62 +209,55 @@ async fn run_tasks(
 
 async fn predict(
     target: &Target,
-    request: PredictRequest,
-    deadline: Deadline,
-    priority: Priority,
-    encoding: OutputEncoding,
-) -> Result<PredictResponse, Error> {
-    if let Some(columns) = target.example_columns() {
-        if request.inputs.len() == 1 && request.inputs.contains_key(columns.predict_input()) {
-            return predict_examples(target, columns, request, deadline, priority, encoding).await;
-        }
-    }
-    // Names first: nothing is decoded for a request that names the wrong
-    // inputs or outputs.
-    let mut builder =
-        target.request(request.inputs.keys().map(String::as_str), &request.output_filter, deadline, priority)?;
-    for (name, proto) in request.inputs {
-        let tensor = decode(&name, proto, target.pipeline.max_tensor_bytes())?;
-        builder.put(&name, tensor)?;
-    }
-    let outputs = builder.finish()?.run().await?;
-    let _encode = current_step("encode").entered();
-    Ok(PredictResponse {
-        model_spec: Some(served_spec(target.pipeline.name(), target.version.version())),
-        outputs: outputs.into_iter().map(|(name, tensor)| (name, encode(&tensor, encoding))).collect(),
-    })
-}
-
-/// Predict with serialized `tf.Example`s in place of the inputs: parsed
-/// into them, then run as any Predict.
-async fn predict_examples(
-    target: &Target,
-    columns: &ExampleColumns,
     mut request: PredictRequest,
     deadline: Deadline,
     priority: Priority,
     encoding: OutputEncoding,
 ) -> Result<PredictResponse, Error> {
-    let name = columns.predict_input();
-    let proto =
-        request.inputs.remove(name).ok_or_else(|| Error::internal("the examples input vanished, this is a bug"))?;
-    let mut builder = target.request(columns.input_names(), &request.output_filter, deadline, priority)?;
-    let serialized = decode(name, proto, target.pipeline.max_tensor_bytes())?;
-    let strings = match serialized.strings() {
-        Some(strings) if serialized.shape().len() == 1 => strings,
-        _ => {
-            return Err(Error::invalid_argument(format!(
-                "input '{name}' is {} {}; it takes serialized tf.Examples: DT_STRING [examples]",
-                serialized.dtype(),
-                crate::tensor::format_shape(serialized.shape())
-            )))
+    let limit = target.pipeline.max_tensor_bytes();
+    let examples = target
+        .example_columns()
+        .filter(|columns| request.inputs.len() == 1 && request.inputs.contains_key(columns.predict_input()));
+    let valid = match examples {
+        // Serialized tf.Examples in place of the inputs: parsed into them.
+        Some(columns) => {
+            let builder = target.request(columns.input_names(), &request.output_filter, deadline, priority)?;
+            let name = columns.predict_input();
+            let proto = request
+                .inputs
+                .remove(name)
+                .ok_or_else(|| Error::internal("the examples input vanished, this is a bug"))?;
+            let serialized = decode(name, proto, limit)?;
+            let strings = match serialized.strings() {
+                Some(strings) if serialized.shape().len() == 1 => strings,
+                _ => {
+                    return Err(Error::invalid_argument(format!(
+                        "input '{name}' is {} {}; it takes serialized tf.Examples: DT_STRING [examples]",
+                        serialized.dtype(),
+                        crate::tensor::format_shape(serialized.shape())
+                    )))
+                }
+            };
+            let batch = ExampleBatch { examples: strings, context: None };
+            examples::fill(builder, columns, batch, limit).map_err(|e| e.context(format_args!("input '{name}'")))?
+        }
+        None => {
+            // Names first: nothing is decoded for a request that names the
+            // wrong inputs or outputs.
+            let mut builder = target.request(
+                request.inputs.keys().map(String::as_str),
+                &request.output_filter,
+                deadline,
+                priority,
+            )?;
+            for (name, proto) in request.inputs {
+                let tensor = decode(&name, proto, limit)?;
+                builder.put(&name, tensor)?;
+            }
+            builder.finish()?
         }
     };
-    let tensors = columns.parse_serialized(strings, target.pipeline.max_tensor_bytes())?;
-    for (input, tensor) in columns.input_names().zip(tensors) {
-        builder.put(input, tensor)?;
-    }
-    let outputs = builder.finish()?.run().await?;
+    let outputs = valid.run().await?;
     let _encode = current_step("encode").entered();
     Ok(PredictResponse {
         model_spec: Some(served_spec(target.pipeline.name(), target.version.version())),
