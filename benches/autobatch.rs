@@ -17,9 +17,6 @@
 //! cargo bench --bench autobatch [-- --step-seconds 4 --target-ms 10]
 //! ```
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
 use std::path::PathBuf;

@@ -27,9 +27,6 @@
 //! cargo bench --bench cost [-- --duration 8 --only mlp,cnn,overload,peers --baseline PATH]
 //! ```
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -37,51 +34,24 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
-use process::ServerProcess;
 use sluice::cli::bench::inputs::RequestPool;
 use sluice::cli::bench::load::{self, LoadPlan};
 use sluice::cli::bench::stats::Summary;
-use support::{arg, cpu_seconds, mlp_model_infer, pool, raw_rows_per_second, sluice_binary};
+use support::process::ServerProcess;
+use support::{
+    arg, cpu_seconds, guarded_cnn, mlp_model_infer, pool, raw_rows_per_second, served_model, sluice_binary, CNN_AUTO,
+    MLP_AUTO, SERVER_TABLE, SESSIONS,
+};
 
-/// The server's sessions per model, and the raw baseline's threads.
-const SESSIONS: usize = 2;
-
-fn config(root: &Path) -> String {
-    let models = root.join("examples/models");
-    let m = |name: &str| models.join(name).display().to_string();
-    format!(
-        r#"
-[server]
-drain_timeout_secs = 1
-
-[[models]]
-name = "mlp"
-base_path = "{mlp}"
-onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
-
-[[models]]
-name = "mlp_auto"
-base_path = "{mlp}"
-onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
-batching = {{ mode = "auto", max_batch_size = 64 }}
-
-[[models]]
-name = "cnn_auto"
-base_path = "{cnn}"
-onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
-batching = {{ mode = "auto", max_batch_size = 32, max_enqueued_batches = 64 }}
-
-# Overload: a capacity low enough for the load generator on the same two
-# cores to offer twice as much.
-[[models]]
-name = "cnn_guarded"
-base_path = "{cnn}"
-max_in_flight = 4
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
-"#,
-        cnn = m("cnn"),
-        mlp = m("mlp"),
-    )
+fn config() -> String {
+    [
+        SERVER_TABLE.to_string(),
+        served_model("mlp", "mlp", ""),
+        served_model("mlp_auto", "mlp", MLP_AUTO),
+        served_model("cnn_auto", "cnn", CNN_AUTO),
+        guarded_cnn(),
+    ]
+    .concat()
 }
 
 /// A load run's answers and the server's CPU time over it.
@@ -191,7 +161,7 @@ fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
     let config_path = dir.path().join("cost.toml");
-    std::fs::write(&config_path, config(&root)).expect("write config");
+    std::fs::write(&config_path, config()).expect("write config");
     let this = PathBuf::from(env!("CARGO_BIN_EXE_sluice"));
     let server = sluice_binary(&this, &config_path, &[]);
     // The same build with one change each, then (when given) another build.

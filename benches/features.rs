@@ -17,26 +17,18 @@
 //! cargo bench --bench features [-- --seconds 5 --requests 3000 --rounds 6]
 //! ```
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
-#[allow(dead_code)]
-#[path = "../tests/common/redis.rs"]
-mod redis_server;
 mod support;
 
-use support::{arg, cpu_seconds};
+use support::fixtures::{feature_fetch, pipeline_table};
+use support::{arg, calls_per_second, cpu_seconds};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use process::ServerProcess;
 use redis::AsyncCommands;
-use redis_server::RedisServer;
 use sluice::config::FeaturesConfig;
 use sluice::feature::{FeatureTables, Keys};
 use sluice::metrics::Metrics;
@@ -44,6 +36,8 @@ use sluice::proto::tensorflow::serving::prediction_service_client::PredictionSer
 use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
 use sluice::proto::tensorflow::{DataType, TensorProto};
 use sluice::tensor::proto::encode_shape;
+use support::process::ServerProcess;
+use support::redis::RedisServer;
 
 // The allocator the server runs with: the store's costs are measured as
 // they are in `sluice serve`.
@@ -77,7 +71,7 @@ where
 {
     let (client, redis) = (cpu_seconds(None), cpu_seconds(redis_pid));
     let started = Instant::now();
-    let rate = drive(seconds, lookup).await;
+    let rate = calls_per_second(seconds, IN_FLIGHT, move |_, n| lookup(n)).await;
     let lookups = rate * started.elapsed().as_secs_f64();
     Measured {
         rate,
@@ -121,29 +115,19 @@ features.x = {{ dtype = "float32", shape = [64] }}
 store = "redis"
 features.x = {{ dtype = "float32", shape = [64] }}
 
-[[pipelines]]
-name = "mlp-embedded"
-model = "mlp"
-[pipelines.feature_fetch]
-[[pipelines.feature_fetch.lookups]]
-keys = "key"
-table = "rows"
-features = [{{ feature = "x" }}]
-
-[[pipelines]]
-name = "mlp-cached"
-model = "mlp"
-[pipelines.feature_fetch]
-[[pipelines.feature_fetch.lookups]]
-keys = "key"
-table = "cached"
-features = [{{ feature = "x" }}]
-"#,
-        mlp = root.join("examples/models/mlp").display()
+{embedded}{cached}"#,
+        mlp = root.join("examples/models/mlp").display(),
+        embedded = fetching_pipeline("mlp-embedded", "rows"),
+        cached = fetching_pipeline("mlp-cached", "cached"),
     );
     let path = dir.join("bench.toml");
     std::fs::write(&path, config).expect("write config");
     path
+}
+
+/// Pipeline `name`: the MLP's `x` fetched from `table` by `key`.
+fn fetching_pipeline(name: &str, table: &str) -> String {
+    pipeline_table(name, "mlp", &feature_fetch("", &[("key", table, "[{ feature = \"x\" }]")]))
 }
 
 /// Every entity's key, made once: formatting keys is the load
@@ -155,34 +139,6 @@ fn all_keys() -> &'static [Bytes] {
 
 fn keys_of(request: usize) -> Vec<Bytes> {
     (0..KEYS_PER_REQUEST).map(|j| all_keys()[(request * 7 + j * 61) % ENTITIES].clone()).collect()
-}
-
-/// Runs `IN_FLIGHT` tasks calling `lookup` for `seconds`; answers lookups
-/// per second.
-async fn drive<F, Fut>(seconds: u64, lookup: F) -> f64
-where
-    F: Fn(usize) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let done = Arc::new(AtomicU64::new(0));
-    let until = Instant::now() + Duration::from_secs(seconds);
-    let started = Instant::now();
-    let mut tasks = Vec::with_capacity(IN_FLIGHT);
-    for t in 0..IN_FLIGHT {
-        let (lookup, done) = (lookup.clone(), done.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut n = t;
-            while Instant::now() < until {
-                lookup(n).await;
-                n += IN_FLIGHT;
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.expect("join");
-    }
-    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
 async fn redis_comparison(config_path: &Path, url: &str, redis_pid: Option<u32>, seconds: u64) {

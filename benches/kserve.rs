@@ -12,27 +12,20 @@
 //! cargo bench --bench kserve [-- --seconds 4 --rounds 4]
 //! ```
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
-use support::{arg, mlp_model_infer};
+use support::{arg, calls_per_second, mlp_model_infer, mlp_predict};
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use process::ServerProcess;
 use sluice::cli::bench::client::RestClient;
 use sluice::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
-use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
-use sluice::proto::tensorflow::{DataType, TensorProto};
-use sluice::tensor::proto::encode_shape;
+use support::process::ServerProcess;
 use tonic::transport::Channel;
 
 const GRPC_IN_FLIGHT: usize = 32;
@@ -43,33 +36,6 @@ fn floats(rows: usize) -> Vec<f32> {
     (0..rows * 64).map(|i| (i as f32 * 0.37).sin()).collect()
 }
 
-/// Runs `in_flight` tasks calling `call(task)` for `seconds`; answers
-/// requests per second.
-async fn rate<F, Fut>(seconds: u64, in_flight: usize, call: F) -> f64
-where
-    F: Fn(usize) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let done = Arc::new(AtomicU64::new(0));
-    let until = Instant::now() + Duration::from_secs(seconds);
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..in_flight)
-        .map(|t| {
-            let (call, done) = (call.clone(), done.clone());
-            tokio::spawn(async move {
-                while Instant::now() < until {
-                    call(t).await;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.expect("join");
-    }
-    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -77,21 +43,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 async fn grpc(url: String, seconds: u64, rounds: u64) {
     let x = floats(1);
-    let predict = PredictRequest {
-        model_spec: Some(ModelSpec { name: "mlp".into(), ..Default::default() }),
-        inputs: [(
-            "x".to_string(),
-            TensorProto {
-                dtype: DataType::DtFloat as i32,
-                tensor_shape: Some(encode_shape(&[1, 64])),
-                tensor_content: Bytes::copy_from_slice(bytemuck::cast_slice(&x)),
-                ..Default::default()
-            },
-        )]
-        .into_iter()
-        .collect(),
-        output_filter: vec![],
-    };
+    let predict = mlp_predict(&x);
     let infer = mlp_model_infer(&x);
     let mut channels: Vec<Channel> = Vec::new();
     for _ in 0..CONNECTIONS {
@@ -102,7 +54,7 @@ async fn grpc(url: String, seconds: u64, rounds: u64) {
     for round in 0..=rounds {
         let p = {
             let (channels, request) = (channels.clone(), predict.clone());
-            rate(seconds, GRPC_IN_FLIGHT, move |t| {
+            calls_per_second(seconds, GRPC_IN_FLIGHT, move |t, _| {
                 let mut client = PredictionServiceClient::new(channels[t % CONNECTIONS].clone());
                 let request = request.clone();
                 async move {
@@ -113,7 +65,7 @@ async fn grpc(url: String, seconds: u64, rounds: u64) {
         };
         let i = {
             let (channels, request) = (channels.clone(), infer.clone());
-            rate(seconds, GRPC_IN_FLIGHT, move |t| {
+            calls_per_second(seconds, GRPC_IN_FLIGHT, move |t, _| {
                 let mut client = GrpcInferenceServiceClient::new(channels[t % CONNECTIONS].clone());
                 let request = request.clone();
                 async move {
@@ -175,7 +127,7 @@ async fn rest(addr: String, seconds: u64, rounds: u64) {
             let clients: Arc<Vec<tokio::sync::Mutex<RestClient>>> = Arc::new(
                 (0..REST_IN_FLIGHT).map(|_| tokio::sync::Mutex::new(RestClient::new(&addr).expect("client"))).collect(),
             );
-            let r = rate(seconds, REST_IN_FLIGHT, move |t| {
+            let r = calls_per_second(seconds, REST_IN_FLIGHT, move |t, _| {
                 let (clients, body, length) = (clients.clone(), body.clone(), length.clone());
                 async move {
                     let mut client = clients[t].lock().await;

@@ -11,38 +11,13 @@
 //! cargo bench --bench observe [-- --duration 5 --rounds 3]
 //! ```
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use support::otlp::Collector;
 use support::{arg, interleaved_rounds, pool, print_against_first, sluice, Side};
-
-/// Counts the spans it is sent, as a collector would receive them.
-#[derive(Clone, Default)]
-struct Collector {
-    spans: Arc<AtomicU64>,
-}
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let spans: usize =
-            request.into_inner().resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum();
-        self.spans.fetch_add(spans as u64, Ordering::Relaxed);
-        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
-    }
-}
 
 fn config(root: &Path, logging: Option<(&Path, f64)>, tracing: Option<(&str, f64)>) -> String {
     let mut text = String::new();
@@ -65,17 +40,7 @@ fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let collector = Collector::default();
-    let endpoint = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(TraceServiceServer::new(collector.clone()))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-        format!("http://{addr}")
-    });
+    let (collector, endpoint) = runtime.block_on(Collector::start(false));
     let variants: Vec<(&str, Option<f64>, Option<f64>)> = vec![
         ("plain", None, None),
         ("request log at 0.01", Some(0.01), None),
@@ -99,7 +64,7 @@ fn main() {
     let requests = pool(&runtime, &sides[0].target, "mlp");
     interleaved_rounds(&runtime, &mut sides, &requests, rounds, duration);
     print_against_first(&sides, "plain");
-    println!("spans received by the collector: {}", collector.spans.load(Ordering::Relaxed));
+    println!("spans received by the collector: {}", collector.count());
     for (i, side) in sides.iter().enumerate() {
         let bytes: u64 = std::fs::read_dir(dir.path().join(format!("logs{i}")))
             .map(|files| files.filter_map(|f| f.ok()?.metadata().ok()).map(|m| m.len()).sum())

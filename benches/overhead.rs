@@ -20,22 +20,16 @@
 //! cargo bench --bench overhead [-- --requests 5000 --rounds 6]
 //! ```
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
-use support::{arg, cpu_seconds};
+use support::{arg, cpu_seconds, mlp_predict};
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use process::ServerProcess;
 use sluice::cli::bench::client::RawPredictClient;
-use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
-use sluice::proto::tensorflow::{DataType, TensorProto};
-use sluice::tensor::proto::encode_shape;
+use support::process::ServerProcess;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
@@ -68,21 +62,7 @@ fn main() {
     let floor = ServerProcess::spawn(floor, "floor", "floor-server: serving gRPC on ", ready, true).expect("floor");
 
     let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
-    let request = PredictRequest {
-        model_spec: Some(ModelSpec { name: "mlp".into(), ..Default::default() }),
-        inputs: [(
-            "x".to_string(),
-            TensorProto {
-                dtype: DataType::DtFloat as i32,
-                tensor_shape: Some(encode_shape(&[1, 64])),
-                tensor_content: bytes::Bytes::copy_from_slice(bytemuck::cast_slice(&x)),
-                ..Default::default()
-            },
-        )]
-        .into_iter()
-        .collect(),
-        output_filter: vec![],
-    };
+    let request = mlp_predict(&x);
     let request = bytes::Bytes::from(prost::Message::encode_to_vec(&request));
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

@@ -10,9 +10,6 @@
 //! RESOURCE_EXHAUSTED, while accepted requests keep a bounded p99 and
 //! memory stays flat. Then the same closed loop again, and /readyz.
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
 use std::path::PathBuf;

@@ -11,9 +11,6 @@
 //! drained. Rows: with the optimised-graph cache (the default) and
 //! without it. Memory: after the first of 20 switches and after the last.
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
 use std::path::{Path, PathBuf};

@@ -14,12 +14,6 @@
 //! directly for the version it names; a wrong answer fails the run.
 //! Growth is measured from the first sample after a minute of warm-up.
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
-#[allow(dead_code)]
-#[path = "../tests/common/redis.rs"]
-mod redis;
 mod support;
 
 use std::collections::BTreeMap;
@@ -34,6 +28,7 @@ use sluice::cli::bench::client::RestClient;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use sluice::proto::tensorflow::serving::{model_spec, ModelSpec, PredictRequest};
 use sluice::proto::tensorflow::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
+use support::fixtures::{admin_token, feature_fetch, model_table, pipeline_table, plugin_bytes, ConfigDir};
 use support::{arg, sluice};
 
 const TOKEN: &str = "soak-token";
@@ -90,7 +85,7 @@ fn publish(repository: &Path, root: &Path, version: i64) {
     }
 }
 
-fn fill_redis(redis: &redis::RedisServer) {
+fn fill_redis(redis: &support::redis::RedisServer) {
     for i in 0..INPUTS {
         let bytes: Vec<u8> = bytemuck::cast_slice(&input(i)).to_vec();
         let key = format!("vec:{i}");
@@ -111,60 +106,27 @@ fn sample(pid: u32) -> (u64, usize, u64) {
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(600));
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let dir = tempfile::tempdir().expect("temp dir");
-    let repository = dir.path().join("mlp");
+    let repository_dir = tempfile::tempdir().expect("temp dir");
+    let repository = repository_dir.path().join("mlp");
     std::fs::create_dir_all(&repository).expect("repository");
     publish(&repository, &root, 1);
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir_all(&plugins).expect("plugins");
-    let built = root.join("target/plugins");
-    std::fs::copy(built.join("identity.wasm"), plugins.join("features.wasm")).expect("run scripts/build-plugins");
-    let mut redis = redis::RedisServer::start();
+    let mut redis = support::redis::RedisServer::start();
     fill_redis(&redis);
-    let config = dir.path().join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[plugins]
-dir = "{plugins}"
-[admin]
-enabled = true
-[[admin.tokens]]
-id = "soak"
-role = "admin"
-sha256 = "{hash}"
-[features.redis]
-url = "{redis}"
-[features.tables.vec]
-store = "redis"
-features.x = {{ dtype = "float32", shape = [64] }}
-[[models]]
-name = "mlp"
-base_path = "{repository}"
-onnx = {{ sessions = 2, intra_op_threads = 1 }}
-[[pipelines]]
-name = "scored"
-model = "mlp"
-preprocess = {{ plugin = "features" }}
-[[pipelines]]
-name = "fetched"
-model = "mlp"
-[pipelines.feature_fetch]
-on_store_error = "defaults"
-[[pipelines.feature_fetch.lookups]]
-keys = "id"
-table = "vec"
-features = [{{ feature = "x", tensor = "x", default = 0.0 }}]
-"#,
-            plugins = plugins.display(),
-            hash = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes())),
-            redis = redis.url(),
-            repository = repository.display(),
-        ),
-    )
-    .expect("config");
-    let server = sluice(&config, &["--file_system_poll_wait_seconds", "1"]);
+    let fetch = feature_fetch(
+        "on_store_error = \"defaults\"",
+        &[("id", "vec", "[{ feature = \"x\", tensor = \"x\", default = 0.0 }]")],
+    );
+    let config = format!(
+        "[plugins]\ndir = \"$PLUGINS\"\n[admin]\nenabled = true\n{}[features.redis]\nurl = \"{}\"\n\
+         [features.tables.vec]\nstore = \"redis\"\nfeatures.x = {{ dtype = \"float32\", shape = [64] }}\n{}{}{}{fetch}",
+        admin_token("soak", None, TOKEN),
+        redis.url(),
+        model_table("mlp", &repository, "onnx = { sessions = 2, intra_op_threads = 1 }"),
+        pipeline_table("scored", "mlp", "preprocess = { plugin = \"features\" }"),
+        pipeline_table("fetched", "mlp", ""),
+    );
+    let dir = ConfigDir::new(&[("features", "identity")], &config);
+    let server = sluice(&dir.config(), &["--file_system_poll_wait_seconds", "1"]);
     let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
     let target = server.url();
     let pid = server.pid();
@@ -299,7 +261,7 @@ features = [{{ feature = "x", tensor = "x", default = 0.0 }}]
         .block_on(async {
             let mut client = RestClient::new(&http).expect("client");
             let authorization = format!("Bearer {TOKEN}");
-            let body = Bytes::from(std::fs::read(built.join("scale.wasm")).expect("scale.wasm"));
+            let body = Bytes::from(plugin_bytes("scale"));
             client
                 .call(Method::PUT, "/admin/v1/plugins/features", &[("authorization", authorization.as_str())], body)
                 .await

@@ -1,8 +1,9 @@
 //! What the benchmarks share: their flags (`cargo bench --bench X -- --name
 //! value`), the sluice binary started on free ports with a config, a pool
 //! of requests shaped from a model's metadata, and a load run printed as it
-//! ends. A bench that uses it also declares `mod process`
-//! (`tests/common/process.rs`).
+//! ends; and the tests' own helpers (`tests/common/`): processes, fixtures,
+//! redis-server, an OTLP collector and the test PKI, so a bench's config is built from the
+//! same pieces as a test's.
 
 #![allow(dead_code)]
 
@@ -15,7 +16,50 @@ use sluice::cli::bench::load::{self, LoadPlan};
 use sluice::cli::bench::stats::Summary;
 use sluice::proto::tensorflow::serving::ModelSpec;
 
-use super::process::ServerProcess;
+use self::process::ServerProcess;
+
+#[allow(dead_code)]
+#[path = "../tests/common/fixtures.rs"]
+pub mod fixtures;
+#[allow(dead_code)]
+#[path = "../tests/common/otlp.rs"]
+pub mod otlp;
+#[allow(dead_code)]
+#[path = "../tests/common/pki.rs"]
+pub mod pki;
+#[allow(dead_code)]
+#[path = "../tests/common/process.rs"]
+pub mod process;
+#[allow(dead_code)]
+#[path = "../tests/common/redis.rs"]
+pub mod redis;
+
+/// The server's ONNX Runtime sessions per model in the throughput and
+/// cost benches, and their raw baselines' threads.
+pub const SESSIONS: usize = 2;
+
+/// The config's opening: a short drain, so a bench's server stops at once.
+pub const SERVER_TABLE: &str = "[server]\ndrain_timeout_secs = 1\n";
+
+/// Model `name`: example model `example` on [`SESSIONS`] sessions of one
+/// thread, with `keys` (batching, …).
+pub fn served_model(name: &str, example: &str, keys: &str) -> String {
+    let onnx = format!("onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}\n{keys}");
+    fixtures::model_table(name, &fixtures::example_dir(example), &onnx)
+}
+
+/// `cnn_guarded`: the CNN with a capacity in requests per second low
+/// enough for the load generator on the same two cores to offer twice as
+/// much (the overload sections).
+pub fn guarded_cnn() -> String {
+    fixtures::model_table("cnn_guarded", &fixtures::example_dir("cnn"), GUARDED_KEYS)
+}
+
+const GUARDED_KEYS: &str = "max_in_flight = 4\nonnx = { sessions = 1, intra_op_threads = 1 }";
+
+/// Auto batching of the MLP and the CNN, as the benches compare it.
+pub const MLP_AUTO: &str = "batching = { mode = \"auto\", max_batch_size = 64 }";
+pub const CNN_AUTO: &str = "batching = { mode = \"auto\", max_batch_size = 32, max_enqueued_batches = 64 }";
 
 /// The value after `name` on the command line, parsed; `None` when absent
 /// or not a `T`.
@@ -73,6 +117,54 @@ pub fn mlp_model_infer(x: &[f32]) -> sluice::proto::inference::ModelInferRequest
         raw_input_contents: vec![bytes::Bytes::copy_from_slice(bytemuck::cast_slice(x))],
         ..Default::default()
     }
+}
+
+/// A TF Serving Predict request for the example MLP: `x` (rows of 64) in
+/// `tensor_content`.
+pub fn mlp_predict(x: &[f32]) -> sluice::proto::tensorflow::serving::PredictRequest {
+    use sluice::proto::tensorflow::{DataType, TensorProto};
+    let tensor = TensorProto {
+        dtype: DataType::DtFloat as i32,
+        tensor_shape: Some(sluice::tensor::proto::encode_shape(&[(x.len() / 64) as i64, 64])),
+        tensor_content: bytes::Bytes::copy_from_slice(bytemuck::cast_slice(x)),
+        ..Default::default()
+    };
+    sluice::proto::tensorflow::serving::PredictRequest {
+        model_spec: Some(ModelSpec { name: "mlp".into(), ..Default::default() }),
+        inputs: [("x".to_string(), tensor)].into_iter().collect(),
+        output_filter: vec![],
+    }
+}
+
+/// Runs `in_flight` tasks calling `call(task, n)` back to back for
+/// `seconds` (`n` counts each task's calls, interleaved so no two calls
+/// share one); answers calls per second.
+pub async fn calls_per_second<F, Fut>(seconds: u64, in_flight: usize, call: F) -> f64
+where
+    F: Fn(usize, usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let done = std::sync::Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..in_flight)
+        .map(|task| {
+            let (call, done) = (call.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut n = task;
+                while Instant::now() < until {
+                    call(task, n).await;
+                    n += in_flight;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("join");
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
 /// CPU seconds (user + system) process `pid` (this one when `None`) has used.

@@ -8,12 +8,8 @@
 //! thread activates the two uploaded versions (identity, scale) in turn,
 //! 20 times spread over the run. Needs scripts/build-plugins.
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -21,6 +17,7 @@ use http::Method;
 use sluice::cli::bench::client::RestClient;
 use sluice::cli::bench::load::LoadPlan;
 use sluice::cli::bench::stats::Summary;
+use support::fixtures::{admin_token, example_dir, model_table, pipeline_table, plugin_bytes, ConfigDir};
 use support::{arg, pool, run, sluice};
 
 const TOKEN: &str = "bench-token";
@@ -35,55 +32,19 @@ async fn admin(http: &str, method: Method, path: &str, body: Vec<u8>) {
 
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(10));
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let built = root.join("target/plugins");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir_all(&plugins).expect("plugins dir");
-    std::fs::copy(built.join("identity.wasm"), plugins.join("features.wasm")).expect("run scripts/build-plugins");
-    let hash = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes()));
     let config = format!(
-        r#"
-[plugins]
-dir = "{plugins}"
-[admin]
-enabled = true
-[[admin.tokens]]
-id = "bench"
-role = "admin"
-sha256 = "{hash}"
-[[models]]
-name = "mlp"
-base_path = "{mlp}"
-onnx = {{ sessions = 2, intra_op_threads = 1 }}
-[[pipelines]]
-name = "scored"
-model = "mlp"
-preprocess = {{ plugin = "features", workers = 2 }}
-"#,
-        plugins = plugins.display(),
-        mlp = root.join("examples/models/mlp").display(),
+        "[plugins]\ndir = \"$PLUGINS\"\n[admin]\nenabled = true\n{}{}{}",
+        admin_token("bench", None, TOKEN),
+        model_table("mlp", &example_dir("mlp"), "onnx = { sessions = 2, intra_op_threads = 1 }"),
+        pipeline_table("scored", "mlp", "preprocess = { plugin = \"features\", workers = 2 }"),
     );
-    let config_path = dir.path().join("sluice.toml");
-    std::fs::write(&config_path, config).expect("config");
-    let server = sluice(&config_path, &[]);
+    let dir = ConfigDir::new(&[("features", "identity")], &config);
+    let server = sluice(&dir.config(), &[]);
     let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
-        admin(
-            &http,
-            Method::PUT,
-            "/admin/v1/plugins/features",
-            std::fs::read(built.join("identity.wasm")).expect("wasm"),
-        )
-        .await;
-        admin(
-            &http,
-            Method::PUT,
-            "/admin/v1/plugins/features?activate=true",
-            std::fs::read(built.join("scale.wasm")).expect("wasm"),
-        )
-        .await;
+        admin(&http, Method::PUT, "/admin/v1/plugins/features", plugin_bytes("identity")).await;
+        admin(&http, Method::PUT, "/admin/v1/plugins/features?activate=true", plugin_bytes("scale")).await;
     });
     let target = server.url();
     let pool = pool(&runtime, &target, "scored");

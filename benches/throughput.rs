@@ -12,112 +12,60 @@
 //! cargo bench --bench throughput [-- --duration 8 --only cnn,mlp,rest,pipeline,latency,overload]
 //! ```
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
-use support::{arg, raw_rows_per_second};
+use support::fixtures::{pipeline_table, root};
+use support::{arg, guarded_cnn, raw_rows_per_second, served_model, CNN_AUTO, MLP_AUTO, SERVER_TABLE, SESSIONS};
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use process::ServerProcess;
 use sluice::cli::bench::inputs::{input_specs, random_pool, rest_bodies, RequestPool};
 use sluice::cli::bench::load::{self, LoadPlan};
 use sluice::cli::bench::stats::Summary;
 use sluice::proto::tensorflow::serving::ModelSpec;
+use support::process::ServerProcess;
 
-/// The server's sessions, and the raw baseline's threads.
-const SESSIONS: usize = 2;
-
-fn config(root: &Path) -> String {
-    let models = root.join("examples/models");
-    let m = |name: &str| models.join(name).display().to_string();
-    format!(
-        r#"
-[server]
-drain_timeout_secs = 1
-
-[plugins]
-dir = "{plugins}"
-
-[[models]]
-name = "cnn"
-base_path = "{cnn}"
-onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
-
-[[models]]
-name = "cnn_batched"
-base_path = "{cnn}"
-onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
-batching = {{ max_batch_size = 32, batch_timeout_micros = 2000, max_enqueued_batches = 64 }}
-
-[[models]]
-name = "cnn_auto"
-base_path = "{cnn}"
-onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
-batching = {{ mode = "auto", max_batch_size = 32, max_enqueued_batches = 64 }}
-
-# Overload: a model whose capacity in requests per second is low enough
-# for the load generator on the same two cores to offer twice as much.
-[[models]]
-name = "cnn_guarded"
-base_path = "{cnn}"
-max_in_flight = 4
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
-
-[[models]]
-name = "mlp"
-base_path = "{mlp}"
-onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
-
-[[models]]
-name = "mlp_batched"
-base_path = "{mlp}"
-onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
-batching = {{ max_batch_size = 64, batch_timeout_micros = 500 }}
-
-[[models]]
-name = "mlp_auto"
-base_path = "{mlp}"
-onnx = {{ sessions = {SESSIONS}, intra_op_threads = 1 }}
-batching = {{ mode = "auto", max_batch_size = 64 }}
-
-[[pipelines]]
-name = "cnn_pixels_pipelined"
-model = "cnn_batched"
-mode = "pipelined"
-[pipelines.preprocess]
-workers = 2
-image_normalize = {{ input = "pixels", mean = [0.5, 0.5, 0.5], std = [0.25, 0.25, 0.25] }}
-
-[[pipelines]]
-name = "cnn_plugin_pipelined"
-model = "cnn_batched"
-mode = "pipelined"
-preprocess = {{ plugin = "image_normalize", workers = 2 }}
-
-[[pipelines]]
-name = "cnn_plugin_sequential"
-model = "cnn_batched"
-mode = "sequential"
-preprocess = {{ plugin = "image_normalize" }}
-
-[[pipelines]]
-name = "cnn_pixels_sequential"
-model = "cnn_batched"
-mode = "sequential"
-[pipelines.preprocess]
-image_normalize = {{ input = "pixels", mean = [0.5, 0.5, 0.5], std = [0.25, 0.25, 0.25] }}
-"#,
-        cnn = m("cnn"),
-        mlp = m("mlp"),
-        plugins = root.join("target/plugins").display(),
-    )
+fn config() -> String {
+    let pixels = "image_normalize = { input = \"pixels\", mean = [0.5, 0.5, 0.5], std = [0.25, 0.25, 0.25] }";
+    let plugin = "preprocess = { plugin = \"image_normalize\"";
+    [
+        SERVER_TABLE.to_string(),
+        format!("[plugins]\ndir = \"{}\"\n", root().join("target/plugins").display()),
+        served_model("cnn", "cnn", ""),
+        served_model("cnn_batched", "cnn", CNN_BATCHED),
+        served_model("cnn_auto", "cnn", CNN_AUTO),
+        guarded_cnn(),
+        served_model("mlp", "mlp", ""),
+        served_model("mlp_batched", "mlp", "batching = { max_batch_size = 64, batch_timeout_micros = 500 }"),
+        served_model("mlp_auto", "mlp", MLP_AUTO),
+        // The same preprocessing built in and as a plugin, each with its
+        // stage on two workers of its own (pipelined) and in the request's
+        // task (sequential).
+        pipeline_table(
+            "cnn_pixels_pipelined",
+            "cnn_batched",
+            &format!("mode = \"pipelined\"\n[pipelines.preprocess]\nworkers = 2\n{pixels}"),
+        ),
+        pipeline_table(
+            "cnn_plugin_pipelined",
+            "cnn_batched",
+            &format!("mode = \"pipelined\"\n{plugin}, workers = 2 }}"),
+        ),
+        pipeline_table("cnn_plugin_sequential", "cnn_batched", &format!("mode = \"sequential\"\n{plugin} }}")),
+        pipeline_table(
+            "cnn_pixels_sequential",
+            "cnn_batched",
+            &format!("mode = \"sequential\"\n[pipelines.preprocess]\n{pixels}"),
+        ),
+    ]
+    .concat()
 }
+
+/// Fixed-window batching of the CNN.
+const CNN_BATCHED: &str = "batching = { max_batch_size = 32, batch_timeout_micros = 2000, max_enqueued_batches = 64 }";
 
 struct Bench {
     runtime: tokio::runtime::Runtime,
@@ -171,7 +119,7 @@ fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
     let config_path = dir.path().join("bench.toml");
-    std::fs::write(&config_path, config(&root)).expect("write config");
+    std::fs::write(&config_path, config()).expect("write config");
     let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
     command
         .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])

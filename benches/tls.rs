@@ -11,12 +11,6 @@
 //! cargo bench --bench tls [-- --duration 5 --rounds 3]
 //! ```
 
-#[allow(dead_code)]
-#[path = "../tests/common/pki.rs"]
-mod pki;
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -37,7 +31,7 @@ fn main() {
     let rounds: usize = arg("--rounds").unwrap_or(3);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
-    let pki = pki::Pki::new();
+    let pki = support::pki::Pki::new();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let server_tls = format!("cert_file = \"{}\"\nkey_file = \"{}\"\n", pki.arg("server.pem"), pki.arg("server.key"));
     let mutual = format!("{server_tls}client_ca_file = \"{}\"\nclient_verify = true\n", pki.arg("ca.pem"));

@@ -15,9 +15,6 @@
 //! cargo bench --bench traffic [-- --duration 5 --rounds 3 --keys 1000 --zipf 1.1]
 //! ```
 
-#[allow(dead_code)]
-#[path = "../tests/common/process.rs"]
-mod process;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -58,7 +55,7 @@ fn cache_bench(root: &Path, dir: &Path, runtime: &tokio::runtime::Runtime, durat
     let model = |cache: &str| {
         format!("[[models]]\nname = \"cnn\"\nbase_path = \"{}\"\n{cache}", root.join("examples/models/cnn").display())
     };
-    let servers: Vec<(&str, process::ServerProcess)> =
+    let servers: Vec<(&str, support::process::ServerProcess)> =
         [("no cache", ""), ("cache", "cache = { max_mib = 256, ttl_secs = 600 }\n")]
             .into_iter()
             .enumerate()

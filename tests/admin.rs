@@ -23,7 +23,7 @@ const OPS: &str = "ops-secret";
 /// A plugin directory whose `features.wasm` is the identity plugin, and a
 /// config serving pipeline `scored` (team ml) = features → MLP.
 struct Fixture {
-    dir: tempfile::TempDir,
+    dir: ConfigDir,
 }
 
 impl Fixture {
@@ -33,44 +33,23 @@ impl Fixture {
 
     /// `admin` is extra keys of `[admin]`.
     fn with_admin(admin: &str) -> Fixture {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let plugins = dir.path().join("plugins");
-        std::fs::create_dir_all(&plugins).expect("plugins dir");
-        std::fs::copy(plugin_file("identity"), plugins.join("features.wasm")).expect("copy identity.wasm");
         let config = format!(
-            r#"
-[plugins]
-dir = "{plugins}"
-
-[admin]
-enabled = true
-max_upload_bytes = 4194304
-{admin}
-{ml}{web}{ops}
-{mlp}
-[[pipelines]]
-name = "scored"
-model = "mlp"
-team = "ml"
-preprocess = {{ plugin = "features", workers = 2 }}
-"#,
-            plugins = plugins.display(),
-            ml = admin_token("ml-ci", Some("ml"), ML),
-            web = admin_token("web-ci", Some("web"), WEB),
-            ops = admin_token("ops", None, OPS),
-            mlp = example_model_table("mlp"),
-            admin = admin,
+            "[plugins]\ndir = \"$PLUGINS\"\n[admin]\nenabled = true\nmax_upload_bytes = 4194304\n{admin}\n{}{}{}\n{}\n{}",
+            admin_token("ml-ci", Some("ml"), ML),
+            admin_token("web-ci", Some("web"), WEB),
+            admin_token("ops", None, OPS),
+            example_model_table("mlp"),
+            pipeline_table("scored", "mlp", "team = \"ml\"\npreprocess = { plugin = \"features\", workers = 2 }"),
         );
-        std::fs::write(dir.path().join("sluice.toml"), config).expect("write config");
-        Fixture { dir }
+        Fixture { dir: ConfigDir::new(&[("features", "identity")], &config) }
     }
 
     fn start(&self) -> Server {
-        Server::start(&["--model_config_file", self.dir.path().join("sluice.toml").to_str().expect("utf-8")])
+        Server::serving(&self.dir)
     }
 
     fn store(&self) -> PathBuf {
-        self.dir.path().join("plugins/store")
+        self.dir.plugins().join("store")
     }
 
     fn files_in_store(&self) -> Vec<String> {

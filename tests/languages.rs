@@ -204,44 +204,33 @@ async fn hostile_python_and_javascript_plugins_are_contained_as_rust_ones_are() 
 
 const TOKEN: &str = "languages-team-token";
 
+/// A server of pipeline `scored` (team ml; its preprocess plugin
+/// `features` the identity plugin until one is uploaded) with
+/// `plugins_keys` in `[plugins]`, the team's token, and `preprocess` as the
+/// stage's table.
+fn team_server(plugins_keys: &str, preprocess: &str) -> (ConfigDir, Server) {
+    let config = format!(
+        "[plugins]\ndir = \"$PLUGINS\"\n{plugins_keys}\n[admin]\nenabled = true\n{}{}{}",
+        admin_token("ml-ci", Some("ml"), TOKEN),
+        example_model_table("mlp"),
+        pipeline_table("scored", "mlp", &format!("team = \"ml\"\npreprocess = {preprocess}")),
+    );
+    let dir = ConfigDir::new(&[("features", "identity")], &config);
+    let server = Server::start_within(&["--model_config_file", dir.config().to_str().expect("utf-8")], COLD_START);
+    (dir, server)
+}
+
 /// A pipeline whose plugin is swapped, under load, between Rust, Python
 /// and JavaScript versions through the admin API: no request fails, and
 /// every answer is one version's.
 #[tokio::test]
 async fn hot_swaps_between_languages_under_load_fail_no_request() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir_all(&plugins).expect("plugins dir");
-    std::fs::copy(plugin_file("identity"), plugins.join("features.wasm")).expect("copy identity");
-    let config = format!(
-        r#"
-[plugins]
-dir = "{plugins}"
-cache_dir = "{cache}"
-
-[admin]
-enabled = true
-
-[[admin.tokens]]
-id = "ml-ci"
-team = "ml"
-role = "team"
-sha256 = "{token}"
-
-{mlp_table}
-
-[[pipelines]]
-name = "scored"
-model = "mlp"
-team = "ml"
-preprocess = {{ plugin = "features", workers = 2 }}
-"#,
-        mlp_table = example_model_table("mlp"),
-        plugins = plugins.display(),
-        cache = compile_cache(),
-        token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes())),
-    );
-    let server = Server::with_config_within(&config, COLD_START);
+    // A Python instance is made (its image mapped, its warm-up run) in
+    // well under the default 50 ms on an idle machine, but not always on
+    // two cores shared with a whole test run: 1 s keeps the bound without
+    // making it a race with the other tests.
+    let keys = format!("cache_dir = \"{}\"\n[plugins.limits.features]\ntimeout_ms = 1000", compile_cache());
+    let (_dir, server) = team_server(&keys, "{ plugin = \"features\", workers = 2 }");
     // Versions: 1 Python scale, 2 Rust identity, 3 JavaScript scale.
     for name in ["scale_py", "identity", "scale_js"] {
         let body = std::fs::read(plugin_file(name)).expect("read plugin");
@@ -347,39 +336,7 @@ fn python_and_javascript_scaffolds_test_build_and_fit_the_model_as_generated() {
 /// nothing is stored.
 #[tokio::test]
 async fn a_compile_over_its_cpu_budget_is_refused_naming_the_key() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir_all(&plugins).expect("plugins dir");
-    std::fs::copy(plugin_file("identity"), plugins.join("features.wasm")).expect("copy identity");
-    let config = format!(
-        r#"
-[plugins]
-dir = "{plugins}"
-compile_cpu_seconds = 1
-
-[admin]
-enabled = true
-
-[[admin.tokens]]
-id = "ml-ci"
-team = "ml"
-role = "team"
-sha256 = "{token}"
-
-[[models]]
-name = "mlp"
-base_path = "$ROOT/examples/models/mlp"
-
-[[pipelines]]
-name = "scored"
-model = "mlp"
-team = "ml"
-preprocess = {{ plugin = "features" }}
-"#,
-        plugins = plugins.display(),
-        token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes())),
-    );
-    let server = Server::with_config_within(&config, COLD_START);
+    let (_dir, server) = team_server("compile_cpu_seconds = 1", "{ plugin = \"features\" }");
     let body = std::fs::read(plugin_file("scale_py")).expect("read plugin");
     let (status, answer) = server.admin(Method::PUT, "/admin/v1/plugins/features", Some(TOKEN), body).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");

@@ -9,13 +9,11 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fixtures::example_model_table;
+use common::otlp::Collector;
 use common::*;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::Value;
@@ -311,47 +309,6 @@ fn bad_logging_configs_are_refused_naming_the_key() {
     }
 }
 
-/// An OTLP/gRPC collector: keeps every span it is sent.
-#[derive(Clone, Default)]
-struct Collector {
-    spans: Arc<Mutex<Vec<Span>>>,
-}
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.spans.lock().expect("spans");
-        for resource in request.into_inner().resource_spans {
-            for scope in resource.scope_spans {
-                spans.extend(scope.spans);
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
-    }
-}
-
-impl Collector {
-    async fn start() -> (Collector, String) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let collector = Collector::default();
-        let service = TraceServiceServer::new(collector.clone());
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-        (collector, format!("http://{addr}"))
-    }
-
-    fn of_trace(&self, trace_id: &[u8]) -> Vec<Span> {
-        self.spans.lock().expect("spans").iter().filter(|s| s.trace_id == trace_id).cloned().collect()
-    }
-}
-
 fn attribute(span: &Span, key: &str) -> Option<String> {
     span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
         AnyValue::StringValue(s) => Some(s.clone()),
@@ -381,7 +338,7 @@ fn within(child: &Span, parent: &Span) -> bool {
 async fn traces_reach_an_otlp_collector_as_a_tree_of_stages() {
     let plugins = root().join("target/plugins");
     assert!(plugins.join("scale.wasm").is_file(), "the plugins are not built: run scripts/build-plugins");
-    let (collector, endpoint) = Collector::start().await;
+    let (collector, endpoint) = Collector::start(true).await;
     let server = Server::with_config(&format!(
         r#"
 [tracing]
@@ -451,7 +408,7 @@ preprocess = {{ plugin = "scale", workers = 1 }}
     .await;
     let (a, b) = spans;
     assert!(collector.of_trace(&trace_c).is_empty(), "a request its caller did not sample is not traced");
-    let all = collector.spans.lock().expect("spans").clone();
+    let all = collector.spans();
     let traces: std::collections::HashSet<&Vec<u8>> = all.iter().map(|s| &s.trace_id).collect();
     assert_eq!(traces.len(), 4, "only the four sampled requests are traced (ratio 0)");
 

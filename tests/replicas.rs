@@ -23,47 +23,28 @@ const OPS: &str = "ops-secret";
 /// One replica's own directory (plugin store included) and config, all
 /// pointing at the same Redis.
 struct Replica {
-    dir: tempfile::TempDir,
+    dir: ConfigDir,
 }
 
 impl Replica {
     fn new(redis: &RedisServer) -> Replica {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let plugins = dir.path().join("plugins");
-        std::fs::create_dir_all(&plugins).expect("plugins dir");
-        std::fs::write(plugins.join("features.wasm"), plugin_bytes("identity")).expect("features.wasm");
         let config = format!(
-            r#"
-[plugins]
-dir = "{plugins}"
-[plugins.shared]
-redis_url = "{redis}"
-key_prefix = "test:"
-reconcile_seconds = 1
-[admin]
-enabled = true
-{ops}
-{mlp}
-[[pipelines]]
-name = "scored"
-model = "mlp"
-preprocess = {{ plugin = "features", workers = 2 }}
-"#,
-            plugins = plugins.display(),
-            redis = redis.url(),
-            ops = admin_token("ops", None, OPS),
-            mlp = example_model_table("mlp"),
+            "[plugins]\ndir = \"$PLUGINS\"\n[plugins.shared]\nredis_url = \"{}\"\nkey_prefix = \"test:\"\n\
+             reconcile_seconds = 1\n[admin]\nenabled = true\n{}{}{}",
+            redis.url(),
+            admin_token("ops", None, OPS),
+            example_model_table("mlp"),
+            pipeline_table("scored", "mlp", "preprocess = { plugin = \"features\", workers = 2 }"),
         );
-        std::fs::write(dir.path().join("sluice.toml"), config).expect("write config");
-        Replica { dir }
+        Replica { dir: ConfigDir::new(&[("features", "identity")], &config) }
     }
 
     fn config(&self) -> PathBuf {
-        self.dir.path().join("sluice.toml")
+        self.dir.config()
     }
 
     fn start(&self) -> Server {
-        Server::start(&["--model_config_file", self.config().to_str().expect("utf-8")])
+        Server::serving(&self.dir)
     }
 }
 

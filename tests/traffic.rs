@@ -22,39 +22,22 @@ const OPS: &str = "ops-secret";
 /// whose `hostile.wasm` is the hostile one, an admin token, and `extra`
 /// config (models and pipelines) after the common part.
 struct Fixture {
-    dir: tempfile::TempDir,
+    dir: ConfigDir,
 }
 
 impl Fixture {
     fn new(extra: &str) -> Fixture {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let plugins = dir.path().join("plugins");
-        std::fs::create_dir_all(&plugins).expect("plugins dir");
-        std::fs::copy(plugin_file("identity"), plugins.join("features.wasm")).expect("copy identity.wasm");
-        std::fs::copy(plugin_file("hostile"), plugins.join("hostile.wasm")).expect("copy hostile.wasm");
         let config = format!(
-            r#"
-[plugins]
-dir = "{plugins}"
-max_calls_per_team = 8
-[plugins.limits.hostile]
-timeout_ms = 10000
-[admin]
-enabled = true
-max_upload_bytes = 4194304
-{ops}
-{mlp}{extra}
-"#,
-            plugins = plugins.display(),
-            ops = admin_token("ops", None, OPS),
-            mlp = example_model_table("mlp"),
+            "[plugins]\ndir = \"$PLUGINS\"\nmax_calls_per_team = 8\n[plugins.limits.hostile]\ntimeout_ms = 10000\n\
+             [admin]\nenabled = true\nmax_upload_bytes = 4194304\n{}{}{extra}\n",
+            admin_token("ops", None, OPS),
+            example_model_table("mlp"),
         );
-        std::fs::write(dir.path().join("sluice.toml"), config).expect("write config");
-        Fixture { dir }
+        Fixture { dir: ConfigDir::new(&[("features", "identity"), ("hostile", "hostile")], &config) }
     }
 
     fn start(&self) -> Server {
-        Server::start(&["--model_config_file", self.dir.path().join("sluice.toml").to_str().expect("utf-8")])
+        Server::serving(&self.dir)
     }
 }
 

@@ -293,13 +293,7 @@ pub fn signatures(target: &Target) -> Vec<(&'static str, Signature, &'static str
     let mut all = vec![(DEFAULT_SIGNATURE, target.signature().clone(), PREDICT_METHOD)];
     let Some(columns) = target.example_columns() else { return all };
     let output = |name: &str| target.signature().outputs.iter().find(|spec| spec.name == name);
-    let spec = |name: &str, dtype: DType, shape: Vec<i64>| TensorSpec {
-        name: name.to_string(),
-        dtype,
-        shape,
-        unknown_rank: false,
-    };
-    let inputs = vec![spec(CLASSIFY_INPUTS, DType::String, vec![-1])];
+    let inputs = vec![TensorSpec::new(CLASSIFY_INPUTS, DType::String, vec![-1])];
     if let Some(classify) = columns.classify() {
         let width = [&classify.scores, &classify.classes]
             .into_iter()
@@ -310,16 +304,16 @@ pub fn signatures(target: &Target) -> Vec<(&'static str, Signature, &'static str
             .unwrap_or(-1);
         let mut outputs = Vec::new();
         if classify.classes.is_some() || classify.labels.is_some() {
-            outputs.push(spec("classes", DType::String, vec![-1, width]));
+            outputs.push(TensorSpec::new("classes", DType::String, vec![-1, width]));
         }
         if classify.scores.is_some() {
-            outputs.push(spec("scores", DType::F32, vec![-1, width]));
+            outputs.push(TensorSpec::new("scores", DType::F32, vec![-1, width]));
         }
         all.push((CLASSIFY_SIGNATURE, Signature { inputs: inputs.clone(), outputs }, CLASSIFY_METHOD));
     }
     if let Some(regress) = columns.regress() {
         let shape = output(&regress.output).map_or(vec![-1, 1], |s| s.shape.clone());
-        let outputs = vec![spec("outputs", DType::F32, shape)];
+        let outputs = vec![TensorSpec::new("outputs", DType::F32, shape)];
         all.push((REGRESS_SIGNATURE, Signature { inputs, outputs }, REGRESS_METHOD));
     }
     all

@@ -140,7 +140,7 @@ const JS: &[TemplateFile] = &[
 
 /// Writes a Python or JavaScript project from its template.
 fn from_template(args: &NewArgs, root: &Path, model: Option<&[TensorSpec]>) -> anyhow::Result<String> {
-    let generic = [TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![-1, -1], unknown_rank: false }];
+    let generic = [TensorSpec::new("x", DType::F32, vec![-1, -1])];
     let specs = model.unwrap_or(&generic);
     let (files, indent, none, next) = match args.lang {
         Lang::Python => (
@@ -289,7 +289,7 @@ fn specs_code(specs: &[TensorSpec]) -> String {
 }
 
 fn lib_rs(name: &str, world: WorldArg, model: Option<&[TensorSpec]>) -> String {
-    let generic = [TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![-1, -1], unknown_rank: false }];
+    let generic = [TensorSpec::new("x", DType::F32, vec![-1, -1])];
     let specs = specs_code(model.unwrap_or(&generic));
     let (trait_name, function, export, side) = match world {
         WorldArg::Preprocessor => ("Preprocessor", "preprocess", "export_preprocessor", "the model's inputs"),

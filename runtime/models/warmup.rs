@@ -181,7 +181,7 @@ mod tests {
     use crate::tensor::DType;
 
     fn spec(name: &str, shape: Vec<i64>) -> TensorSpec {
-        TensorSpec { name: name.into(), dtype: DType::F32, shape, unknown_rank: false }
+        TensorSpec::new(name, DType::F32, shape)
     }
 
     #[test]

@@ -54,11 +54,12 @@ impl Lookup {
     fn outputs(&self) -> Vec<TensorSpec> {
         self.features
             .iter()
-            .map(|f| TensorSpec {
-                name: f.tensor.clone(),
-                dtype: f.spec.dtype,
-                shape: self.keys.shape.iter().chain(&f.spec.shape).copied().collect(),
-                unknown_rank: false,
+            .map(|f| {
+                TensorSpec::new(
+                    f.tensor.clone(),
+                    f.spec.dtype,
+                    self.keys.shape.iter().chain(&f.spec.shape).copied().collect(),
+                )
             })
             .collect()
     }
@@ -105,12 +106,7 @@ impl FeatureFetch {
                     default,
                 });
             }
-            let keys = TensorSpec {
-                name: lookup.keys.clone(),
-                dtype: lookup.key_dtype,
-                shape: lookup.key_shape.clone(),
-                unknown_rank: false,
-            };
+            let keys = TensorSpec::new(lookup.keys.clone(), lookup.key_dtype, lookup.key_shape.clone());
             lookups.push(Lookup { keys, store, wanted, features });
         }
         // A lookup reading keys an earlier lookup made: those must be keys

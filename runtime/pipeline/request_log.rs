@@ -381,8 +381,7 @@ mod tests {
     use crate::tensor::DType;
 
     fn entry(value: f32) -> LogEntry {
-        let spec =
-            |name: &str| TensorSpec { name: name.into(), dtype: DType::F32, shape: vec![-1, 1], unknown_rank: false };
+        let spec = |name: &str| TensorSpec::new(name, DType::F32, vec![-1, 1]);
         LogEntry {
             name: "m".into(),
             version: 3,

@@ -25,14 +25,23 @@ use crate::tensor::NamedTensor;
 
 /// CPU work between the client and the model, or the model and the client.
 pub trait Stage: Send + Sync + 'static {
+    /// Its name and the tensors it takes and returns, fixed when it is built.
+    fn io(&self) -> &StageIo;
+
     /// What it is, for messages and metrics: `top_k`, `image_normalize`, …
-    fn name(&self) -> &str;
+    fn name(&self) -> &str {
+        &self.io().name
+    }
 
     /// The tensors it takes (-1 where any size goes).
-    fn inputs(&self) -> &[TensorSpec];
+    fn inputs(&self) -> &[TensorSpec] {
+        &self.io().inputs
+    }
 
     /// The tensors it returns, in order.
-    fn outputs(&self) -> &[TensorSpec];
+    fn outputs(&self) -> &[TensorSpec] {
+        &self.io().outputs
+    }
 
     /// Turns inputs into outputs. Runs on a stage worker thread. Long work
     /// calls [`StageCx::check`] between pieces, so a request whose client
@@ -45,6 +54,15 @@ pub trait Stage: Send + Sync + 'static {
     fn varies(&self) -> bool {
         false
     }
+}
+
+/// A stage's name and interface: what the pipeline checks its neighbours
+/// against when it is built.
+#[derive(Debug, Clone)]
+pub struct StageIo {
+    pub name: String,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
 }
 
 /// What a stage knows about the request it works on: whether it is still
@@ -264,20 +282,14 @@ mod tests {
     /// Passes its input through once the test lets it (one message on
     /// `gate` per call); panics on a tensor named "panic".
     struct Gated {
-        specs: Vec<TensorSpec>,
+        io: StageIo,
         gate: Mutex<mpsc::Receiver<()>>,
         started: tokio::sync::mpsc::UnboundedSender<()>,
     }
 
     impl Stage for Gated {
-        fn name(&self) -> &str {
-            "gated"
-        }
-        fn inputs(&self) -> &[TensorSpec] {
-            &self.specs
-        }
-        fn outputs(&self) -> &[TensorSpec] {
-            &self.specs
+        fn io(&self) -> &StageIo {
+            &self.io
         }
         fn process(&self, inputs: Vec<NamedTensor>, cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
             assert!(inputs[0].name != "panic", "a stage bug");
@@ -297,8 +309,9 @@ mod tests {
     fn gated(workers: usize, capacity: usize) -> Harness {
         let (open, gate) = mpsc::channel();
         let (started_tx, started) = tokio::sync::mpsc::unbounded_channel();
-        let specs = vec![TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![-1], unknown_rank: false }];
-        let stage = Arc::new(Gated { specs, gate: Mutex::new(gate), started: started_tx });
+        let specs = vec![TensorSpec::new("x", DType::F32, vec![-1])];
+        let io = StageIo { name: "gated".into(), inputs: specs.clone(), outputs: specs };
+        let stage = Arc::new(Gated { io, gate: Mutex::new(gate), started: started_tx });
         let metrics = Metrics::new().queue("test");
         let runner =
             StageRunner::pipelined(stage, "the gated stage".into(), workers, capacity, metrics).expect("start");

@@ -333,7 +333,7 @@ fn describe(instances: &Instances, limits: &PluginLimits) -> Result<Description>
             .map(|s| {
                 check_declared_text(&format!("{role} name"), &s.name, TENSOR_NAME_CHARS).map_err(refused)?;
                 check_declared_shape(&s.name, &s.shape).map_err(refused)?;
-                Ok(TensorSpec { name: s.name, dtype: dtype_in(s.dtype), shape: s.shape, unknown_rank: false })
+                Ok(TensorSpec::new(s.name, dtype_in(s.dtype), s.shape))
             })
             .collect()
     };

@@ -716,7 +716,7 @@ mod tests {
     }
 
     fn spec(name: &str, dtype: DType, shape: &[i64]) -> TensorSpec {
-        TensorSpec { name: name.into(), dtype, shape: shape.to_vec(), unknown_rank: false }
+        TensorSpec::new(name, dtype, shape.to_vec())
     }
 
     fn census() -> (ExamplesConfig, Signature) {

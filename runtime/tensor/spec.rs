@@ -42,6 +42,13 @@ pub struct TensorSpec {
     pub unknown_rank: bool,
 }
 
+impl TensorSpec {
+    /// A spec of known rank.
+    pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<i64>) -> TensorSpec {
+        TensorSpec { name: name.into(), dtype, shape, unknown_rank: false }
+    }
+}
+
 impl fmt::Display for TensorSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.unknown_rank {
@@ -251,15 +258,10 @@ mod tests {
     fn sig() -> Signature {
         Signature {
             inputs: vec![
-                TensorSpec { name: "dense".into(), dtype: DType::F32, shape: vec![-1, 3], unknown_rank: false },
-                TensorSpec { name: "ids".into(), dtype: DType::I64, shape: vec![-1, 2], unknown_rank: false },
+                TensorSpec::new("dense", DType::F32, vec![-1, 3]),
+                TensorSpec::new("ids", DType::I64, vec![-1, 2]),
             ],
-            outputs: vec![TensorSpec {
-                name: "score".into(),
-                dtype: DType::F32,
-                shape: vec![-1, 1],
-                unknown_rank: false,
-            }],
+            outputs: vec![TensorSpec::new("score", DType::F32, vec![-1, 1])],
         }
     }
 

@@ -5,29 +5,28 @@ contract ``sdk/wit/plugin.wit``; this module (standard library only) sits
 over the generated bindings so that a plugin reads and writes typed values,
 never bytes::
 
-    # app.py
+    # app.py (plugins/python/scale is a whole project)
     from array import array
     import sluice_plugin
     from sluice_plugin import Preprocessor, spec, tensor
 
-    class Scale(Preprocessor):
-        name = "scale"
-        version = "1.0.0"
-        inputs = [spec("x", "f32", [-1, 64])]
-        outputs = [spec("x", "f32", [-1, 64])]
+    class Negate(Preprocessor):
+        name = "negate"
+        version = "0.1.0"
+        inputs = [spec("x", "f32", [-1, -1])]
+        outputs = [spec("y", "f32", [-1, -1])]
 
         def run(self, inputs):
             x = inputs["x"]                       # a TensorView
-            doubled = array("f", [v * 2.0 for v in x.f32()])
-            return [tensor("x", x.shape, doubled)]
+            return [tensor("y", x.shape, array("f", [-v for v in x.f32()]))]
 
-    WitWorld = sluice_plugin.export(Scale)    # what componentize-py calls
+    WitWorld = sluice_plugin.export(Negate)    # what componentize-py calls
 
 Build it (the directory holding this module, and app.py, on ``-p``)::
 
     componentize-py -d sdk/wit -w preprocessor componentize \\
-        -p sdk/python -p . app -o scale.wasm
-    sluice plugin check scale.wasm
+        -p sdk/python -p . app -o negate.wasm
+    sluice plugin check negate.wasm
 
 Errors: raise ``InvalidInput(message)`` for bad client input (the client
 gets INVALID_ARGUMENT with the message); any other exception escaping

@@ -1,10 +1,14 @@
-//! What the tests' configs and plugin directories are made of: the plugins
-//! `scripts/build-plugins` built, their hashes, admin tokens as the config
-//! stores them, and the `[[models]]` tables of the example models.
+//! What the tests' (and benches') configs and plugin directories are made
+//! of: the plugins `scripts/build-plugins` built, their hashes, admin
+//! tokens as the config stores them, the `[[models]]` and `[[pipelines]]`
+//! tables, and a directory holding a config beside its plugins.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use super::root;
+/// The repository's root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
 
 /// The SHA-256 of `bytes`, hex: how the registry names blobs and how the
 /// config stores admin tokens.
@@ -35,13 +39,80 @@ pub fn admin_token(id: &str, team: Option<&str>, token: &str) -> String {
     format!("[[admin.tokens]]\nid = \"{id}\"\n{role}\nsha256 = \"{}\"\n", sha256_hex(token.as_bytes()))
 }
 
+/// `examples/models/NAME`: an example model's repository.
+pub fn example_dir(name: &str) -> PathBuf {
+    root().join("examples/models").join(name)
+}
+
 /// The `[[models]]` table of example model `name` (`examples/models/NAME`),
 /// with one ONNX Runtime session of one thread.
 pub fn example_model_table(name: &str) -> String {
-    format!(
-        "[[models]]\nname = \"{name}\"\nbase_path = \"{}\"\nonnx = {{ sessions = 1, intra_op_threads = 1 }}\n",
-        root().join("examples/models").join(name).display()
-    )
+    model_table(name, &example_dir(name), "onnx = { sessions = 1, intra_op_threads = 1 }")
+}
+
+/// A `[[models]]` table: `name` served from `base_path`, with `keys` (TOML
+/// lines) after them.
+pub fn model_table(name: &str, base_path: &Path, keys: &str) -> String {
+    format!("[[models]]\nname = \"{name}\"\nbase_path = \"{}\"\n{keys}\n", base_path.display())
+}
+
+/// A `[[pipelines]]` table: `name` in front of `model`, with `keys` (TOML
+/// lines: team, stages, …).
+pub fn pipeline_table(name: &str, model: &str, keys: &str) -> String {
+    format!("[[pipelines]]\nname = \"{name}\"\nmodel = \"{model}\"\n{keys}\n")
+}
+
+/// A pipeline's `[pipelines.feature_fetch]` table: `keys` (TOML lines:
+/// on_store_error, …), then one lookup per `(keys input, table, features)`,
+/// `features` as the TOML array of the features it fetches.
+pub fn feature_fetch(keys: &str, lookups: &[(&str, &str, &str)]) -> String {
+    let mut text = format!("[pipelines.feature_fetch]\n{keys}\n");
+    for (input, table, features) in lookups {
+        text.push_str(&format!(
+            "[[pipelines.feature_fetch.lookups]]\nkeys = \"{input}\"\ntable = \"{table}\"\nfeatures = {features}\n"
+        ));
+    }
+    text
+}
+
+/// A temporary directory holding a plugin directory (`plugins/`) of built
+/// plugins and a config (`sluice.toml`) that names it; removed when dropped.
+pub struct ConfigDir {
+    dir: tempfile::TempDir,
+}
+
+impl ConfigDir {
+    /// `plugins`: each file stem the plugin directory holds and the built
+    /// plugin it is a copy of. `config`: the config, with `$PLUGINS` for the
+    /// plugin directory and `$ROOT` for the repository.
+    pub fn new(plugins: &[(&str, &str)], config: &str) -> ConfigDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let plugin_dir = dir.path().join("plugins");
+        std::fs::create_dir_all(&plugin_dir).expect("plugins dir");
+        for (stem, built) in plugins {
+            std::fs::copy(plugin_file(built), plugin_dir.join(format!("{stem}.wasm"))).expect("copy a built plugin");
+        }
+        let text = config
+            .replace("$PLUGINS", &plugin_dir.display().to_string())
+            .replace("$ROOT", &root().display().to_string());
+        std::fs::write(dir.path().join("sluice.toml"), text).expect("write config");
+        ConfigDir { dir }
+    }
+
+    /// The directory itself.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Its config file.
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("sluice.toml")
+    }
+
+    /// Its plugin directory.
+    pub fn plugins(&self) -> PathBuf {
+        self.dir.path().join("plugins")
+    }
 }
 
 /// The `recommend` pipeline of the examples: feature_transform → the

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
+pub mod otlp;
 pub mod pki;
 pub mod process;
 pub mod redis;
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+pub use self::fixtures::root;
 pub use self::process::ServerProcess;
 use bytes::Bytes;
 use sluice::proto::tensorflow::serving::model_service_client::ModelServiceClient;
@@ -24,11 +26,6 @@ use sluice::proto::tensorflow::serving::{
 };
 use sluice::proto::tensorflow::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
 use tonic::transport::Channel;
-
-/// The repository root.
-pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// `examples/models/NAME/VERSION/model.onnx`.
 /// `sluice ARGS…` run in the repository root: exit code, stdout, stderr.
@@ -97,6 +94,11 @@ impl Server {
         let server = Server::start_within(&["--model_config_file", path.to_str().expect("utf-8 path")], timeout);
         drop(dir);
         server
+    }
+
+    /// Serves the config of `dir`.
+    pub fn serving(dir: &fixtures::ConfigDir) -> Server {
+        Server::start(&["--model_config_file", dir.config().to_str().expect("utf-8 path")])
     }
 
     /// Serves the three example models, every version.

@@ -214,7 +214,7 @@ async fn models(
     let given_id = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok());
     // The path as sent: names and labels are decoded one by one.
     let path = uri.path().strip_prefix("/v1/models/").unwrap_or_default();
-    with_request_id(route(&state, path, &method, &headers, given_id, body).await)
+    with_request_id(route(&state, Sent { path, method: &method, headers: &headers, given_id }, body).await)
 }
 
 /// The answer with its request's id in the `x-request-id` header.
@@ -242,18 +242,22 @@ async fn v2_call(
 /// A `/v2/…` call, answered with the request id.
 async fn v2_answer(state: &RestState, path: &str, method: Method, headers: HeaderMap, body: Body) -> Response {
     let given_id = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok());
-    with_request_id(v2::route(state, path, &method, &headers, given_id, body).await)
+    with_request_id(v2::route(state, Sent { path, method: &method, headers: &headers, given_id }, body).await)
+}
+
+/// What a REST call was sent besides its body: the path below its API's
+/// prefix, the method, the headers and the request id the client gave.
+#[derive(Clone, Copy)]
+struct Sent<'a> {
+    path: &'a str,
+    method: &'a Method,
+    headers: &'a HeaderMap,
+    given_id: Option<&'a str>,
 }
 
 /// Answers one `/v1/models/…` call; returns the request's id with it.
-async fn route(
-    state: &RestState,
-    path: &str,
-    method: &Method,
-    headers: &HeaderMap,
-    given_id: Option<&str>,
-    body: Body,
-) -> (String, Response) {
+async fn route(state: &RestState, sent: Sent<'_>, body: Body) -> (String, Response) {
+    let Sent { path, method, headers, given_id } = sent;
     let parsed = match parse_path(path) {
         Ok(parsed) => parsed,
         Err(e) => return (request_id(given_id), error_response(&e)),

@@ -78,14 +78,8 @@ fn not_found(path: &str) -> Error {
 }
 
 /// Answers one `/v2/…` call; returns the request's id with it.
-pub(super) async fn route(
-    state: &RestState,
-    path: &str,
-    method: &Method,
-    headers: &HeaderMap,
-    given_id: Option<&str>,
-    body: Body,
-) -> (String, Response) {
+pub(super) async fn route(state: &RestState, sent: super::Sent<'_>, body: Body) -> (String, Response) {
+    let super::Sent { path, method, headers, given_id } = sent;
     let call = match parse(path) {
         Ok(call) => call,
         Err(e) => return (request_id(given_id), super::error_response(&e)),

@@ -57,7 +57,7 @@ pub async fn input_specs(
     for (name, info) in &def.inputs {
         let dtype = DType::from_tf(info.dtype).map_err(|e| anyhow::anyhow!("input {name}: {e}"))?;
         let shape = info.tensor_shape.as_ref().map(|s| s.dim.iter().map(|d| d.size).collect()).unwrap_or_default();
-        specs.push(TensorSpec { name: name.clone(), dtype, shape, unknown_rank: false });
+        specs.push(TensorSpec::new(name.clone(), dtype, shape));
     }
     specs.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(specs)

@@ -529,12 +529,7 @@ mod tests {
         }
 
         fn new() -> Arc<Doubler> {
-            let spec = |name: &str| TensorSpec {
-                name: name.into(),
-                dtype: DType::F32,
-                shape: vec![-1, 2],
-                unknown_rank: false,
-            };
+            let spec = |name: &str| TensorSpec::new(name, DType::F32, vec![-1, 2]);
             Arc::new(Doubler {
                 signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] },
                 batches: Mutex::new(Vec::new()),

@@ -2,46 +2,37 @@
 
 use crate::config::stage::ReduceConfig;
 use crate::error::Result;
-use crate::pipeline::stage::{Stage, StageCx};
+use crate::pipeline::stage::{Stage, StageCx, StageIo};
 use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{DType, NamedTensor, Tensor};
 
-use super::classes::{model_output, rows_of, take, top_indexes};
+use super::classes::{class_rows, model_output, top_indexes};
 
 /// The index of the largest value per row.
 pub struct Argmax {
-    inputs: Vec<TensorSpec>,
-    outputs: Vec<TensorSpec>,
+    io: StageIo,
 }
 
 impl Argmax {
     /// Checked against the model's signature.
     pub fn new(config: &ReduceConfig, model: &Signature) -> Result<Argmax> {
-        let (input, classes) = model_output(model, config.input.as_deref(), "argmax")?;
+        let (input, _) = model_output(model, config.input.as_deref(), "argmax")?;
         Ok(Argmax {
-            inputs: vec![TensorSpec { name: input, dtype: DType::F32, shape: vec![-1, classes], unknown_rank: false }],
-            outputs: vec![TensorSpec {
-                name: "classes".into(),
-                dtype: DType::I64,
-                shape: vec![-1],
-                unknown_rank: false,
-            }],
+            io: StageIo {
+                name: "argmax".into(),
+                inputs: vec![input],
+                outputs: vec![TensorSpec::new("classes", DType::I64, vec![-1])],
+            },
         })
     }
 }
 
 impl Stage for Argmax {
-    fn name(&self) -> &str {
-        "argmax"
-    }
-    fn inputs(&self) -> &[TensorSpec] {
-        &self.inputs
-    }
-    fn outputs(&self) -> &[TensorSpec] {
-        &self.outputs
+    fn io(&self) -> &StageIo {
+        &self.io
     }
     fn process(&self, inputs: Vec<NamedTensor>, _cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
-        let (rows, cols, values) = rows_of(take(&inputs, &self.inputs[0].name, "argmax")?, "argmax")?;
+        let (rows, cols, values) = class_rows(&self.io, &inputs)?;
         let classes: Vec<i64> = values
             .chunks_exact(cols.max(1))
             .map(|row| top_indexes(row, 1).first().copied().unwrap_or(0) as i64)

@@ -2,12 +2,14 @@
 //! read (f32 rows × classes), its values, softmax and the top indexes.
 
 use crate::error::{Error, Result};
-use crate::tensor::spec::Signature;
+use crate::pipeline::stage::StageIo;
+use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{format_shape, DType, NamedTensor, Tensor};
 
 /// Finds the model output a postprocess stage reads: named, or the only
-/// one; it must be f32 rows × classes.
-pub(super) fn model_output(signature: &Signature, input: Option<&str>, stage: &str) -> Result<(String, i64)> {
+/// one; it must be f32 rows × classes. Returns the stage's input spec and
+/// the classes (-1 where the model leaves them free).
+pub(super) fn model_output(signature: &Signature, input: Option<&str>, stage: &str) -> Result<(TensorSpec, i64)> {
     let spec = match input {
         Some(name) => signature.outputs.iter().find(|o| o.name == name).ok_or_else(|| {
             let names: Vec<&str> = signature.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -31,19 +33,23 @@ pub(super) fn model_output(signature: &Signature, input: Option<&str>, stage: &s
             format_shape(&spec.shape)
         )));
     }
-    Ok((spec.name.clone(), spec.shape[1]))
+    let classes = spec.shape[1];
+    Ok((TensorSpec::new(spec.name.clone(), DType::F32, vec![-1, classes]), classes))
 }
 
-pub(super) fn take<'a>(inputs: &'a [NamedTensor], name: &str, stage: &str) -> Result<&'a Tensor> {
+/// The tensor a one-input stage reads.
+pub(super) fn first_input<'a>(io: &StageIo, inputs: &'a [NamedTensor]) -> Result<&'a Tensor> {
+    let (name, stage) = (&io.inputs[0].name, &io.name);
     inputs
         .iter()
-        .find(|t| t.name == name)
+        .find(|t| &t.name == name)
         .map(|t| &t.tensor)
         .ok_or_else(|| Error::internal(format!("{stage}: input '{name}' is missing, this is a bug")))
 }
 
-/// Rows × classes of a rank-2 f32 tensor, as values.
-pub(super) fn rows_of(tensor: &Tensor, stage: &str) -> Result<(usize, usize, Vec<f32>)> {
+/// Rows × classes of a stage's rank-2 f32 input, as values.
+pub(super) fn class_rows(io: &StageIo, inputs: &[NamedTensor]) -> Result<(usize, usize, Vec<f32>)> {
+    let (tensor, stage) = (first_input(io, inputs)?, &io.name);
     let values = tensor.to_vec::<f32>().ok_or_else(|| Error::internal(format!("{stage}: input is not DT_FLOAT")))?;
     let (rows, cols) = match tensor.shape() {
         [rows, cols] => (*rows as usize, *cols as usize),

@@ -6,11 +6,11 @@ use sluice_sdk::transforms::{image_normalize_into, ImageNormalize as Params};
 
 use crate::config::stage::ImageNormalizeConfig;
 use crate::error::{Error, Result};
-use crate::pipeline::stage::{Stage, StageCx};
+use crate::pipeline::stage::{Stage, StageCx, StageIo};
 use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{format_shape, tensor_bytes, DType, NamedTensor, Tensor};
 
-use super::classes::take;
+use super::classes::first_input;
 
 /// Rows image_normalize converts between two checks of its request.
 const ROWS_PER_PIECE: usize = 16;
@@ -19,8 +19,7 @@ const ROWS_PER_PIECE: usize = 16;
 /// transform (the one the `image-normalize` plugin runs too).
 pub struct ImageNormalize {
     params: Params,
-    inputs: Vec<TensorSpec>,
-    outputs: Vec<TensorSpec>,
+    io: StageIo,
 }
 
 impl ImageNormalize {
@@ -58,29 +57,21 @@ impl ImageNormalize {
         }
         Ok(ImageNormalize {
             params: Params { height: height as usize, width: width as usize, mean, std, scale: config.scale },
-            inputs: vec![TensorSpec {
-                name: config.input.clone(),
-                dtype: DType::U8,
-                shape: vec![-1, -1, -1, channels],
-                unknown_rank: false,
-            }],
-            outputs: vec![spec.clone()],
+            io: StageIo {
+                name: "image_normalize".into(),
+                inputs: vec![TensorSpec::new(config.input.clone(), DType::U8, vec![-1, -1, -1, channels])],
+                outputs: vec![spec.clone()],
+            },
         })
     }
 }
 
 impl Stage for ImageNormalize {
-    fn name(&self) -> &str {
-        "image_normalize"
-    }
-    fn inputs(&self) -> &[TensorSpec] {
-        &self.inputs
-    }
-    fn outputs(&self) -> &[TensorSpec] {
-        &self.outputs
+    fn io(&self) -> &StageIo {
+        &self.io
     }
     fn process(&self, inputs: Vec<NamedTensor>, cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
-        let image = take(&inputs, &self.inputs[0].name, "image_normalize")?;
+        let image = first_input(&self.io, &inputs)?;
         let pixels = image.bytes().ok_or_else(|| Error::internal("image_normalize: input is not DT_UINT8"))?;
         let &[rows, in_h, in_w, channels] = image.shape() else {
             return Err(Error::internal("image_normalize: input is not rank 4"));
@@ -88,7 +79,7 @@ impl Stage for ImageNormalize {
         if in_h == 0 || in_w == 0 {
             return Err(Error::invalid_argument(format!(
                 "input '{}' has an empty image ({in_h} × {in_w})",
-                self.inputs[0].name
+                self.io.inputs[0].name
             )));
         }
         let (h, w) = (self.params.height as i64, self.params.width as i64);
@@ -109,7 +100,7 @@ impl Stage for ImageNormalize {
             let n = dst.len() / row_values.max(1);
             image_normalize_into(&self.params, src, n, in_h as usize, in_w as usize, dst);
         }
-        Ok(vec![NamedTensor::new(self.outputs[0].name.clone(), Tensor::from_values(shape, &out))])
+        Ok(vec![NamedTensor::new(self.io.outputs[0].name.clone(), Tensor::from_values(shape, &out))])
     }
 }
 

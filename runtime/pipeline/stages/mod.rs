@@ -68,18 +68,8 @@ pub(crate) mod testing {
 
     pub fn classifier(classes: i64) -> Signature {
         Signature {
-            inputs: vec![TensorSpec {
-                name: "image".into(),
-                dtype: DType::F32,
-                shape: vec![-1, 3, 2, 2],
-                unknown_rank: false,
-            }],
-            outputs: vec![TensorSpec {
-                name: "logits".into(),
-                dtype: DType::F32,
-                shape: vec![-1, classes],
-                unknown_rank: false,
-            }],
+            inputs: vec![TensorSpec::new("image", DType::F32, vec![-1, 3, 2, 2])],
+            outputs: vec![TensorSpec::new("logits", DType::F32, vec![-1, classes])],
         }
     }
 

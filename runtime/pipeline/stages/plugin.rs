@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 use crate::models::ModelVersion;
 use crate::pipeline::cache::ResponseCache;
 use crate::pipeline::served::ServedModel;
-use crate::pipeline::stage::{Stage, StageCx};
+use crate::pipeline::stage::{Stage, StageCx, StageIo};
 use crate::plugin::registry::{PluginRegistry, PluginSlot};
 use crate::plugin::{Plugin, World};
 use crate::tensor::spec::{fits, TensorSpec};
@@ -36,7 +36,7 @@ use crate::tensor::NamedTensor;
 /// or mixes a request; the old plugin, with its compiled code and warm
 /// instances, is freed when its last request ends.
 pub struct PluginStage {
-    name: String,
+    io: StageIo,
     /// The plugin's name in the registry.
     plugin: String,
     /// The share of plugin calls its team may run at once.
@@ -48,8 +48,6 @@ pub struct PluginStage {
     current: ArcSwap<Plugin>,
     /// The registry's version of `current` (0: the plugin directory's file).
     version: AtomicU32,
-    inputs: Vec<TensorSpec>,
-    outputs: Vec<TensorSpec>,
     /// The canary beside `current`, while one runs.
     canary: ArcSwapOption<Canary>,
     /// The input that keeps a caller on one side of a canary.
@@ -178,7 +176,11 @@ impl PluginStage {
             };
             let description = plugin.description();
             let stage = Arc::new(PluginStage {
-                name: format!("plugin {name}"),
+                io: StageIo {
+                    name: format!("plugin {name}"),
+                    inputs: description.inputs.clone(),
+                    outputs: description.outputs.clone(),
+                },
                 plugin: name.to_string(),
                 canary: ArcSwapOption::empty(),
                 canary_key: place.canary_key.map(str::to_string),
@@ -190,8 +192,6 @@ impl PluginStage {
                 team: place.team.map(str::to_string),
                 world,
                 model: place.model.clone(),
-                inputs: description.inputs.clone(),
-                outputs: description.outputs.clone(),
                 current: ArcSwap::new(Arc::new(plugin)),
                 version: AtomicU32::new(version),
             });
@@ -201,10 +201,10 @@ impl PluginStage {
                 continue;
             }
             if let Some(key) = place.canary_key {
-                if place.role == StageRole::Preprocess && !stage.inputs.iter().any(|spec| spec.name == key) {
+                if place.role == StageRole::Preprocess && !stage.inputs().iter().any(|spec| spec.name == key) {
                     return Err(Error::invalid_argument(format!(
                         "canary_key = \"{key}\" is not an input of plugin '{name}'; its inputs: [{}]",
-                        stage.inputs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                        stage.inputs().iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
                     )));
                 }
             }
@@ -254,8 +254,8 @@ impl PluginStage {
                 list(have)
             )))
         };
-        same("inputs", &self.inputs, &plugin.description().inputs)?;
-        same("outputs", &self.outputs, &plugin.description().outputs)
+        same("inputs", self.inputs(), &plugin.description().inputs)?;
+        same("outputs", self.outputs(), &plugin.description().outputs)
     }
 }
 
@@ -342,16 +342,8 @@ impl PluginStage {
 }
 
 impl Stage for PluginStage {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn inputs(&self) -> &[TensorSpec] {
-        &self.inputs
-    }
-
-    fn outputs(&self) -> &[TensorSpec] {
-        &self.outputs
+    fn io(&self) -> &StageIo {
+        &self.io
     }
 
     fn process(&self, inputs: Vec<NamedTensor>, cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {

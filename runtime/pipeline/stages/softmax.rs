@@ -2,16 +2,15 @@
 
 use crate::config::stage::ReduceConfig;
 use crate::error::Result;
-use crate::pipeline::stage::{Stage, StageCx};
+use crate::pipeline::stage::{Stage, StageCx, StageIo};
 use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{DType, NamedTensor, Tensor};
 
-use super::classes::{model_output, rows_of, softmax_in_place, take};
+use super::classes::{class_rows, model_output, softmax_in_place};
 
 /// Softmax over classes.
 pub struct Softmax {
-    inputs: Vec<TensorSpec>,
-    outputs: Vec<TensorSpec>,
+    io: StageIo,
 }
 
 impl Softmax {
@@ -19,29 +18,21 @@ impl Softmax {
     pub fn new(config: &ReduceConfig, model: &Signature) -> Result<Softmax> {
         let (input, classes) = model_output(model, config.input.as_deref(), "softmax")?;
         Ok(Softmax {
-            inputs: vec![TensorSpec { name: input, dtype: DType::F32, shape: vec![-1, classes], unknown_rank: false }],
-            outputs: vec![TensorSpec {
-                name: "probabilities".into(),
-                dtype: DType::F32,
-                shape: vec![-1, classes],
-                unknown_rank: false,
-            }],
+            io: StageIo {
+                name: "softmax".into(),
+                inputs: vec![input],
+                outputs: vec![TensorSpec::new("probabilities", DType::F32, vec![-1, classes])],
+            },
         })
     }
 }
 
 impl Stage for Softmax {
-    fn name(&self) -> &str {
-        "softmax"
-    }
-    fn inputs(&self) -> &[TensorSpec] {
-        &self.inputs
-    }
-    fn outputs(&self) -> &[TensorSpec] {
-        &self.outputs
+    fn io(&self) -> &StageIo {
+        &self.io
     }
     fn process(&self, inputs: Vec<NamedTensor>, _cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
-        let (rows, cols, mut values) = rows_of(take(&inputs, &self.inputs[0].name, "softmax")?, "softmax")?;
+        let (rows, cols, mut values) = class_rows(&self.io, &inputs)?;
         for row in values.chunks_exact_mut(cols.max(1)) {
             softmax_in_place(row);
         }

@@ -4,11 +4,11 @@ use bytes::Bytes;
 
 use crate::config::stage::TopKConfig;
 use crate::error::{Error, Result};
-use crate::pipeline::stage::{Stage, StageCx};
+use crate::pipeline::stage::{Stage, StageCx, StageIo};
 use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{DType, NamedTensor, Tensor};
 
-use super::classes::{model_output, rows_of, softmax_in_place, take, top_indexes};
+use super::classes::{class_rows, model_output, softmax_in_place, top_indexes};
 
 /// The k best classes per row.
 #[derive(Debug)]
@@ -16,8 +16,7 @@ pub struct TopK {
     k: usize,
     softmax: bool,
     labels: Option<Vec<Bytes>>,
-    inputs: Vec<TensorSpec>,
-    outputs: Vec<TensorSpec>,
+    io: StageIo,
 }
 
 impl TopK {
@@ -48,39 +47,27 @@ impl TopK {
         };
         let k = config.k as i64;
         let mut outputs = vec![
-            TensorSpec { name: "scores".into(), dtype: DType::F32, shape: vec![-1, k], unknown_rank: false },
-            TensorSpec { name: "classes".into(), dtype: DType::I64, shape: vec![-1, k], unknown_rank: false },
+            TensorSpec::new("scores", DType::F32, vec![-1, k]),
+            TensorSpec::new("classes", DType::I64, vec![-1, k]),
         ];
         if labels.is_some() {
-            outputs.push(TensorSpec {
-                name: "labels".into(),
-                dtype: DType::String,
-                shape: vec![-1, k],
-                unknown_rank: false,
-            });
+            outputs.push(TensorSpec::new("labels", DType::String, vec![-1, k]));
         }
         Ok(TopK {
             k: config.k,
             softmax: config.softmax,
             labels,
-            inputs: vec![TensorSpec { name: input, dtype: DType::F32, shape: vec![-1, classes], unknown_rank: false }],
-            outputs,
+            io: StageIo { name: "top_k".into(), inputs: vec![input], outputs },
         })
     }
 }
 
 impl Stage for TopK {
-    fn name(&self) -> &str {
-        "top_k"
-    }
-    fn inputs(&self) -> &[TensorSpec] {
-        &self.inputs
-    }
-    fn outputs(&self) -> &[TensorSpec] {
-        &self.outputs
+    fn io(&self) -> &StageIo {
+        &self.io
     }
     fn process(&self, inputs: Vec<NamedTensor>, _cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
-        let (rows, cols, mut values) = rows_of(take(&inputs, &self.inputs[0].name, "top_k")?, "top_k")?;
+        let (rows, cols, mut values) = class_rows(&self.io, &inputs)?;
         let k = self.k.min(cols);
         let mut scores = Vec::with_capacity(rows * k);
         let mut classes = Vec::with_capacity(rows * k);
