@@ -19,7 +19,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use sluice::cli::bench::batching;
@@ -40,7 +39,7 @@ const STEPS: &[f64] = &[0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5];
 fn main() {
     let step = Duration::from_secs(arg("--step-seconds").unwrap_or(4));
     let target_ms: u64 = arg("--target-ms").unwrap_or(10);
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let cnn = root.join("examples/models/cnn");
     let mut config = String::from("[server]\ndrain_timeout_secs = 1\n");
     let model = |name: &str, batching: String| {
@@ -63,7 +62,7 @@ fn main() {
     let server = sluice(&path, &[]);
     let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
     let target = server.url();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = support::runtime();
     let plan = |rps: Option<f64>, duration: Duration| LoadPlan {
         rps,
         warmup: Duration::from_secs(1),

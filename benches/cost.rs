@@ -158,7 +158,7 @@ fn peer(root: &Path, name: &str) -> ServerProcess {
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(8));
     let only: String = arg("--only").unwrap_or_else(|| "mlp,cnn,overload".to_string());
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let dir = tempfile::tempdir().expect("temp dir");
     let config_path = dir.path().join("cost.toml");
     std::fs::write(&config_path, config()).expect("write config");
@@ -178,11 +178,7 @@ fn main() {
     let servers: Vec<(&str, &ServerProcess)> = std::iter::once(("sluice", &server))
         .chain(sides.iter().map(|(name, process)| (name.as_str(), process)))
         .collect();
-    let mut bench = Bench {
-        runtime: tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime"),
-        duration,
-        rows: Vec::new(),
-    };
+    let mut bench = Bench { runtime: support::runtime(), duration, rows: Vec::new() };
     let target = server.url();
 
     if only.contains("mlp") {

@@ -94,7 +94,7 @@ fn write_tables(dir: &Path, url: &str) -> PathBuf {
         csv.push_str(&format!("e{k},{}\n", values.join(" ")));
     }
     std::fs::write(dir.join("rows.csv"), csv).expect("write rows.csv");
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let config = format!(
         r#"
 [[models]]
@@ -364,7 +364,7 @@ fn main() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("temp dir");
     let config = write_tables(dir.path(), &redis.url());
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = support::runtime();
     runtime.block_on(redis_comparison(&config, &redis.url(), redis.pid(), seconds));
     runtime.block_on(pipeline_cost(&config, requests, rounds));
 }

@@ -16,7 +16,6 @@ mod support;
 
 use support::{arg, calls_per_second, mlp_model_infer, mlp_predict};
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,7 +155,7 @@ async fn rest(addr: String, seconds: u64, rounds: u64) {
 fn main() {
     let seconds: u64 = arg("--seconds").unwrap_or(4);
     let rounds: u64 = arg("--rounds").unwrap_or(4);
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let mut sluice = Command::new(env!("CARGO_BIN_EXE_sluice"));
     sluice
         .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
@@ -165,7 +164,7 @@ fn main() {
     let sluice = ServerProcess::spawn(sluice, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true)
         .expect("sluice");
     let http = sluice.stdout_after("sluice: serving HTTP on ").expect("the HTTP address");
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = support::runtime();
     runtime.block_on(grpc(sluice.url(), seconds, rounds));
     runtime.block_on(rest(http, seconds, rounds));
 }

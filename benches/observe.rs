@@ -13,7 +13,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use support::otlp::Collector;
@@ -37,9 +37,9 @@ fn config(root: &Path, logging: Option<(&Path, f64)>, tracing: Option<(&str, f64
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(5));
     let rounds: usize = arg("--rounds").unwrap_or(3);
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let dir = tempfile::tempdir().expect("temp dir");
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = support::runtime();
     let (collector, endpoint) = runtime.block_on(Collector::start(false));
     let variants: Vec<(&str, Option<f64>, Option<f64>)> = vec![
         ("plain", None, None),

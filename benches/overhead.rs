@@ -24,7 +24,6 @@ mod support;
 
 use support::{arg, cpu_seconds, mlp_predict};
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -42,7 +41,7 @@ fn micros(d: Duration) -> f64 {
 fn main() {
     let requests: usize = arg("--requests").unwrap_or(2000);
     let rounds: usize = arg("--rounds").unwrap_or(10);
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let model_dir = root.join("examples/models/mlp");
     let ready = Duration::from_secs(120);
 

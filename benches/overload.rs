@@ -12,7 +12,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +23,7 @@ use support::{arg, pool, run, sluice};
 
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(60));
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("sluice.toml");
     std::fs::write(
@@ -40,7 +39,7 @@ fn main() {
     let server = sluice(&config, &[]);
     let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
     let target = server.url();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = support::runtime();
     let pool = pool(&runtime, &target, "cnn");
     let plan = |rps: Option<f64>, concurrency: usize, duration: Duration| LoadPlan {
         connections: 8,

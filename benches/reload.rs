@@ -85,7 +85,7 @@ fn measure(
     std::fs::write(&config_path, config).expect("config");
     let server = sluice(&config_path, &["--file_system_poll_wait_seconds", "1"]);
     let target = server.url();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = support::runtime();
     let pool = pool(&runtime, &target, "cnn");
     let plan = LoadPlan::closed(&target, 8, duration);
     let run = |what: &str| -> Summary { run(&runtime, &plan, &pool, &format!("{label}, {what}")) };
@@ -133,7 +133,7 @@ fn measure(
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(10));
     let switches: i64 = arg("--switches").unwrap_or(3);
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let (cached, memory) = measure(&root, "optimised-graph cache on (default)", true, duration, switches);
     let (uncached, _) = measure(&root, "cache off", false, duration, switches);
     println!();

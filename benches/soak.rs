@@ -105,7 +105,7 @@ fn sample(pid: u32) -> (u64, usize, u64) {
 
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(600));
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let repository_dir = tempfile::tempdir().expect("temp dir");
     let repository = repository_dir.path().join("mlp");
     std::fs::create_dir_all(&repository).expect("repository");
@@ -153,7 +153,7 @@ fn main() {
     };
     let is_right = Arc::new(is_right);
 
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = support::runtime();
     let stop = Arc::new(AtomicBool::new(false));
     let (good, bad, wrong, failed) = (
         Arc::new(AtomicU64::new(0)),

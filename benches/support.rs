@@ -68,6 +68,11 @@ pub fn arg<T: std::str::FromStr>(name: &str) -> Option<T> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
 }
 
+/// A multi-threaded tokio runtime for a bench's clients.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
+}
+
 /// `sluice serve` of this build, on free ports, logging warnings only,
 /// with `extra` flags and `config`; returns once it serves gRPC.
 pub fn sluice(config: &Path, extra: &[&str]) -> ServerProcess {

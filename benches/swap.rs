@@ -41,7 +41,7 @@ fn main() {
     let dir = ConfigDir::new(&[("features", "identity")], &config);
     let server = sluice(&dir.config(), &[]);
     let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = support::runtime();
     runtime.block_on(async {
         admin(&http, Method::PUT, "/admin/v1/plugins/features", plugin_bytes("identity")).await;
         admin(&http, Method::PUT, "/admin/v1/plugins/features?activate=true", plugin_bytes("scale")).await;

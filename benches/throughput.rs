@@ -18,7 +18,6 @@ use support::fixtures::{pipeline_table, root};
 use support::{arg, guarded_cnn, raw_rows_per_second, served_model, CNN_AUTO, MLP_AUTO, SERVER_TABLE, SESSIONS};
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -107,6 +106,22 @@ impl Bench {
         summary
     }
 
+    /// Pipelines `PREFIX_pipelined` and `PREFIX_sequential` under the same
+    /// 64 streams of requests shaped `shapes`, as one row.
+    fn pipelined_against_sequential(&mut self, target: &str, prefix: &str, shapes: &[(&str, Vec<i64>)], what: &str) {
+        let [pipelined, sequential] = ["pipelined", "sequential"].map(|mode| {
+            eprintln!("{what}, {mode}, 64 streams");
+            self.load(target, &self.pool(target, &format!("{prefix}_{mode}"), shapes, 1), 64, None)
+        });
+        self.row(
+            &format!("{what}, pipelined"),
+            format!("{:.0} req/s", pipelined.requests_per_second),
+            format!("sequential: {:.0} req/s", sequential.requests_per_second),
+            pipelined.requests_per_second / sequential.requests_per_second,
+            "≥ 1.3×",
+        );
+    }
+
     fn row(&mut self, what: &str, measured: String, against: String, ratio: f64, target: &str) {
         eprintln!("=> {what}: {measured} vs {against}: {ratio:.2}× (target {target})");
         self.rows.push(format!("| {what} | {measured} | {against} | {ratio:.2}× | {target} |"));
@@ -116,7 +131,7 @@ impl Bench {
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(8));
     let only: String = arg("--only").unwrap_or_else(|| "cnn,mlp,rest,pipeline,plugin,latency,overload".to_string());
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let dir = tempfile::tempdir().expect("temp dir");
     let config_path = dir.path().join("bench.toml");
     std::fs::write(&config_path, config()).expect("write config");
@@ -128,11 +143,7 @@ fn main() {
     let ready = Duration::from_secs(120);
     let server = ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", ready, true).expect("sluice");
     let target = server.url();
-    let mut bench = Bench {
-        runtime: tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime"),
-        duration,
-        rows: Vec::new(),
-    };
+    let mut bench = Bench { runtime: support::runtime(), duration, rows: Vec::new() };
     let cnn_file = root.join("examples/models/cnn/1/model.onnx");
     let image = [3usize, 32, 32];
     let mut cnn_batched_rows = None;
@@ -260,16 +271,7 @@ fn main() {
     if only.contains("pipeline") {
         let shapes = [("pixels", vec![1i64, 224, 224, 3])];
         eprintln!("pipelined: 224×224 u8 images → image_normalize (resize + normalise) → CNN, 64 streams");
-        let pipelined = bench.load(&target, &bench.pool(&target, "cnn_pixels_pipelined", &shapes, 1), 64, None);
-        eprintln!("sequential: the same stages in the caller's task");
-        let sequential = bench.load(&target, &bench.pool(&target, "cnn_pixels_sequential", &shapes, 1), 64, None);
-        bench.row(
-            "224×224 images → preprocess → CNN, pipelined",
-            format!("{:.0} req/s", pipelined.requests_per_second),
-            format!("sequential: {:.0} req/s", sequential.requests_per_second),
-            pipelined.requests_per_second / sequential.requests_per_second,
-            "≥ 1.3×",
-        );
+        bench.pipelined_against_sequential(&target, "cnn_pixels", &shapes, "224×224 images → preprocess → CNN");
     }
 
     if only.contains("plugin") {
@@ -287,14 +289,11 @@ fn main() {
         );
         let big = [("pixels", vec![1i64, 224, 224, 3])];
         eprintln!("224×224 images → image-normalize plugin → CNN, pipelined vs sequential");
-        let pipelined = bench.load(&target, &bench.pool(&target, "cnn_plugin_pipelined", &big, 1), 64, None);
-        let sequential = bench.load(&target, &bench.pool(&target, "cnn_plugin_sequential", &big, 1), 64, None);
-        bench.row(
-            "224×224 images → image-normalize plugin → CNN, pipelined",
-            format!("{:.0} req/s", pipelined.requests_per_second),
-            format!("sequential: {:.0} req/s", sequential.requests_per_second),
-            pipelined.requests_per_second / sequential.requests_per_second,
-            "≥ 1.3×",
+        bench.pipelined_against_sequential(
+            &target,
+            "cnn_plugin",
+            &big,
+            "224×224 images → image-normalize plugin → CNN",
         );
     }
 

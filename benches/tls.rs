@@ -13,7 +13,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use sluice::cli::bench::client::tls_config;
@@ -29,10 +29,10 @@ fn config(root: &Path, tls: &str) -> String {
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(5));
     let rounds: usize = arg("--rounds").unwrap_or(3);
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let dir = tempfile::tempdir().expect("temp dir");
     let pki = support::pki::Pki::new();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = support::runtime();
     let server_tls = format!("cert_file = \"{}\"\nkey_file = \"{}\"\n", pki.arg("server.pem"), pki.arg("server.key"));
     let mutual = format!("{server_tls}client_ca_file = \"{}\"\nclient_verify = true\n", pki.arg("ca.pem"));
     let variants: [(&str, Option<String>, bool); 3] =

@@ -17,7 +17,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
@@ -203,9 +203,9 @@ low_priority_share = 0.5
 fn main() {
     let duration = Duration::from_secs(arg("--duration").unwrap_or(5));
     let rounds: usize = arg("--rounds").unwrap_or(3);
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = support::fixtures::root();
     let dir = tempfile::tempdir().expect("temp dir");
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = support::runtime();
     let only: Option<String> = arg("--only");
     if only.as_deref().is_none_or(|o| o == "cache") {
         cache_bench(&root, dir.path(), &runtime, duration, rounds);

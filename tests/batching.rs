@@ -7,21 +7,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::fixtures::example_model_table;
 use common::*;
 use tonic::Code;
 
 const TOLERANCE: f32 = 1e-5;
 
 fn mlp_config(batching: &str) -> String {
-    format!(
-        r#"
-[[models]]
-name = "mlp"
-base_path = "$ROOT/examples/models/mlp"
-onnx = {{ sessions = 1, intra_op_threads = 1 }}
-batching = {{ {batching} }}
-"#
-    )
+    format!("{}batching = {{ {batching} }}\n", example_model_table("mlp"))
 }
 
 async fn mlp_answer(server: &Server, rows: i64, seed: u64) -> Result<Vec<f32>, tonic::Status> {

@@ -185,6 +185,15 @@ fn load_redis(config: &Path, url: &str) {
     }
 }
 
+/// A redis-server holding the three tables, and a config that reads them
+/// from it (`cache`: the local cache on; `on_error`: on_store_error).
+fn loaded_redis(cache: bool, on_error: &str) -> (RedisServer, ConfigFile) {
+    let redis = RedisServer::start();
+    let config = write_config(&Store::Redis { url: &redis.url(), cache, on_error });
+    load_redis(&config.path, &redis.url());
+    (redis, config)
+}
+
 fn serve(config: &ConfigFile) -> Server {
     Server::start(&["--model_config_file", config.path.to_str().expect("utf-8 path")])
 }
@@ -367,9 +376,7 @@ async fn redis_over_mutual_tls_with_a_password_from_a_file_serves_features_and_n
 
 #[tokio::test]
 async fn redis_tables_feed_the_pipeline_with_exactly_the_stored_features_and_duplicates_go_once() {
-    let redis = RedisServer::start();
-    let config = write_config(&Store::Redis { url: &redis.url(), cache: false, on_error: "fail" });
-    load_redis(&config.path, &redis.url());
+    let (_redis, config) = loaded_redis(false, "fail");
     let server = serve(&config);
     check_recommend(&server, &example_tables()).await;
     check_probes(&server).await;
@@ -383,9 +390,7 @@ async fn redis_tables_feed_the_pipeline_with_exactly_the_stored_features_and_dup
 
 #[tokio::test]
 async fn concurrent_requests_share_round_trips_and_the_cache_answers_repeats() {
-    let redis = RedisServer::start();
-    let config = write_config(&Store::Redis { url: &redis.url(), cache: true, on_error: "fail" });
-    load_redis(&config.path, &redis.url());
+    let (_redis, config) = loaded_redis(true, "fail");
     let server = serve(&config);
     let mut tasks = Vec::new();
     for t in 0..32i64 {
@@ -415,9 +420,7 @@ async fn concurrent_requests_share_round_trips_and_the_cache_answers_repeats() {
 
 #[tokio::test]
 async fn bad_keys_and_bad_stored_values_get_their_codes_and_the_server_keeps_serving() {
-    let redis = RedisServer::start();
-    let config = write_config(&Store::Redis { url: &redis.url(), cache: false, on_error: "fail" });
-    load_redis(&config.path, &redis.url());
+    let (redis, config) = loaded_redis(false, "fail");
     // Malformed values: a float32 [3] feature holding 5 bytes, and a key
     // that is not a hash.
     assert_eq!(redis.command(&[b"HSET", b"ints:8", b"v", b"12345"]).as_deref(), Some(":0\r\n"));
@@ -561,10 +564,8 @@ async fn a_table_file_replaced_while_requests_flow_answers_from_the_old_or_the_n
 
 #[tokio::test]
 async fn redis_killed_under_load_fails_fast_with_unavailable_and_recovers_without_a_restart() {
-    let mut redis = RedisServer::start();
+    let (mut redis, config) = loaded_redis(false, "fail");
     let url = redis.url();
-    let config = write_config(&Store::Redis { url: &url, cache: false, on_error: "fail" });
-    load_redis(&config.path, &url);
     let server = serve(&config);
     let deadline = Duration::from_secs(2);
     let stop = Arc::new(AtomicBool::new(false));
@@ -633,10 +634,7 @@ async fn redis_killed_under_load_fails_fast_with_unavailable_and_recovers_withou
 
 #[tokio::test]
 async fn with_on_store_error_defaults_a_redis_outage_serves_the_defaults() {
-    let mut redis = RedisServer::start();
-    let url = redis.url();
-    let config = write_config(&Store::Redis { url: &url, cache: false, on_error: "defaults" });
-    load_redis(&config.path, &url);
+    let (mut redis, config) = loaded_redis(false, "defaults");
     let server = serve(&config);
     let mut client = server.predict_client().await;
     let y = f32_values(
@@ -655,9 +653,7 @@ async fn with_on_store_error_defaults_a_redis_outage_serves_the_defaults() {
 
 #[tokio::test]
 async fn a_client_with_a_tiny_deadline_never_fails_the_requests_sharing_its_round_trip() {
-    let redis = RedisServer::start();
-    let config = write_config(&Store::Redis { url: &redis.url(), cache: false, on_error: "fail" });
-    load_redis(&config.path, &redis.url());
+    let (_redis, config) = loaded_redis(false, "fail");
     let server = serve(&config);
     let stop = Arc::new(AtomicBool::new(false));
     let mut hurried = Vec::new();

@@ -10,6 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::fixtures::example_model_table;
 use common::*;
 use tonic::Code;
 
@@ -100,17 +101,7 @@ onnx = { sessions = 1, intra_op_threads = 1 }
 
 #[tokio::test]
 async fn inline_runs_are_off_at_a_zero_budget() {
-    let server = Server::with_config(
-        r#"
-[server]
-inline_inference_micros = 0
-
-[[models]]
-name = "mlp"
-base_path = "$ROOT/examples/models/mlp"
-onnx = { sessions = 1, intra_op_threads = 1 }
-"#,
-    );
+    let server = Server::with_config(&format!("[server]\ninline_inference_micros = 0\n{}", example_model_table("mlp")));
     let mut client = server.predict_client().await;
     for seed in 0..50 {
         client

@@ -187,9 +187,7 @@ pub struct TfServingFlags {
 
 impl TfServingFlags {
     fn apply(self, config: &mut Config) -> anyhow::Result<()> {
-        if let Some(path) = self.grpc_socket_path {
-            config.server.grpc_socket_path = Some(path);
-        }
+        set(&mut config.server.grpc_socket_path, self.grpc_socket_path.map(Some));
         if let Some(arguments) = &self.grpc_channel_arguments {
             for argument in arguments.split(',').map(str::trim).filter(|a| !a.is_empty()) {
                 let (key, value) = argument.split_once('=').unwrap_or((argument, ""));
@@ -204,23 +202,15 @@ impl TfServingFlags {
                 }
             }
         }
-        if let Some(ms) = self.rest_api_timeout_in_ms {
-            config.server.rest_api_timeout_ms = Some(ms);
-        }
+        set(&mut config.server.rest_api_timeout_ms, self.rest_api_timeout_in_ms.map(Some));
         // Kept as defaults, so models a config reload adds get them too.
         let defaults = &mut config.lifecycle.model_defaults;
         defaults.intra_op_threads =
             self.tensorflow_intra_op_parallelism.or(self.tensorflow_session_parallelism).filter(|&n| n > 0);
         defaults.sessions = self.tensorflow_inter_op_parallelism.filter(|&n| n > 0);
-        if let Some(seconds) = self.file_system_poll_wait_seconds {
-            config.lifecycle.file_system_poll_wait_seconds = seconds;
-        }
-        if let Some(seconds) = self.model_config_file_poll_wait_seconds {
-            config.lifecycle.model_config_file_poll_wait_seconds = seconds;
-        }
-        if let Some(warmup) = self.enable_model_warmup {
-            config.lifecycle.warmup = warmup;
-        }
+        set(&mut config.lifecycle.file_system_poll_wait_seconds, self.file_system_poll_wait_seconds);
+        set(&mut config.lifecycle.model_config_file_poll_wait_seconds, self.model_config_file_poll_wait_seconds);
+        set(&mut config.lifecycle.warmup, self.enable_model_warmup);
         if let Some(threads) = self.num_load_threads.filter(|&n| n > 0) {
             config.lifecycle.max_concurrent_loads = threads;
         }
@@ -231,6 +221,13 @@ impl TfServingFlags {
             config.server.tls = Some(crate::config::TlsConfig::from_ssl_config_file(path.clone()));
         }
         Ok(())
+    }
+}
+
+/// A flag given overrides what the config file set.
+fn set<T>(slot: &mut T, flag: Option<T>) {
+    if let Some(value) = flag {
+        *slot = value;
     }
 }
 
@@ -250,12 +247,8 @@ impl ServeArgs {
         };
         if let (Some(name), Some(base_path)) = (self.model_name, self.model_base_path) {
             let mut model = ModelConfig::from_flags(name, base_path);
-            if let Some(sessions) = self.sessions {
-                model.onnx.sessions = sessions;
-            }
-            if let Some(threads) = self.intra_op_threads {
-                model.onnx.intra_op_threads = threads;
-            }
+            set(&mut model.onnx.sessions, self.sessions);
+            set(&mut model.onnx.intra_op_threads, self.intra_op_threads);
             config.models.push(model);
         }
         if self.enable_batching {
@@ -267,39 +260,17 @@ impl ServeArgs {
             config.lifecycle.model_defaults.batching = Some(params);
         }
         config.lifecycle.model_config_file.clone_from(&self.model_config_file);
-        if let Some(port) = self.port {
-            config.server.port = port;
-        }
-        if let Some(port) = self.rest_api_port {
-            config.server.rest_api_port = port;
-        }
-        if let Some(host) = self.host {
-            config.server.host = host;
-        }
-        if let Some(library) = self.onnxruntime_library {
-            config.onnxruntime.library = Some(library);
-        }
-        if let Some(encoding) = self.output_encoding {
-            config.server.output_encoding = encoding;
-        }
-        if let Some(drain) = self.drain_timeout {
-            config.server.drain_timeout_secs = drain;
-        }
-        if let Some(nice) = self.compute_nice {
-            config.server.compute_nice = nice;
-        }
-        if let Some(micros) = self.inline_inference_micros {
-            config.server.inline_inference_micros = micros;
-        }
-        if let Some(threads) = self.grpc_threads {
-            config.server.grpc_threads = threads;
-        }
-        if let Some(endpoint) = self.otlp_endpoint {
-            config.tracing.otlp_endpoint = Some(endpoint);
-        }
-        if let Some(ratio) = self.trace_sampling_ratio {
-            config.tracing.sampling_ratio = ratio;
-        }
+        set(&mut config.server.port, self.port);
+        set(&mut config.server.rest_api_port, self.rest_api_port);
+        set(&mut config.server.host, self.host);
+        set(&mut config.onnxruntime.library, self.onnxruntime_library.map(Some));
+        set(&mut config.server.output_encoding, self.output_encoding);
+        set(&mut config.server.drain_timeout_secs, self.drain_timeout);
+        set(&mut config.server.compute_nice, self.compute_nice);
+        set(&mut config.server.inline_inference_micros, self.inline_inference_micros);
+        set(&mut config.server.grpc_threads, self.grpc_threads);
+        set(&mut config.tracing.otlp_endpoint, self.otlp_endpoint.map(Some));
+        set(&mut config.tracing.sampling_ratio, self.trace_sampling_ratio);
         self.tf_serving.apply(&mut config)?;
         let defaults = config.lifecycle.model_defaults.clone();
         for model in &mut config.models {

@@ -460,38 +460,47 @@ mod tests {
 
     #[test]
     fn errors_name_the_key_and_value() {
-        let err = parse("[[models]]\nname = \"a/b\"\nbase_path = \"x\"\n").unwrap_err();
-        assert!(err.message.contains("models[0].name = \"a/b\""), "{err}");
-        let err = parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\n[[models]]\nname = \"m\"\nbase_path = \"y\"\n")
-            .unwrap_err();
-        assert!(err.message.contains("models[1].name"), "{err}");
-        let err = parse("[server]\nportt = 1\n").unwrap_err();
-        assert!(err.message.contains("portt"), "{err}");
-        let err = parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\n[models.onnx]\nsessions = 0\n").unwrap_err();
-        assert!(err.message.contains("models[0].onnx.sessions = 0"), "{err}");
-        // Counts the server would allocate or start are bounded, not a panic.
-        let err =
-            parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\nmax_in_flight = 9223372036854775807\n").unwrap_err();
-        assert!(err.message.contains("max_in_flight = 9223372036854775807: must be between 1 and 1048576"), "{err}");
-        let err = parse("[[models]]\nname = \"m\"\nbase_path = \"x\"\n[models.onnx]\nintra_op_threads = 100000\n")
-            .unwrap_err();
-        assert!(err.message.contains("onnx.intra_op_threads = 100000: must be between 1 and 1024"), "{err}");
-        let err = parse("[server]\nmax_connections = 4611686018427387904\n").unwrap_err();
-        assert!(err.message.contains("server.max_connections = 4611686018427387904: must be at most 1048576"), "{err}");
-        let err = parse("[lifecycle]\nmax_concurrent_loads = 5000\n").unwrap_err();
-        assert!(err.message.contains("lifecycle.max_concurrent_loads = 5000: must be at most 1024"), "{err}");
-        let err = parse("[server]\ninline_inference_micros = 5000\n").unwrap_err();
-        assert!(err.message.contains("server.inline_inference_micros = 5000: must be at most 1000"), "{err}");
-        let err = parse("[server]\ncompute_nice = 20\n").unwrap_err();
-        assert!(err.message.contains("server.compute_nice = 20: must be between 0 and 19"), "{err}");
-        let err = parse("[server]\ncompute_nice = -1\n").unwrap_err();
-        assert!(err.message.contains("compute_nice"), "{err}");
-        // The plugin compile limits: named, bounded, never zero.
-        let err = parse("[plugins]\nmax_code_mib = 0\n").unwrap_err();
-        assert!(err.message.contains("plugins.max_code_mib = 0: must be between 1 and 256"), "{err}");
-        let err = parse("[plugins]\ncompile_cpu_seconds = 100000\n").unwrap_err();
-        assert!(err.message.contains("plugins.compile_cpu_seconds = 100000: must be between 1 and 3600"), "{err}");
-        let err = parse("[plugins.limits.p]\ninstances = \"sometimes\"\n").unwrap_err();
-        assert!(err.message.contains("sometimes"), "{err}");
+        let model = "[[models]]\nname = \"m\"\nbase_path = \"x\"\n";
+        let refused = [
+            ("[[models]]\nname = \"a/b\"\nbase_path = \"x\"\n", "models[0].name = \"a/b\""),
+            ("$MODEL[[models]]\nname = \"m\"\nbase_path = \"y\"\n", "models[1].name"),
+            ("[server]\nportt = 1\n", "portt"),
+            ("$MODEL[models.onnx]\nsessions = 0\n", "models[0].onnx.sessions = 0"),
+            // Counts the server would allocate or start are bounded, not a panic.
+            (
+                "$MODELmax_in_flight = 9223372036854775807\n",
+                "max_in_flight = 9223372036854775807: must be between 1 and 1048576",
+            ),
+            (
+                "$MODEL[models.onnx]\nintra_op_threads = 100000\n",
+                "onnx.intra_op_threads = 100000: must be between 1 and 1024",
+            ),
+            (
+                "[server]\nmax_connections = 4611686018427387904\n",
+                "server.max_connections = 4611686018427387904: must be at most 1048576",
+            ),
+            (
+                "[lifecycle]\nmax_concurrent_loads = 5000\n",
+                "lifecycle.max_concurrent_loads = 5000: must be at most 1024",
+            ),
+            (
+                "[server]\ninline_inference_micros = 5000\n",
+                "server.inline_inference_micros = 5000: must be at most 1000",
+            ),
+            ("[server]\ncompute_nice = 20\n", "server.compute_nice = 20: must be between 0 and 19"),
+            ("[server]\ncompute_nice = -1\n", "compute_nice"),
+            // The plugin compile limits: named, bounded, never zero.
+            ("[plugins]\nmax_code_mib = 0\n", "plugins.max_code_mib = 0: must be between 1 and 256"),
+            (
+                "[plugins]\ncompile_cpu_seconds = 100000\n",
+                "plugins.compile_cpu_seconds = 100000: must be between 1 and 3600",
+            ),
+            ("[plugins.limits.p]\ninstances = \"sometimes\"\n", "sometimes"),
+        ];
+        for (text, expected) in refused {
+            let text = text.replace("$MODEL", model);
+            let err = parse(&text).unwrap_err();
+            assert!(err.message.contains(expected), "{text}: {err}");
+        }
     }
 }

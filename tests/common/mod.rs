@@ -326,40 +326,30 @@ pub fn shape(dims: &[i64]) -> Option<TensorShapeProto> {
 
 /// An f32 tensor in tensor_content.
 pub fn f32_content(dims: &[i64], values: &[f32]) -> TensorProto {
-    TensorProto {
-        dtype: DataType::DtFloat as i32,
-        tensor_shape: shape(dims),
-        tensor_content: Bytes::copy_from_slice(bytemuck::cast_slice(values)),
-        ..Default::default()
-    }
+    in_content(DataType::DtFloat, dims, values)
 }
 
 /// An f32 tensor in float_val.
 pub fn f32_typed(dims: &[i64], values: &[f32]) -> TensorProto {
-    TensorProto {
-        dtype: DataType::DtFloat as i32,
-        tensor_shape: shape(dims),
-        float_val: values.to_vec(),
-        ..Default::default()
-    }
+    TensorProto { float_val: values.to_vec(), ..in_content::<f32>(DataType::DtFloat, dims, &[]) }
 }
 
 /// An i64 tensor in tensor_content.
 pub fn i64_content(dims: &[i64], values: &[i64]) -> TensorProto {
-    TensorProto {
-        dtype: DataType::DtInt64 as i32,
-        tensor_shape: shape(dims),
-        tensor_content: Bytes::copy_from_slice(bytemuck::cast_slice(values)),
-        ..Default::default()
-    }
+    in_content(DataType::DtInt64, dims, values)
 }
 
 /// An i64 tensor in int64_val.
 pub fn i64_typed(dims: &[i64], values: &[i64]) -> TensorProto {
+    TensorProto { int64_val: values.to_vec(), ..in_content::<i64>(DataType::DtInt64, dims, &[]) }
+}
+
+/// A `dtype` tensor of shape `dims` with `values` in tensor_content.
+fn in_content<T: bytemuck::Pod>(dtype: DataType, dims: &[i64], values: &[T]) -> TensorProto {
     TensorProto {
-        dtype: DataType::DtInt64 as i32,
+        dtype: dtype as i32,
         tensor_shape: shape(dims),
-        int64_val: values.to_vec(),
+        tensor_content: Bytes::copy_from_slice(bytemuck::cast_slice(values)),
         ..Default::default()
     }
 }

@@ -78,12 +78,12 @@ impl PredictionService for PredictionApi {
         let request = request.into_inner();
         let state = &self.state;
         serve(state, cx, async |cx| {
-            let (target, signature) = resolve_task(cx, state, request.model_spec.as_ref(), Task::Classify)?;
-            let mut results = run_tasks(&target, request.input, &[Task::Classify], cx).await?;
-            let Some(TaskResult::Classification(result)) = results.pop() else {
-                return Err(Error::internal("Classify answered with something else, this is a bug"));
-            };
-            Ok(ClassificationResponse { model_spec: Some(answered_spec(&target, signature)), result: Some(result) })
+            match one_task(cx, state, request.model_spec, request.input, Task::Classify).await? {
+                (spec, TaskResult::Classification(result)) => {
+                    Ok(ClassificationResponse { model_spec: Some(spec), result: Some(result) })
+                }
+                _ => Err(Error::internal("Classify answered with something else, this is a bug")),
+            }
         })
         .await
     }
@@ -93,12 +93,12 @@ impl PredictionService for PredictionApi {
         let request = request.into_inner();
         let state = &self.state;
         serve(state, cx, async |cx| {
-            let (target, signature) = resolve_task(cx, state, request.model_spec.as_ref(), Task::Regress)?;
-            let mut results = run_tasks(&target, request.input, &[Task::Regress], cx).await?;
-            let Some(TaskResult::Regression(result)) = results.pop() else {
-                return Err(Error::internal("Regress answered with something else, this is a bug"));
-            };
-            Ok(RegressionResponse { model_spec: Some(answered_spec(&target, signature)), result: Some(result) })
+            match one_task(cx, state, request.model_spec, request.input, Task::Regress).await? {
+                (spec, TaskResult::Regression(result)) => {
+                    Ok(RegressionResponse { model_spec: Some(spec), result: Some(result) })
+                }
+                _ => Err(Error::internal("Regress answered with something else, this is a bug")),
+            }
         })
         .await
     }
@@ -192,6 +192,21 @@ fn resolve_task(
 }
 
 /// Runs `tasks` over the examples of `input`.
+/// Classify or Regress: resolves the model, runs `task` on `input`, and
+/// answers the spec the response names with the task's result.
+async fn one_task(
+    cx: &mut RequestContext,
+    state: &ServingState,
+    spec: Option<ModelSpec>,
+    input: Option<Input>,
+    task: Task,
+) -> Result<(ModelSpec, TaskResult), Error> {
+    let (target, signature) = resolve_task(cx, state, spec.as_ref(), task)?;
+    let result = run_tasks(&target, input, &[task], cx).await?.pop();
+    let result = result.ok_or_else(|| Error::internal("a task answered nothing, this is a bug"))?;
+    Ok((answered_spec(&target, signature), result))
+}
+
 async fn run_tasks(
     target: &Target,
     input: Option<Input>,

@@ -6,7 +6,7 @@ use crate::pipeline::stage::{Stage, StageCx, StageIo};
 use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{DType, NamedTensor, Tensor};
 
-use super::classes::{class_rows, model_output, top_indexes};
+use super::classes::{class_rows, reduce_io, top_indexes};
 
 /// The index of the largest value per row.
 pub struct Argmax {
@@ -16,14 +16,7 @@ pub struct Argmax {
 impl Argmax {
     /// Checked against the model's signature.
     pub fn new(config: &ReduceConfig, model: &Signature) -> Result<Argmax> {
-        let (input, _) = model_output(model, config.input.as_deref(), "argmax")?;
-        Ok(Argmax {
-            io: StageIo {
-                name: "argmax".into(),
-                inputs: vec![input],
-                outputs: vec![TensorSpec::new("classes", DType::I64, vec![-1])],
-            },
-        })
+        Ok(Argmax { io: reduce_io("argmax", config, model, |_| TensorSpec::new("classes", DType::I64, vec![-1]))? })
     }
 }
 

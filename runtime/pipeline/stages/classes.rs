@@ -1,6 +1,7 @@
 //! What the postprocess built-ins share: finding the model output they
 //! read (f32 rows × classes), its values, softmax and the top indexes.
 
+use crate::config::stage::ReduceConfig;
 use crate::error::{Error, Result};
 use crate::pipeline::stage::StageIo;
 use crate::tensor::spec::{Signature, TensorSpec};
@@ -35,6 +36,18 @@ pub(super) fn model_output(signature: &Signature, input: Option<&str>, stage: &s
     }
     let classes = spec.shape[1];
     Ok((TensorSpec::new(spec.name.clone(), DType::F32, vec![-1, classes]), classes))
+}
+
+/// The interface of a stage that reads one model output of f32 rows ×
+/// classes and returns the one `output` makes from the classes.
+pub(super) fn reduce_io(
+    stage: &str,
+    config: &ReduceConfig,
+    model: &Signature,
+    output: impl FnOnce(i64) -> TensorSpec,
+) -> Result<StageIo> {
+    let (input, classes) = model_output(model, config.input.as_deref(), stage)?;
+    Ok(StageIo { name: stage.to_string(), inputs: vec![input], outputs: vec![output(classes)] })
 }
 
 /// The tensor a one-input stage reads.

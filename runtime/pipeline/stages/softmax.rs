@@ -6,7 +6,7 @@ use crate::pipeline::stage::{Stage, StageCx, StageIo};
 use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{DType, NamedTensor, Tensor};
 
-use super::classes::{class_rows, model_output, softmax_in_place};
+use super::classes::{class_rows, reduce_io, softmax_in_place};
 
 /// Softmax over classes.
 pub struct Softmax {
@@ -16,13 +16,10 @@ pub struct Softmax {
 impl Softmax {
     /// Checked against the model's signature.
     pub fn new(config: &ReduceConfig, model: &Signature) -> Result<Softmax> {
-        let (input, classes) = model_output(model, config.input.as_deref(), "softmax")?;
         Ok(Softmax {
-            io: StageIo {
-                name: "softmax".into(),
-                inputs: vec![input],
-                outputs: vec![TensorSpec::new("probabilities", DType::F32, vec![-1, classes])],
-            },
+            io: reduce_io("softmax", config, model, |classes| {
+                TensorSpec::new("probabilities", DType::F32, vec![-1, classes])
+            })?,
         })
     }
 }
