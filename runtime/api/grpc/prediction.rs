@@ -191,7 +191,6 @@ fn resolve_task(
     Ok((target, signature))
 }
 
-/// Runs `tasks` over the examples of `input`.
 /// Classify or Regress: resolves the model, runs `task` on `input`, and
 /// answers the spec the response names with the task's result.
 async fn one_task(
@@ -207,6 +206,7 @@ async fn one_task(
     Ok((answered_spec(&target, signature), result))
 }
 
+/// Runs `tasks` over the examples of `input`.
 async fn run_tasks(
     target: &Target,
     input: Option<Input>,
