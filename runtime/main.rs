@@ -107,20 +107,34 @@ enum PluginCommand {
     Delete(sluice::cli::plugin_push::VersionArgs),
 }
 
-/// Installs the log (text or JSON lines on stderr, filtered by `filter`)
-/// and, when `tracing` names a collector, the trace exporter, whose handle
-/// must live until the end. Call it inside the async runtime.
+/// What the log needs kept until the end: the trace exporter (it flushes
+/// traces) and the log writer's thread (it flushes lines).
+struct LogHandles {
+    _telemetry: Option<sluice::server::telemetry::Telemetry>,
+    _writer: tracing_appender::non_blocking::WorkerGuard,
+}
+
+/// Installs the log (text or JSON lines on stderr, filtered by `filter`,
+/// written by a thread of its own so that no network thread ever waits on
+/// stderr) and, when `tracing` names a collector, the trace exporter.
+/// Call it inside the async runtime.
 fn init_logging(
     filter: &str,
     format: &str,
     tracing: Option<&sluice::config::TracingConfig>,
-) -> anyhow::Result<Option<sluice::server::telemetry::Telemetry>> {
+) -> anyhow::Result<LogHandles> {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_new(filter).with_context(|| format!("--log_level {filter}"))?;
-    let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
+    // Lossy: past 128k lines waiting, lines are dropped rather than a
+    // request held.
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .thread_name("sluice-log")
+        .finish(std::io::stderr());
+    let log = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(std::io::stderr().is_terminal());
     let log = if format == "json" { log.json().boxed() } else { log.boxed() };
     let (traces, telemetry) = match tracing {
         Some(config) => match sluice::server::telemetry::layer(config)? {
@@ -130,7 +144,7 @@ fn init_logging(
         None => (None, None),
     };
     tracing_subscriber::registry().with(log.with_filter(filter)).with(traces).try_init()?;
-    Ok(telemetry)
+    Ok(LogHandles { _telemetry: telemetry, _writer: guard })
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
@@ -208,8 +222,9 @@ fn main() -> ExitCode {
         }
         other => (Some(other), None),
     };
-    // Kept to the end, and dropped before the runtime: it flushes traces.
-    let _telemetry = {
+    // Kept to the end, and dropped before the runtime: it flushes traces
+    // and log lines.
+    let _log = {
         let _in_runtime = runtime.enter();
         match init_logging(&cli.log_level, &cli.log_format, server_config.as_ref().map(|c| &c.tracing)) {
             Ok(telemetry) => telemetry,

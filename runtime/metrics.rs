@@ -587,6 +587,7 @@ impl Metrics {
             full: rejection("queue_full"),
             expired: rejection("deadline"),
             cancelled: rejection("cancelled"),
+            stale: rejection("stale"),
         }
     }
 
@@ -743,6 +744,9 @@ pub struct QueueMetrics {
     pub expired: Counter,
     /// Dropped because the client went away while waiting.
     pub cancelled: Counter,
+    /// Answered RESOURCE_EXHAUSTED for waiting longer than the queue's
+    /// time bound.
+    pub stale: Counter,
 }
 
 /// The metrics of one feature table, resolved once.

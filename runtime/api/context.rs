@@ -6,7 +6,8 @@
 //! An RPC handler is then one function: make a context, resolve what the
 //! request names through it, do the work, and [`RequestContext::finish`].
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use rand::Rng;
@@ -61,6 +62,45 @@ pub fn request_id(given: Option<&str>) -> String {
     match given {
         Some(id) if !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_graphic()) => id.to_string(),
         _ => format!("{:016x}", rand::rng().random::<u64>()),
+    }
+}
+
+/// The most failed requests logged a second.
+pub const FAILURE_LINES_PER_SECOND: u32 = 10;
+
+/// The failure lines of the whole process.
+static FAILURE_LINES: LineBudget = LineBudget::new(FAILURE_LINES_PER_SECOND);
+
+/// A budget of log lines a second, shared by every thread, that counts
+/// what it refuses: a handful of atomics, so a line refused costs nothing.
+pub struct LineBudget {
+    per_second: u32,
+    /// The second (since the process's first use) the budget is for.
+    second: AtomicU64,
+    used: AtomicU32,
+    skipped: AtomicU64,
+}
+
+impl LineBudget {
+    /// `per_second` lines a second.
+    pub const fn new(per_second: u32) -> LineBudget {
+        LineBudget { per_second, second: AtomicU64::new(0), used: AtomicU32::new(0), skipped: AtomicU64::new(0) }
+    }
+
+    /// `Some(lines skipped since the last one written)` when a line may be
+    /// written now; `None` (counted) when this second's lines are spent.
+    pub fn take(&self) -> Option<u64> {
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        let now = EPOCH.get_or_init(Instant::now).elapsed().as_secs() + 1;
+        let second = self.second.load(Ordering::Relaxed);
+        if second != now && self.second.compare_exchange(second, now, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            self.used.store(0, Ordering::Relaxed);
+        }
+        if self.used.fetch_add(1, Ordering::Relaxed) >= self.per_second {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.skipped.swap(0, Ordering::Relaxed))
     }
 }
 
@@ -161,8 +201,21 @@ impl RequestContext {
         let _in_request = self.span.enter();
         let elapsed = self.started.elapsed().as_secs_f64();
         if let Err(e) = result {
-            // Failures are worth a line; successes are what metrics are for.
-            tracing::info!(code = %e.code(), api = self.api, "request failed: {e}");
+            // Failures are worth a line, a few a second: under overload
+            // every refusal writing one would spend the core the serving
+            // needs. Metrics count them all.
+            match FAILURE_LINES.take() {
+                Some(0) => tracing::info!(code = %e.code(), api = self.api, "request failed: {e}"),
+                Some(skipped) => {
+                    tracing::info!(
+                        code = %e.code(),
+                        api = self.api,
+                        "request failed: {e} ({skipped} failures before it were not logged: at most \
+                         {FAILURE_LINES_PER_SECOND} lines a second; sluice_requests_total counts every one)"
+                    )
+                }
+                None => {}
+            }
             trace::record_error(&self.trace, &format_args!("{}: {e}", e.code()));
         }
         // The common case, a request that reached its pipeline: handles
@@ -207,6 +260,18 @@ impl RequestContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_line_budget_writes_a_few_a_second_and_counts_the_rest() {
+        let budget = LineBudget::new(3);
+        let taken: Vec<Option<u64>> = (0..6).map(|_| budget.take()).collect();
+        assert_eq!(taken[..3], [Some(0), Some(0), Some(0)]);
+        assert_eq!(taken[3..], [None, None, None]);
+        // A new second: the first line says how many were skipped.
+        budget.second.store(0, Ordering::Relaxed);
+        assert_eq!(budget.take(), Some(3));
+        assert_eq!(budget.take(), Some(0));
+    }
 
     #[test]
     fn request_ids_are_taken_when_sane_and_made_otherwise() {

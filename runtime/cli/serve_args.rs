@@ -99,6 +99,12 @@ pub struct ServeArgs {
     #[arg(long = "grpc_threads", value_enum, env = "SLUICE_GRPC_THREADS")]
     grpc_threads: Option<GrpcThreads>,
 
+    /// Refuse gRPC calls to a saturated pipeline on their HTTP/2 stream
+    /// (REFUSED_STREAM) before reading them (`server.push_back`; default
+    /// true).
+    #[arg(long = "push_back", env = "SLUICE_PUSH_BACK", num_args = 0..=1, default_missing_value = "true")]
+    push_back: Option<bool>,
+
     /// Export request traces over OTLP/gRPC to this collector
     /// (`http://collector:4317`; `tracing.otlp_endpoint`).
     #[arg(long = "otlp_endpoint", env = "SLUICE_OTLP_ENDPOINT")]
@@ -269,6 +275,7 @@ impl ServeArgs {
         set(&mut config.server.compute_nice, self.compute_nice);
         set(&mut config.server.inline_inference_micros, self.inline_inference_micros);
         set(&mut config.server.grpc_threads, self.grpc_threads);
+        set(&mut config.server.push_back, self.push_back);
         set(&mut config.tracing.otlp_endpoint, self.otlp_endpoint.map(Some));
         set(&mut config.tracing.sampling_ratio, self.trace_sampling_ratio);
         self.tf_serving.apply(&mut config)?;

@@ -101,6 +101,9 @@ pub struct PipelineConfig {
     /// Requests admitted at once; more are refused with RESOURCE_EXHAUSTED.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// The most queueing an admitted request should meet (see the model's
+    /// key of the same name); unset: its model's.
+    pub max_queue_wait_ms: Option<u64>,
     /// The team that owns it: that team's admin tokens may upload and
     /// activate the plugins it runs. Unset: only admin tokens may.
     pub team: Option<String>,
@@ -310,6 +313,7 @@ impl Config {
                 return Err(invalid!("{key}.model = \"{}\": no such model; models: {models:?}", pipeline.model));
             }
             check_between(&format!("{key}.max_in_flight"), pipeline.max_in_flight, 1, MAX_COUNT)?;
+            model::check_queue_wait(&key, pipeline.max_queue_wait_ms)?;
             traffic::check_endpoint(&key, pipeline.cache.as_ref(), pipeline.quota.as_ref())?;
             if let Some(examples) = &pipeline.examples {
                 examples.check(&format!("{key}.examples"))?;

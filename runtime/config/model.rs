@@ -77,6 +77,11 @@ pub struct ModelConfig {
     /// are refused with RESOURCE_EXHAUSTED.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// The most queueing an admitted request should meet: once the model's
+    /// service rate is learned, its admission holds only what it can answer
+    /// within it, and its batch queue never runs a request that waited
+    /// longer. Unset: the auto batching latency target, else 50 ms.
+    pub max_queue_wait_ms: Option<u64>,
     /// ONNX Runtime session settings.
     #[serde(default)]
     pub onnx: OnnxOptions,
@@ -101,6 +106,16 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// The most queueing its requests should meet (`max_queue_wait_ms`).
+    pub fn max_queue_wait(&self) -> std::time::Duration {
+        let auto = self.batching.as_ref().filter(|b| b.mode == super::batching::BatchingMode::Auto);
+        match (self.max_queue_wait_ms, auto) {
+            (Some(ms), _) => std::time::Duration::from_millis(ms),
+            (None, Some(batching)) => batching.latency_target(),
+            (None, None) => std::time::Duration::from_millis(DEFAULT_MAX_QUEUE_WAIT_MS),
+        }
+    }
+
     /// A model given on the command line (`--model_name`, `--model_base_path`).
     pub fn from_flags(name: String, base_path: PathBuf) -> ModelConfig {
         ModelConfig {
@@ -109,6 +124,7 @@ impl ModelConfig {
             version_policy: VersionPolicy::default(),
             version_labels: BTreeMap::new(),
             max_in_flight: default_max_in_flight(),
+            max_queue_wait_ms: None,
             onnx: OnnxOptions::default(),
             batching: None,
             upstream: None,
@@ -118,6 +134,23 @@ impl ModelConfig {
             canary: None,
             examples: None,
         }
+    }
+}
+
+/// `max_queue_wait_ms` when a model or pipeline does not set it and auto
+/// batching gives no latency target.
+pub const DEFAULT_MAX_QUEUE_WAIT_MS: u64 = 50;
+
+/// The longest `max_queue_wait_ms`: a minute of queueing is no bound.
+pub const MAX_QUEUE_WAIT_MS: u64 = 60_000;
+
+/// Checks `KEY.max_queue_wait_ms`.
+pub(crate) fn check_queue_wait(key: &str, wait: Option<u64>) -> Result<(), Invalid> {
+    match wait {
+        Some(ms) if ms == 0 || ms > MAX_QUEUE_WAIT_MS => {
+            Err(invalid!("{key}.max_queue_wait_ms = {ms}: must be between 1 and {MAX_QUEUE_WAIT_MS} milliseconds"))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -151,6 +184,7 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
             (None, false) => {}
         }
         check_between(&format!("{key}.max_in_flight"), model.max_in_flight, 1, MAX_COUNT)?;
+        check_queue_wait(&key, model.max_queue_wait_ms)?;
         if let Some(logging) = &model.logging {
             logging.check(&format!("{key}.logging"))?;
         }

@@ -97,6 +97,11 @@ pub struct ServerConfig {
     /// Which threads serve the gRPC port: `per_core` (a single-threaded
     /// runtime per core) or `shared` (tokio's work-stealing runtime).
     pub grpc_threads: GrpcThreads,
+    /// Refuse a gRPC call to a saturated pipeline on its HTTP/2 stream
+    /// (`RST_STREAM(REFUSED_STREAM)`, which clients see as UNAVAILABLE and
+    /// may retry elsewhere) before it is decoded (`api::grpc::push_back`).
+    /// Off: such calls are read and refused with RESOURCE_EXHAUSTED.
+    pub push_back: bool,
     /// TLS on the gRPC, REST and admin ports (not the Unix socket); off
     /// when absent.
     pub tls: Option<TlsConfig>,
@@ -124,6 +129,7 @@ impl Default for ServerConfig {
             compute_nice: 0,
             inline_inference_micros: DEFAULT_INLINE_INFERENCE_MICROS,
             grpc_threads: GrpcThreads::PerCore,
+            push_back: true,
             tls: None,
         }
     }

@@ -15,15 +15,29 @@
 //! Quotas ([`Quota`]) bound a pipeline, or every pipeline of a team
 //! together, in requests per second (governor's GCRA, a token bucket
 //! without a timer) and in requests at once.
+//!
+//! A pipeline's admission is bounded by time as well as by count
+//! ([`Admission::bounded_by`]): once it has learned how fast the pipeline
+//! answers under pressure ([`Pace`]), it holds only the requests that can
+//! be answered within `max_queue_wait` of queueing, and it refuses at once
+//! a request whose own deadline comes before the wait it would meet.
+//! `max_in_flight` stays the hard bound (memory), and the places until a
+//! rate is learned.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+// Tokio's clock, as the pace and the deadlines use.
+use tokio::time::Instant;
 
 use governor::{DefaultDirectRateLimiter, Quota as Rate, RateLimiter};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::deadline::Deadline;
+use super::pace::Pace;
 use super::priority::Priority;
 use crate::config::traffic::places;
 use crate::config::{QuotaConfig, TrafficConfig};
@@ -34,21 +48,39 @@ use crate::metrics::{Metrics, RejectionLabels};
 pub struct Admission {
     name: String,
     capacity: usize,
-    /// The most places each priority may fill, by [`Priority::index`].
+    /// The share of the places each priority may fill, by
+    /// [`Priority::index`].
+    shares: [f64; 3],
+    /// The most places each priority may fill at `capacity`.
     limits: [usize; 3],
-    used: Arc<AtomicUsize>,
+    /// The most queueing an admitted request should meet, when bounded
+    /// by time.
+    max_queue_wait: Option<Duration>,
+    occupancy: Arc<Occupancy>,
     rejected: Counter,
+    /// Refusals made by the transport before a request was read.
+    pushed_back: Counter,
     in_flight: Gauge,
     /// The quotas a request must fit besides the places: the pipeline's
     /// own, then its team's.
     quotas: Vec<Arc<Quota>>,
 }
 
+/// The places taken, and what their answers teach.
+#[derive(Debug, Default)]
+struct Occupancy {
+    used: AtomicUsize,
+    pace: Pace,
+    /// The places allowed now (learned), for the pace's notion of pressed.
+    limit: AtomicUsize,
+}
+
 /// Proof that a request was admitted; dropping it frees the place (and its
 /// share of every concurrency quota).
 #[derive(Debug)]
 pub struct AdmissionPermit {
-    used: Arc<AtomicUsize>,
+    occupancy: Arc<Occupancy>,
+    admitted: Instant,
     in_flight: Gauge,
     quotas: Vec<Arc<Quota>>,
 }
@@ -61,7 +93,9 @@ impl std::fmt::Debug for Quota {
 
 impl Drop for AdmissionPermit {
     fn drop(&mut self) {
-        self.used.fetch_sub(1, Ordering::AcqRel);
+        let left = self.occupancy.used.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        let limit = self.occupancy.limit.load(Ordering::Relaxed);
+        self.occupancy.pace.answered(self.admitted, left, limit);
         self.in_flight.dec();
         for quota in &self.quotas {
             quota.release();
@@ -82,14 +116,16 @@ impl Admission {
         rejected: Counter,
         in_flight: Gauge,
     ) -> Admission {
-        let normal = places(capacity, 1.0 - traffic.high_priority_reserve);
-        let low = places(capacity, traffic.low_priority_share).min(normal);
+        let shares = [1.0, 1.0 - traffic.high_priority_reserve, traffic.low_priority_share];
         Admission {
             name: name.into(),
             capacity,
-            limits: [capacity, normal, low],
-            used: Arc::new(AtomicUsize::new(0)),
+            shares,
+            limits: limits_of(capacity, &shares),
+            max_queue_wait: None,
+            occupancy: Arc::new(Occupancy { limit: AtomicUsize::new(capacity), ..Occupancy::default() }),
             rejected,
+            pushed_back: Counter::default(),
             in_flight,
             quotas: Vec::new(),
         }
@@ -101,32 +137,110 @@ impl Admission {
         self
     }
 
-    /// Admits a request of `priority`, or refuses it at once when the
-    /// places its priority may take are full, or a quota is spent.
-    pub fn try_admit(&self, priority: Priority) -> Result<AdmissionPermit> {
-        let limit = self.limits[priority.index()];
-        if self.used.fetch_add(1, Ordering::AcqRel) >= limit {
-            self.used.fetch_sub(1, Ordering::AcqRel);
-            return Err(self.refused(priority));
+    /// The same entrance, its transport refusals counted in `pushed_back`.
+    pub fn counting_push_back(mut self, pushed_back: Counter) -> Admission {
+        self.pushed_back = pushed_back;
+        self
+    }
+
+    /// The same entrance, also bounded by time: at most `max_queue_wait`
+    /// of queueing at the rate it learns, and no request admitted whose
+    /// deadline comes before the wait it would meet.
+    pub fn bounded_by(mut self, max_queue_wait: Duration) -> Admission {
+        self.max_queue_wait = Some(max_queue_wait);
+        self
+    }
+
+    /// The places now: `capacity`, or fewer once a rate is learned.
+    fn places_now(&self) -> usize {
+        let Some(bound) = self.max_queue_wait else { return self.capacity };
+        let places = self.occupancy.pace.places(bound, self.capacity);
+        if self.occupancy.limit.load(Ordering::Relaxed) != places {
+            self.occupancy.limit.store(places, Ordering::Relaxed);
+        }
+        places
+    }
+
+    /// The most places `priority` may fill now.
+    fn limit_now(&self, priority: Priority) -> usize {
+        let places = self.places_now();
+        if places == self.capacity {
+            return self.limits[priority.index()];
+        }
+        limits_of(places, &self.shares)[priority.index()]
+    }
+
+    /// Admits a request of `priority` due by `deadline`, or refuses it at
+    /// once when the places its priority may take are full, when its
+    /// deadline comes before the wait it would meet, or when a quota is
+    /// spent.
+    pub fn try_admit(&self, priority: Priority, deadline: Deadline) -> Result<AdmissionPermit> {
+        let limit = self.limit_now(priority);
+        let used = self.occupancy.used.fetch_add(1, Ordering::AcqRel);
+        if used >= limit {
+            self.occupancy.used.fetch_sub(1, Ordering::AcqRel);
+            return Err(self.refused(priority, limit));
+        }
+        if let Err(error) = self.check_deadline(deadline, used) {
+            self.occupancy.used.fetch_sub(1, Ordering::AcqRel);
+            return Err(error);
         }
         // Concurrency first (undone when a later check refuses), rates last
         // (a spent token cannot be given back).
         for (i, quota) in self.quotas.iter().enumerate() {
             if let Err(error) = quota.enter() {
                 self.quotas[..i].iter().for_each(|q| q.release());
-                self.used.fetch_sub(1, Ordering::AcqRel);
+                self.occupancy.used.fetch_sub(1, Ordering::AcqRel);
                 return Err(error);
             }
         }
         for quota in &self.quotas {
             if let Err(error) = quota.take_token() {
                 self.quotas.iter().for_each(|q| q.release());
-                self.used.fetch_sub(1, Ordering::AcqRel);
+                self.occupancy.used.fetch_sub(1, Ordering::AcqRel);
                 return Err(error);
             }
         }
         self.in_flight.inc();
-        Ok(AdmissionPermit { used: self.used.clone(), in_flight: self.in_flight.clone(), quotas: self.quotas.clone() })
+        Ok(AdmissionPermit {
+            occupancy: self.occupancy.clone(),
+            admitted: Instant::now(),
+            in_flight: self.in_flight.clone(),
+            quotas: self.quotas.clone(),
+        })
+    }
+
+    /// Refuses a request whose deadline comes before the wait it would
+    /// meet behind `ahead` others, once the rate is learned.
+    fn check_deadline(&self, deadline: Deadline, ahead: usize) -> Result<()> {
+        let (Some(_), Some(due)) = (self.max_queue_wait, deadline.instant()) else { return Ok(()) };
+        let Some(expected) = self.occupancy.pace.expected(ahead) else { return Ok(()) };
+        let left = due.saturating_duration_since(Instant::now());
+        if left >= expected {
+            return Ok(());
+        }
+        self.rejected.inc();
+        Err(Error::resource_exhausted(format!(
+            "the request cannot be answered before its deadline: {:.1} ms left, and {} expects {:.1} ms ({ahead} \
+             requests ahead, answered at {:.0} a second); retry with a longer deadline, or later",
+            left.as_secs_f64() * 1e3,
+            self.name,
+            expected.as_secs_f64() * 1e3,
+            self.occupancy.pace.rate().unwrap_or(0.0),
+        )))
+    }
+
+    /// True, counting the refusal, when no request of `priority` could be
+    /// admitted now; admits nothing either way. The check the transport
+    /// makes before it reads a request (`api::push_back`): no message is
+    /// made.
+    pub fn is_full(&self, priority: Priority) -> bool {
+        if self.occupancy.used.load(Ordering::Acquire) < self.limit_now(priority) {
+            return false;
+        }
+        self.pushed_back.inc();
+        self.occupancy.pace.refused();
+        true
     }
 
     /// Refuses, as [`Admission::try_admit`] would, when no request of
@@ -134,16 +248,28 @@ impl Admission {
     /// an API makes before it reads a request's body (a request that passes
     /// it is still admitted, or refused, by `try_admit` later).
     pub fn refuse_if_full(&self, priority: Priority) -> Result<()> {
-        if self.used.load(Ordering::Acquire) < self.limits[priority.index()] {
+        let limit = self.limit_now(priority);
+        if self.occupancy.used.load(Ordering::Acquire) < limit {
             return Ok(());
         }
-        Err(self.refused(priority))
+        Err(self.refused(priority, limit))
     }
 
-    /// Counts a refusal and says why.
-    fn refused(&self, priority: Priority) -> Error {
+    /// Counts a refusal at `limit` places and says why.
+    fn refused(&self, priority: Priority, limit: usize) -> Error {
         self.rejected.inc();
-        let limit = self.limits[priority.index()];
+        self.occupancy.pace.refused();
+        let places = self.places_now();
+        if places < self.capacity {
+            let bound = self.max_queue_wait.unwrap_or_default();
+            return Error::resource_exhausted(format!(
+                "{} is full: it holds {limit} {priority}-priority requests, the {:.0} ms of queueing it allows \
+                 (max_queue_wait_ms) at the {:.0} requests a second it answers; retry later",
+                self.name,
+                bound.as_secs_f64() * 1e3,
+                self.occupancy.pace.rate().unwrap_or(0.0),
+            ));
+        }
         if limit == self.capacity {
             return Error::queue_full(&self.name, self.capacity);
         }
@@ -156,7 +282,7 @@ impl Admission {
 
     /// Requests admitted and not yet answered.
     pub fn in_flight(&self) -> usize {
-        self.used.load(Ordering::Acquire)
+        self.occupancy.used.load(Ordering::Acquire)
     }
 
     /// Requests refused so far (for the queue's places; quotas count their
@@ -169,6 +295,14 @@ impl Admission {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
+}
+
+/// The places each priority may fill of `total`, by [`Priority::index`]:
+/// all for high, `shares` of them for the others, low never above normal.
+fn limits_of(total: usize, shares: &[f64; 3]) -> [usize; 3] {
+    let normal = places(total, shares[1]);
+    let low = places(total, shares[2]).min(normal);
+    [total, normal, low]
 }
 
 /// How every pipeline's admission is built: `[traffic]`, and each team's
@@ -221,8 +355,13 @@ impl TrafficRules {
         if let Some(quota) = team.and_then(|team| self.teams.get(team)) {
             quotas.push(quota.clone());
         }
+        let pushed_back = metrics.rejections.get_or_create_owned(&RejectionLabels {
+            queue: format!("{name}/admission"),
+            reason: "refused_stream".to_string(),
+        });
         Admission::new(format!("the request queue of {what} '{name}'"), capacity, &self.config, queue.full, queue.depth)
             .with_quotas(quotas)
+            .counting_push_back(pushed_back)
     }
 }
 
@@ -314,10 +453,10 @@ mod tests {
         let gauge = Gauge::default();
         let admission = admission(2, &TrafficConfig::default(), &gauge);
         assert!(admission.refuse_if_full(Priority::Normal).is_ok());
-        let a = admission.try_admit(Priority::Normal).unwrap();
-        let _b = admission.try_admit(Priority::Normal).unwrap();
+        let a = admission.try_admit(Priority::Normal, Deadline::NONE).unwrap();
+        let _b = admission.try_admit(Priority::Normal, Deadline::NONE).unwrap();
         assert_eq!(admission.refuse_if_full(Priority::Normal).unwrap_err().code(), Code::ResourceExhausted);
-        let err = admission.try_admit(Priority::High).unwrap_err();
+        let err = admission.try_admit(Priority::High, Deadline::NONE).unwrap_err();
         assert_eq!(err.code(), Code::ResourceExhausted);
         assert!(err.message().contains("queue of model 'm'"), "{err}");
         assert_eq!(admission.rejected(), 2, "the check and the admission each count their refusal");
@@ -325,20 +464,23 @@ mod tests {
         assert_eq!(gauge.get(), 2);
         drop(a);
         assert_eq!(gauge.get(), 1);
-        assert!(admission.try_admit(Priority::Normal).is_ok());
+        assert!(admission.try_admit(Priority::Normal, Deadline::NONE).is_ok());
     }
 
     #[test]
     fn low_priority_fills_only_its_share_and_high_keeps_its_reserve() {
         let traffic = TrafficConfig { high_priority_reserve: 0.2, low_priority_share: 0.5, ..TrafficConfig::default() };
         let admission = admission(10, &traffic, &Gauge::default());
-        let low: Vec<_> = (0..5).map(|_| admission.try_admit(Priority::Low).unwrap()).collect();
-        let err = admission.try_admit(Priority::Low).unwrap_err();
+        let low: Vec<_> = (0..5).map(|_| admission.try_admit(Priority::Low, Deadline::NONE).unwrap()).collect();
+        let err = admission.try_admit(Priority::Low, Deadline::NONE).unwrap_err();
         assert!(err.message().contains("full for low-priority requests: they may take 5 of its 10"), "{err}");
-        let normal: Vec<_> = (0..3).map(|_| admission.try_admit(Priority::Normal).unwrap()).collect();
-        assert!(admission.try_admit(Priority::Normal).is_err(), "2 of 10 places are kept for high priority");
-        let high: Vec<_> = (0..2).map(|_| admission.try_admit(Priority::High).unwrap()).collect();
-        assert!(admission.try_admit(Priority::High).is_err());
+        let normal: Vec<_> = (0..3).map(|_| admission.try_admit(Priority::Normal, Deadline::NONE).unwrap()).collect();
+        assert!(
+            admission.try_admit(Priority::Normal, Deadline::NONE).is_err(),
+            "2 of 10 places are kept for high priority"
+        );
+        let high: Vec<_> = (0..2).map(|_| admission.try_admit(Priority::High, Deadline::NONE).unwrap()).collect();
+        assert!(admission.try_admit(Priority::High, Deadline::NONE).is_err());
         assert_eq!(admission.in_flight(), 10);
         drop((low, normal, high));
         assert_eq!(admission.in_flight(), 0);
@@ -362,17 +504,17 @@ mod tests {
             &metrics,
         );
         let a = admission(10, &TrafficConfig::default(), &Gauge::default()).with_quotas(vec![rate, team.clone()]);
-        let first = a.try_admit(Priority::Normal).unwrap();
-        let err = a.try_admit(Priority::Normal).unwrap_err();
+        let first = a.try_admit(Priority::Normal, Deadline::NONE).unwrap();
+        let err = a.try_admit(Priority::Normal, Deadline::NONE).unwrap_err();
         assert_eq!(err.code(), Code::ResourceExhausted);
         assert!(err.message().contains("team 'search' is over its quota of 1 requests at once"), "{err}");
         assert!(err.message().contains("traffic.teams.search.max_in_flight"), "{err}");
         assert_eq!(a.in_flight(), 1, "a refused request holds no place");
         drop(first);
-        let _second = a.try_admit(Priority::Normal).unwrap();
+        let _second = a.try_admit(Priority::Normal, Deadline::NONE).unwrap();
         drop(_second);
         // Burst of 2 spent (the refused one took none).
-        let err = a.try_admit(Priority::Normal).unwrap_err();
+        let err = a.try_admit(Priority::Normal, Deadline::NONE).unwrap_err();
         assert!(err.message().contains("pipeline 'p' is over its quota of 1 requests per second, burst 2"), "{err}");
         assert_eq!(team.in_flight.load(Ordering::Acquire), 0, "a rate refusal gives the team's place back");
         let text = metrics.encode();

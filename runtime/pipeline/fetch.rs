@@ -162,7 +162,7 @@ impl FeatureFetch {
         priority: Priority,
         max_tensor_bytes: usize,
     ) -> Result<Vec<NamedTensor>> {
-        let _admitted = self.admission.try_admit(priority)?;
+        let _admitted = self.admission.try_admit(priority, deadline)?;
         if deadline.expired() {
             self.metrics.expired.inc();
             return Err(Error::deadline_exceeded(&format!("before {}", self.label)));

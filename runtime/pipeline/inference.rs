@@ -46,6 +46,7 @@ impl InferenceStage {
                 version.clone(),
                 params.clone(),
                 threads,
+                config.max_queue_wait(),
                 format!("the batch queue of model '{model}' version {number}"),
                 metrics.queue(&format!("{model}/{number}/batch")),
                 metrics.model(model, number),

@@ -25,6 +25,7 @@ pub mod fetch;
 pub mod inference;
 pub mod lanes;
 pub mod lifecycle;
+pub mod pace;
 pub mod priority;
 pub mod request;
 pub mod request_log;
@@ -35,6 +36,7 @@ pub mod trace;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tracing::Instrument;
@@ -129,7 +131,9 @@ impl Pipeline {
     ) -> Result<Arc<Pipeline>> {
         let name = model.name().to_string();
         let quota = config.quota.as_ref().map(|quota| (quota, format!("models.{name}.quota")));
-        let admission = traffic.admission("model", &name, config.max_in_flight, None, quota, metrics);
+        let admission = traffic
+            .admission("model", &name, config.max_in_flight, None, quota, metrics)
+            .bounded_by(config.max_queue_wait());
         let cache = config.cache.as_ref().map(|cache| Arc::new(ResponseCache::new(cache, &name, metrics)));
         let examples = config.examples.clone();
         let signatures = model
@@ -216,8 +220,12 @@ impl Pipeline {
             signatures.insert(version.version(), entry);
         }
         let quota = config.quota.as_ref().map(|quota| (quota, format!("pipelines.{name}.quota")));
-        let admission =
-            cx.traffic.admission("pipeline", &name, config.max_in_flight, config.team.as_deref(), quota, cx.metrics);
+        let max_queue_wait =
+            config.max_queue_wait_ms.map_or_else(|| served.config().max_queue_wait(), Duration::from_millis);
+        let admission = cx
+            .traffic
+            .admission("pipeline", &name, config.max_in_flight, config.team.as_deref(), quota, cx.metrics)
+            .bounded_by(max_queue_wait);
         let name: Arc<str> = name.into();
         let requests = cx.metrics.request_handles(&served.name_label(), &name);
         let pipeline = Arc::new(Pipeline {
@@ -252,6 +260,13 @@ impl Pipeline {
     /// ([`Admission::refuse_if_full`]).
     pub fn refuse_if_full(&self, priority: Priority) -> Result<()> {
         self.admission.refuse_if_full(priority)
+    }
+
+    /// True, counting it, when a request of `priority` would be refused
+    /// now: the transport's check before it reads a request
+    /// ([`Admission::is_full`]).
+    pub fn is_full(&self, priority: Priority) -> bool {
+        self.admission.is_full(priority)
     }
 
     /// The most bytes one tensor built for a request may hold.
@@ -629,6 +644,12 @@ impl Endpoints {
             let names: Vec<&str> = pipelines.keys().map(String::as_str).collect();
             Error::not_found(format!("model '{name}' is not served; served: [{}]", names.join(", ")))
         })
+    }
+
+    /// True when the endpoint `name` exists and would refuse a request of
+    /// `priority` now; made without a message or an allocation.
+    pub fn is_full(&self, name: &str, priority: Priority) -> bool {
+        self.pipelines.load().get(name).is_some_and(|pipeline| pipeline.is_full(priority))
     }
 
     /// The endpoint a request names; an empty name is the client's

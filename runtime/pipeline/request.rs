@@ -117,8 +117,8 @@ impl Target {
         let signature = self.signature();
         signature.check_input_names(self, inputs)?;
         let outputs = signature.resolve_output_filter(self, output_filter)?;
-        let admitted =
-            super::trace::current_step("admission").in_scope(|| self.pipeline.admission.try_admit(priority))?;
+        let admitted = super::trace::current_step("admission")
+            .in_scope(|| self.pipeline.admission.try_admit(priority, deadline))?;
         Ok(RequestBuilder {
             target: self,
             signature,

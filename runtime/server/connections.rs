@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use super::tls::{self, Tls};
+use crate::api::grpc::push_back::Gated;
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 
@@ -109,12 +110,12 @@ impl Listener for tokio::net::UnixListener {
 /// GOAWAY, idle HTTP/1.1 connections close), and resolves once they have.
 pub async fn serve(
     listener: impl Listener,
-    router: axum::Router,
+    router: impl Into<Gated>,
     limits: Limits,
     tls: Option<Arc<Tls>>,
     stop: watch::Receiver<bool>,
 ) {
-    let connections = Connections::new(router, &limits, tls);
+    let connections = Connections::new(router.into(), &limits, tls);
     accept(listener, &limits, stop, |io, place| connections.serve(io, place, || ())).await;
     connections.finish().await;
 }
@@ -239,7 +240,7 @@ pub async fn accept<L: Listener>(
 /// The connections served on one runtime: each a task of that runtime,
 /// all of them watched for a graceful shutdown.
 pub struct Connections {
-    router: axum::Router,
+    router: Gated,
     builder: Builder<TokioExecutor>,
     graceful: GracefulShutdown,
     open: Gauge,
@@ -250,7 +251,7 @@ pub struct Connections {
 
 impl Connections {
     /// Connections to `router`, served under `limits`, in TLS with `tls`.
-    pub fn new(router: axum::Router, limits: &Limits, tls: Option<Arc<Tls>>) -> Connections {
+    pub fn new(router: Gated, limits: &Limits, tls: Option<Arc<Tls>>) -> Connections {
         Connections {
             router,
             builder: limits.builder(),

@@ -32,6 +32,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::connections::{self, Connections, Limits, Place};
 use super::tls::Tls;
+use crate::api::grpc::push_back::Gated;
 use crate::error::{Error, Result};
 
 /// How many cores the gRPC port is served by.
@@ -52,7 +53,7 @@ struct Core {
 /// runs, with a future that resolves once every connection has finished.
 pub async fn serve(
     listener: TcpListener,
-    router: axum::Router,
+    router: Gated,
     limits: Limits,
     tls: Option<Arc<Tls>>,
     stop: watch::Receiver<bool>,

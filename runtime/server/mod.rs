@@ -25,6 +25,7 @@ use self::connections::Limits;
 use self::tls::Tls;
 use crate::api::admin_access::Admin;
 use crate::api::context::ServingState;
+use crate::api::grpc::push_back::{Gated, PushBack};
 use crate::api::grpc::{InferenceApi, ModelStatusApi, PredictionApi};
 use crate::api::health::Lifecycle;
 use crate::api::rest::{self, RestState};
@@ -214,6 +215,8 @@ pub async fn serve(
     // The gRPC port accepts once everything serves (connections wait in
     // its backlog until then).
     let grpc_limits = Limits::new(&config.server, &metrics, "grpc");
+    let push_back = config.server.push_back.then(|| PushBack::new(endpoints.clone(), state.phase.clone()));
+    let grpc_routes = Gated::new(grpc_routes, push_back);
     let grpc: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match config.server.grpc_threads {
         GrpcThreads::Shared => {
             Box::pin(connections::serve(grpc_listener, grpc_routes, grpc_limits, tls.clone(), stopping_rx.clone()))

@@ -11,6 +11,7 @@
 mod inference;
 mod model_service;
 mod prediction;
+pub mod push_back;
 
 use std::panic::AssertUnwindSafe;
 

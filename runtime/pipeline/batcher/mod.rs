@@ -20,6 +20,12 @@
 //!
 //! The queue is bounded in rows (`max_enqueued_batches × max_batch_size`):
 //! a request that does not fit is refused at once with RESOURCE_EXHAUSTED.
+//! It is bounded in time too: a request that has waited longer than the
+//! model's `max_queue_wait_ms` when its batch leaves is answered
+//! RESOURCE_EXHAUSTED instead of run (CoDel's sojourn-time check at a fixed
+//! target), so under sustained overload the model never spends itself on
+//! work whose caller has stopped waiting for a timely answer; the
+//! admission in front keeps that from happening more than rarely.
 //! A request larger than `max_batch_size` is split into parts that travel
 //! as separate requests and are joined again in order.
 
@@ -87,6 +93,10 @@ struct Shared {
     plan_metrics: Option<BatchPlanMetrics>,
     /// When the learned curve was last published to the metrics.
     curve_published: Mutex<Option<Instant>>,
+    /// The longest a request may wait before its batch leaves.
+    max_queue_wait: Duration,
+    /// The queue's name, in errors.
+    name: String,
 }
 
 /// How often the learned curve is copied to the metrics.
@@ -95,11 +105,14 @@ const CURVE_PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 impl Batcher {
     /// Starts the batching task for `version`. `name` names the queue in
     /// errors ("the batch queue of model 'cnn' version 1"); `threads` is the
-    /// number of batches that may run at once.
+    /// number of batches that may run at once; no request that waited
+    /// longer than `max_queue_wait` runs.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         version: Arc<ModelVersion>,
         params: BatchingParameters,
         threads: usize,
+        max_queue_wait: Duration,
         name: String,
         queue_metrics: QueueMetrics,
         model_metrics: ModelMetrics,
@@ -119,6 +132,8 @@ impl Batcher {
             model_metrics,
             plan_metrics,
             curve_published: Mutex::new(None),
+            max_queue_wait,
+            name: name.clone(),
         });
         if let Some(metrics) = &shared.plan_metrics {
             metrics.publish_curve(shared.version.latency().snapshot().points());
@@ -276,6 +291,17 @@ impl Shared {
         self.version.signature()
     }
 
+    /// The answer of a request that waited `waited`, past the bound.
+    fn stale(&self, waited: Duration) -> Error {
+        Error::resource_exhausted(format!(
+            "the request waited {:.1} ms in {}, more than the {:.1} ms it may (max_queue_wait_ms): the model is \
+             overloaded; retry later",
+            waited.as_secs_f64() * 1e3,
+            self.name,
+            self.max_queue_wait.as_secs_f64() * 1e3,
+        ))
+    }
+
     /// Runs one request as a batch of its own, from its own task.
     async fn run_alone(
         &self,
@@ -313,7 +339,6 @@ impl Shared {
         let mut due = Some(None);
         for entry in batch {
             queue_metrics.depth.dec_by(entry.rows as i64);
-            queue_metrics.wait.observe(now.duration_since(entry.enqueued).as_secs_f64());
             if entry.reply.is_closed() {
                 queue_metrics.cancelled.inc();
                 continue;
@@ -323,6 +348,13 @@ impl Shared {
                 let _ = entry.reply.send(Err(Error::deadline_exceeded("in the batch queue")));
                 continue;
             }
+            let waited = now.duration_since(entry.enqueued);
+            if waited > self.max_queue_wait {
+                queue_metrics.stale.inc();
+                let _ = entry.reply.send(Err(self.stale(waited)));
+                continue;
+            }
+            queue_metrics.wait.observe(waited.as_secs_f64());
             due = match (due, entry.deadline.instant()) {
                 (Some(None), Some(at)) => Some(Some(at)),
                 (Some(Some(latest)), Some(at)) => Some(Some(latest.max(at))),
@@ -565,11 +597,16 @@ mod tests {
     }
 
     fn batcher_of(version: Arc<ModelVersion>, params: BatchingParameters) -> Batcher {
+        batcher_waiting(version, params, Duration::from_secs(60))
+    }
+
+    fn batcher_waiting(version: Arc<ModelVersion>, params: BatchingParameters, max_queue_wait: Duration) -> Batcher {
         let metrics = Metrics::new();
         Batcher::start(
             version,
             params,
             1,
+            max_queue_wait,
             "the batch queue of model 'm'".into(),
             metrics.queue("m"),
             metrics.model("m", 1),
@@ -656,6 +693,31 @@ mod tests {
         let err = batcher.run(rows(0.0, 1), deadline, Priority::Normal).await.unwrap_err();
         assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
         assert!(backend.batches.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_waited_past_the_bound_is_refused_not_run() {
+        // Batches of 2 taking 30 ms each; 8 requests at once, a bound of
+        // 40 ms: the first two batches leave within it, the rest are stale.
+        let backend = Doubler::slow(Duration::from_millis(30), Duration::ZERO);
+        let params =
+            BatchingParameters { max_batch_size: 2, batch_timeout_micros: Some(0), ..BatchingParameters::default() };
+        let version = Arc::new(ModelVersion::new("m", 1, backend.clone()));
+        let batcher = Arc::new(batcher_waiting(version, params, Duration::from_millis(40)));
+        let calls = (0..8).map(|i| {
+            let batcher = batcher.clone();
+            async move { batcher.run(rows(i as f32, 1), Deadline::NONE, Priority::Normal).await }
+        });
+        let answers = futures::future::join_all(calls).await;
+        let served = answers.iter().filter(|a| a.is_ok()).count();
+        assert!((2..=7).contains(&served), "{served} served");
+        assert!(served < 8, "some waited past the bound");
+        for refused in answers.iter().filter_map(|a| a.as_ref().err()) {
+            assert_eq!(refused.code(), Code::ResourceExhausted, "{refused}");
+            assert!(refused.message().contains("more than the 40.0 ms it may (max_queue_wait_ms)"), "{refused}");
+        }
+        let ran: usize = backend.batches.lock().unwrap().iter().map(|(rows, _)| rows.len()).sum();
+        assert_eq!(ran, served, "no stale request reached the model");
     }
 
     /// Sends one-row requests `gap` apart for `span` and checks every

@@ -1,0 +1,181 @@
+//! Overload: what a saturated server does with the excess, seen from
+//! outside. A flood far over what the example CNN can serve: the answers
+//! it gives never waited in the batch queue past the configured bound,
+//! the excess is refused (on its HTTP/2 stream, or at admission), a
+//! request whose deadline the queue cannot meet is refused at admission
+//! saying so, and gRPC's own client sees a refused stream as UNAVAILABLE
+//! and retries it on another server with no failure. Behaviour only:
+//! the figures are `benches/goodput.rs`'s.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::fixtures::{example_dir, model_table};
+use common::*;
+use serde_json::Value;
+use tonic::Code;
+
+/// The CNN batched to its latency target, with a bound of 20 ms of
+/// queueing, and half the places kept for high-priority requests.
+fn bounded_cnn(keys: &str) -> String {
+    let table = model_table(
+        "cnn",
+        &example_dir("cnn"),
+        &format!("onnx = {{ sessions = 1, intra_op_threads = 1 }}\nbatching = {{ mode = \"auto\" }}\n{keys}"),
+    );
+    format!("[traffic]\nhigh_priority_reserve = 0.5\n\n{table}")
+}
+
+fn image(seed: u64) -> sluice::proto::tensorflow::serving::PredictRequest {
+    predict_request("cnn", vec![("image", f32_content(&[1, 3, 32, 32], &values(seed, 3 * 32 * 32)))])
+}
+
+/// `(le, count)` of each bucket of the histogram `series` (its labels,
+/// without `le`).
+fn buckets(text: &str, name: &str, labels: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{{labels},le=\"");
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&prefix)?;
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_flood_is_refused_and_what_is_served_never_waited_past_the_bound() {
+    let server = Server::with_config(&bounded_cnn("max_queue_wait_ms = 20"));
+    let codes: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut flood = tokio::task::JoinSet::new();
+    let clients: Vec<_> = futures::future::join_all((0..4).map(|_| server.predict_client())).await;
+    // 600 closed loops: far more than the 512 places normal requests may
+    // take, so admission refuses, learns the rate, and bounds by time.
+    for worker in 0..600u64 {
+        let mut client = clients[worker as usize % clients.len()].clone();
+        let codes = codes.clone();
+        flood.spawn(async move {
+            let mut seed = worker;
+            while Instant::now() < until {
+                seed += 600;
+                let outcome = client.predict(with_timeout(image(seed), Duration::from_secs(1))).await;
+                let code = outcome.as_ref().map_or_else(|s| s.code(), |_| Code::Ok);
+                if code == Code::Unknown || code == Code::Internal {
+                    panic!("a flood request failed: {:?}", outcome.err());
+                }
+                *codes.lock().expect("codes").entry(format!("{code:?}")).or_default() += 1;
+                if code != Code::Ok {
+                    // A refused client backs off a little, as clients do.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        });
+    }
+    // Meanwhile, high-priority requests (they may take every place) due
+    // in 2 ms: the queue holds more than that.
+    let mut client = server.predict_client().await;
+    let mut deadline_refusals = Vec::new();
+    let mut probes = BTreeMap::<String, u64>::new();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    while Instant::now() < until - Duration::from_millis(500) {
+        let mut request = with_timeout(image(7), Duration::from_millis(2));
+        request.metadata_mut().insert("x-sluice-priority", "high".parse().expect("metadata"));
+        match client.predict(request).await {
+            Ok(_) => *probes.entry("Ok".into()).or_default() += 1,
+            Err(status) => {
+                *probes.entry(format!("{:?}", status.code())).or_default() += 1;
+                if status.message().contains("cannot be answered before its deadline") {
+                    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                    deadline_refusals.push(status.message().to_string());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while let Some(done) = flood.join_next().await {
+        done.expect("a flood worker panicked");
+    }
+    let codes = codes.lock().expect("codes").clone();
+    eprintln!("flood: {codes:?}; high-priority 2 ms probes: {probes:?}");
+    for code in codes.keys() {
+        assert!(["Ok", "ResourceExhausted", "Unavailable"].contains(&code.as_str()), "refused as {code}: {codes:?}");
+    }
+    assert!(codes.get("Ok").copied().unwrap_or(0) > 100, "the flood was served too: {codes:?}");
+    let refused = codes.get("ResourceExhausted").copied().unwrap_or(0) + codes.get("Unavailable").copied().unwrap_or(0);
+    assert!(refused > 0, "a flood over the places is refused: {codes:?}");
+    let first =
+        deadline_refusals.first().unwrap_or_else(|| panic!("no 2 ms request was refused for its deadline: {probes:?}"));
+    assert!(first.contains("ms left, and the request queue of model 'cnn' expects"), "{first}");
+
+    // Every answer left the batch queue within the 20 ms bound (the check
+    // is made as its batch leaves); what waited longer was refused.
+    let text = server.metrics().await;
+    let waits = buckets(&text, "sluice_queue_wait_seconds", "queue=\"cnn/1/batch\"");
+    let total = waits.iter().find(|(le, _)| le.is_infinite()).map_or(0.0, |(_, n)| *n);
+    assert!(total > 0.0, "no batch-queue waits in the metrics:\n{text}");
+    let within = waits.iter().find(|(le, _)| *le >= 0.020).map_or(0.0, |(_, n)| *n);
+    assert_eq!(within, total, "answers that waited past 20 ms: {waits:?}");
+    // Refusals are counted by where they were made.
+    let admission = metric_value(&text, "sluice_rejections_total{queue=\"cnn/admission\",reason=\"queue_full\"}");
+    let pushed_back = metric_value(&text, "sluice_rejections_total{queue=\"cnn/admission\",reason=\"refused_stream\"}");
+    assert!(admission + pushed_back > 0.0, "{text}");
+
+    // And it serves at once afterwards.
+    let answer = client.predict(image(9)).await.expect("served after the flood");
+    assert_eq!(dims(&answer.into_inner().outputs["logits"]), vec![1, 10]);
+}
+
+/// gRPC's own Python client, `refused.py MODE TARGET WAVES WAVE`: the
+/// codes its calls ended with, and a message for each.
+fn python_calls(mode: &str, target: &str, waves: usize, wave: usize) -> (BTreeMap<String, u64>, Value) {
+    let python = root().join(".cache/kserve-venv/bin/python");
+    assert!(python.is_file(), "the gRPC Python client is not installed: run scripts/setup");
+    let output = std::process::Command::new(python)
+        .arg(root().join("tests/overload/refused.py"))
+        .args([mode, target, &waves.to_string(), &wave.to_string()])
+        .output()
+        .expect("python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "refused.py failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    let codes = report["codes"]
+        .as_object()
+        .expect("codes")
+        .iter()
+        .map(|(code, n)| (code.clone(), n.as_u64().unwrap_or(0)))
+        .collect();
+    (codes, report["messages"].clone())
+}
+
+#[tokio::test]
+async fn a_refused_stream_is_unavailable_to_grpc_and_retried_on_another_server() {
+    // A holds 8 requests at once; B as many as it likes.
+    let small = Server::with_config(&bounded_cnn("max_in_flight = 8"));
+    let large = Server::with_config(&bounded_cnn(""));
+    let refused_streams = "sluice_rejections_total{queue=\"cnn/admission\",reason=\"refused_stream\"}";
+
+    // Alone, with retries off: calls past A's places are refused, and a
+    // refused stream reaches the client as UNAVAILABLE.
+    let (codes, messages) = python_calls("plain", &small.grpc.to_string(), 6, 64);
+    eprintln!("A alone: {codes:?} {messages}");
+    for code in codes.keys() {
+        assert!(["OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"].contains(&code.as_str()), "{codes:?} {messages}");
+    }
+    assert!(codes.get("UNAVAILABLE").copied().unwrap_or(0) > 0, "no stream was refused: {codes:?} {messages}");
+    assert!(small.metric(refused_streams).await > 0.0);
+
+    // Both behind one channel, balanced round robin with a retry policy:
+    // every call is answered.
+    let before = small.metric(refused_streams).await;
+    let both = format!("ipv4:{},{}", small.grpc, large.grpc);
+    let (codes, messages) = python_calls("retry", &both, 10, 48);
+    eprintln!("A and B with retries: {codes:?} {messages}");
+    assert_eq!(codes, BTreeMap::from([("OK".to_string(), 480)]), "{messages}");
+    let during = small.metric(refused_streams).await - before;
+    eprintln!("streams A refused while the retries ran: {during}");
+}

@@ -1,0 +1,65 @@
+"""Calls the example CNN through gRPC's own Python client (grpcio) and
+prints, as JSON, how many calls ended with each status code and one
+message per code.
+
+    refused.py MODE TARGET WAVES WAVE
+
+MODE `plain`: one channel to TARGET, retries off, so a refused stream is
+seen as the client's own status. MODE `retry`: TARGET lists several
+servers (`ipv4:127.0.0.1:A,127.0.0.1:B`), balanced round robin, with a
+retry policy on UNAVAILABLE and RESOURCE_EXHAUSTED: what a fleet's
+clients are configured with. WAVES waves of WAVE calls at once.
+"""
+
+import json
+import sys
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+
+def main():
+    mode, target, waves, wave = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    if mode == "retry":
+        config = {
+            "loadBalancingConfig": [{"round_robin": {}}],
+            "methodConfig": [{
+                "name": [{"service": "inference.GRPCInferenceService"}],
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.01s",
+                    "maxBackoff": "0.2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"],
+                },
+            }],
+        }
+        options = [("grpc.service_config", json.dumps(config)), ("grpc.enable_retries", 1)]
+    else:
+        options = [("grpc.enable_retries", 0)]
+    channel = grpc.insecure_channel(target, options=options)
+    grpc.channel_ready_future(channel).result(timeout=30)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    image = np.random.default_rng(1).random((1, 3, 32, 32), dtype=np.float32)
+    request = service_pb2.ModelInferRequest(model_name="cnn")
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = "image", "FP32"
+    tensor.shape.extend([1, 3, 32, 32])
+    request.raw_input_contents.append(image.tobytes())
+    codes, messages = {}, {}
+    for _ in range(waves):
+        calls = [stub.ModelInfer.future(request, timeout=30) for _ in range(wave)]
+        for call in calls:
+            try:
+                call.result()
+                code = "OK"
+            except grpc.RpcError as error:
+                code = error.code().name
+                messages.setdefault(code, error.details())
+            codes[code] = codes.get(code, 0) + 1
+    print(json.dumps({"codes": codes, "messages": messages}))
+
+
+if __name__ == "__main__":
+    main()
