@@ -79,6 +79,10 @@ async fn a_request_larger_than_max_batch_size_is_split_and_reassembled_in_order(
     assert!(status.message().contains("129 rows"), "{}", status.message());
 }
 
+/// A server that always reads a call before refusing it, so that every
+/// refusal carries its message (the transport's refusals carry none).
+const NO_PUSH_BACK: &str = "[server]\npush_back = false\n";
+
 fn cnn_config(batching: &str, max_in_flight: usize) -> String {
     format!(
         r#"
@@ -149,7 +153,12 @@ async fn a_burst_against_a_tiny_batch_queue_gets_resource_exhausted_for_the_exce
 
 #[tokio::test]
 async fn a_burst_beyond_max_in_flight_is_refused_at_admission() {
-    let server = Server::with_config(&cnn_config("max_batch_size = 256, batch_timeout_micros = 0", 2));
+    // Refused with the message, never at the transport, however long
+    // the burst takes to send.
+    let server = Server::with_config(&format!(
+        "{NO_PUSH_BACK}{}",
+        cnn_config("max_batch_size = 256, batch_timeout_micros = 0", 2)
+    ));
     let (answered, refused) = burst(&server, 12, 256).await;
     assert!(answered >= 1);
     assert!(!refused.is_empty());
@@ -323,7 +332,10 @@ async fn enable_batching_without_a_file_batches_in_auto_mode_row_for_row() {
 
 #[tokio::test]
 async fn a_full_pipeline_refuses_before_decoding_what_it_would_refuse() {
-    let server = Server::with_config(&cnn_config("max_batch_size = 4096, batch_timeout_micros = 0", 1));
+    let server = Server::with_config(&format!(
+        "{NO_PUSH_BACK}{}",
+        cnn_config("max_batch_size = 4096, batch_timeout_micros = 0", 1)
+    ));
     let blocker = occupy(&server).await;
     // REST names the model in the URL: a full pipeline refuses before the
     // body is read. This body is announced and never sent; the answer

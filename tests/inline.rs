@@ -131,19 +131,22 @@ onnx = { sessions = 2, intra_op_threads = 1 }
     for task in 0..32u64 {
         let mut client = server.predict_client().await;
         flood.push(tokio::spawn(async move {
-            let (mut answered, mut refused) = (0usize, 0usize);
+            let (mut answered, mut refused, mut pushed_back) = (0usize, 0usize, 0usize);
             let mut seed = task * 1000;
             while Instant::now() < until {
                 seed += 1;
                 let image = cnn_image(8, seed);
                 let request = predict_request("cnn", vec![("image", f32_content(&[8, 3, 32, 32], &image))]);
                 // A deadline far beyond what a refusal may take: a refusal
-                // must come as RESOURCE_EXHAUSTED, never as this deadline.
+                // must come as RESOURCE_EXHAUSTED (read and refused) or
+                // UNAVAILABLE (refused on its stream once the refusals are
+                // sustained), never as this deadline.
                 match client.predict(with_timeout(request, Duration::from_secs(10))).await {
                     Ok(response) => {
                         assert_eq!(dims(&response.get_ref().outputs["logits"]), vec![8, 10]);
                         answered += 1;
                     }
+                    Err(status) if status.code() == Code::Unavailable => pushed_back += 1,
                     Err(status) => {
                         assert_eq!(status.code(), Code::ResourceExhausted, "{}", status.message());
                         assert!(
@@ -155,7 +158,7 @@ onnx = { sessions = 2, intra_op_threads = 1 }
                     }
                 }
             }
-            (answered, refused)
+            (answered, refused, pushed_back)
         }));
     }
     let mut probes = 0;
@@ -165,17 +168,20 @@ onnx = { sessions = 2, intra_op_threads = 1 }
         probes += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (mut answered, mut refused) = (0, 0);
+    let (mut answered, mut refused, mut pushed_back) = (0, 0, 0);
     for task in flood {
-        let (a, r) = task.await.expect("flood task");
+        let (a, r, p) = task.await.expect("flood task");
         answered += a;
         refused += r;
+        pushed_back += p;
     }
     assert!(probes >= 5, "{probes} probes");
     assert!(answered > 0, "the model served through the flood");
-    assert!(refused > 0, "32 callers against 4 places: the excess is refused");
+    assert!(refused > 0, "32 callers against 4 places: the excess is refused, first with the reason");
     let counted = server.metric(r#"sluice_rejections_total{queue="cnn/admission",reason="queue_full"}"#).await;
     assert_eq!(counted, refused as f64);
+    let counted = server.metric(r#"sluice_rejections_total{queue="cnn/admission",reason="refused_stream"}"#).await;
+    assert_eq!(counted, pushed_back as f64);
     // And it keeps serving.
     let image = cnn_image(1, 99);
     let response = server

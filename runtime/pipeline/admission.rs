@@ -23,9 +23,15 @@
 //! a request whose own deadline comes before the wait it would meet.
 //! `max_in_flight` stays the hard bound (memory), and the places until a
 //! rate is learned.
+//!
+//! The transport asks [`Admission::is_full`] before it reads a gRPC call,
+//! to refuse it on its HTTP/2 stream for almost nothing. It says so only
+//! once the admission has been refusing for [`PUSH_BACK_AFTER`] without a
+//! pause: a passing burst is refused with RESOURCE_EXHAUSTED and a message
+//! that names the queue, a sustained overload at the transport's price.
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +70,50 @@ pub struct Admission {
     /// The quotas a request must fit besides the places: the pipeline's
     /// own, then its team's.
     quotas: Vec<Arc<Quota>>,
+    refusing: Refusing,
+}
+
+/// How long an admission must have been refusing, without a pause, before
+/// the transport refuses for it (no message, almost no cost).
+pub const PUSH_BACK_AFTER: Duration = Duration::from_millis(100);
+
+/// A gap between refusals this long ends a spell of refusing.
+const REFUSING_GAP: Duration = Duration::from_millis(100);
+
+/// When the current spell of refusals began and when the last came, in
+/// microseconds from `origin`: what tells a sustained overload from a
+/// burst. Races between refusals only blur the edges of a spell.
+#[derive(Debug)]
+struct Refusing {
+    origin: Instant,
+    since: AtomicU64,
+    last: AtomicU64,
+}
+
+impl Refusing {
+    fn new() -> Refusing {
+        Refusing { origin: Instant::now(), since: AtomicU64::new(0), last: AtomicU64::new(0) }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// A refusal now.
+    fn refused(&self) {
+        let now = self.now();
+        let last = self.last.swap(now, Ordering::Relaxed);
+        if now.saturating_sub(last) > REFUSING_GAP.as_micros() as u64 {
+            self.since.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// True when refusals have come without a pause for `PUSH_BACK_AFTER`.
+    fn sustained(&self) -> bool {
+        let now = self.now();
+        now.saturating_sub(self.last.load(Ordering::Relaxed)) <= REFUSING_GAP.as_micros() as u64
+            && now.saturating_sub(self.since.load(Ordering::Relaxed)) >= PUSH_BACK_AFTER.as_micros() as u64
+    }
 }
 
 /// The places taken, and what their answers teach.
@@ -128,6 +178,7 @@ impl Admission {
             pushed_back: Counter::default(),
             in_flight,
             quotas: Vec::new(),
+            refusing: Refusing::new(),
         }
     }
 
@@ -231,13 +282,15 @@ impl Admission {
     }
 
     /// True, counting the refusal, when no request of `priority` could be
-    /// admitted now; admits nothing either way. The check the transport
-    /// makes before it reads a request (`api::push_back`): no message is
-    /// made.
+    /// admitted now and the admission has been refusing for
+    /// [`PUSH_BACK_AFTER`]; admits nothing either way. The check the
+    /// transport makes before it reads a request (`api::push_back`): no
+    /// message is made.
     pub fn is_full(&self, priority: Priority) -> bool {
-        if self.occupancy.used.load(Ordering::Acquire) < self.limit_now(priority) {
+        if self.occupancy.used.load(Ordering::Acquire) < self.limit_now(priority) || !self.refusing.sustained() {
             return false;
         }
+        self.refusing.refused();
         self.pushed_back.inc();
         self.occupancy.pace.refused();
         true
@@ -258,6 +311,7 @@ impl Admission {
     /// Counts a refusal at `limit` places and says why.
     fn refused(&self, priority: Priority, limit: usize) -> Error {
         self.rejected.inc();
+        self.refusing.refused();
         self.occupancy.pace.refused();
         let places = self.places_now();
         if places < self.capacity {
@@ -465,6 +519,28 @@ mod tests {
         drop(a);
         assert_eq!(gauge.get(), 1);
         assert!(admission.try_admit(Priority::Normal, Deadline::NONE).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_transport_refuses_only_once_refusals_are_sustained() {
+        let admission = admission(1, &TrafficConfig::default(), &Gauge::default());
+        let _held = admission.try_admit(Priority::Normal, Deadline::NONE).unwrap();
+        let step = Duration::from_millis(40);
+        // A burst: refused with a message; the transport reads each call.
+        for _ in 0..3 {
+            assert!(!admission.is_full(Priority::Normal));
+            assert!(admission.try_admit(Priority::Normal, Deadline::NONE).is_err());
+            tokio::time::advance(step).await;
+        }
+        // 120 ms of refusals without a pause: now the transport refuses.
+        assert!(admission.is_full(Priority::Normal));
+        tokio::time::advance(step).await;
+        assert!(admission.is_full(Priority::Normal), "its own refusals keep the spell going");
+        // A pause ends the spell: the next refusal says why again.
+        tokio::time::advance(REFUSING_GAP + step).await;
+        assert!(!admission.is_full(Priority::Normal));
+        assert!(admission.try_admit(Priority::Normal, Deadline::NONE).is_err());
+        assert!(!admission.is_full(Priority::Normal));
     }
 
     #[test]

@@ -35,7 +35,14 @@ def main():
                 },
             }],
         }
-        options = [("grpc.service_config", json.dumps(config)), ("grpc.enable_retries", 1)]
+        # The authority gRPC makes from an address list ("A,B") is no valid
+        # :authority (hyper's HTTP/2 resets every stream of it with
+        # PROTOCOL_ERROR): name one, as a DNS target would.
+        options = [
+            ("grpc.service_config", json.dumps(config)),
+            ("grpc.enable_retries", 1),
+            ("grpc.default_authority", "localhost"),
+        ]
     else:
         options = [("grpc.enable_retries", 0)]
     channel = grpc.insecure_channel(target, options=options)
