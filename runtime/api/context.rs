@@ -201,10 +201,14 @@ impl RequestContext {
         let _in_request = self.span.enter();
         let elapsed = self.started.elapsed().as_secs_f64();
         if let Err(e) = result {
-            // Failures are worth a line, a few a second: under overload
+            // Refusals are worth a line, a few a second: under overload
             // every refusal writing one would spend the core the serving
-            // needs. Metrics count them all.
-            match FAILURE_LINES.take() {
+            // needs. Metrics count them all. Other failures (a plugin's
+            // error, a bad request) are each a line: they carry what an
+            // author needs, and they do not come in floods the server makes.
+            let refusal = matches!(e.code(), crate::error::Code::ResourceExhausted | crate::error::Code::Unavailable);
+            let line = if refusal { FAILURE_LINES.take() } else { Some(0) };
+            match line {
                 Some(0) => tracing::info!(code = %e.code(), api = self.api, "request failed: {e}"),
                 Some(skipped) => {
                     tracing::info!(
