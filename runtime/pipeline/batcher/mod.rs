@@ -323,14 +323,14 @@ impl Shared {
         self.max_queue_wait + self.batch_timeout() + last_run
     }
 
-    /// The answer of a request that waited `waited`, past the bound.
-    fn stale(&self, waited: Duration) -> Error {
+    /// The answer of a request that waited `waited`, past `bound`.
+    fn stale(&self, waited: Duration, bound: Duration) -> Error {
         Error::resource_exhausted(format!(
             "the request waited {:.1} ms in {}, more than the {:.1} ms it may while the model is overloaded \
              (max_queue_wait_ms, the batch timeout and one batch's run); retry later",
             waited.as_secs_f64() * 1e3,
             self.name,
-            self.stale_after().as_secs_f64() * 1e3,
+            bound.as_secs_f64() * 1e3,
         ))
     }
 
@@ -391,7 +391,7 @@ impl Shared {
             let waited = now.duration_since(entry.enqueued);
             if waited > stale_after {
                 queue_metrics.stale.inc();
-                let _ = entry.reply.send(Err(self.stale(waited)));
+                let _ = entry.reply.send(Err(self.stale(waited, stale_after)));
                 continue;
             }
             queue_metrics.wait.observe(waited.as_secs_f64());
@@ -484,19 +484,17 @@ impl BatchFormer {
                     full = !self.add(&mut batch, &mut rows, entry, plan.cap);
                     continue;
                 }
-                tokio::select! {
+                let next = tokio::select! {
                     biased;
-                    next = self.queue.recv() => match next {
-                        Some(entry) => full = !self.add(&mut batch, &mut rows, entry, plan.cap),
-                        None => break,
-                    },
-                    () = tokio::time::sleep_until(plan.close_at) => {
-                        self.last_empty = Instant::now();
-                        break;
-                    }
-                }
+                    next = self.queue.recv() => next,
+                    () = tokio::time::sleep_until(plan.close_at) => None,
+                };
                 // Nothing waited beyond this batch until now.
                 self.last_empty = Instant::now();
+                match next {
+                    Some(entry) => full = !self.add(&mut batch, &mut rows, entry, plan.cap),
+                    None => break,
+                }
             }
             let Ok(slot) = self.shared.slots.clone().acquire_owned().await else { return };
             // While waiting for a slot more requests may have come: take
