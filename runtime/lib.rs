@@ -17,10 +17,11 @@
 //!   imports another.
 //! - [`infer`]: the backends that run a batch through a model.
 //! - [`tensor`]: tensors, signatures and their wire conversions.
-//! - [`config`], [`metrics`], [`threads`], [`error`], [`proto`]: types
-//!   and services every layer shares (`threads` starts the compute
-//!   threads, below the network threads' priority); they import none of
-//!   the above.
+//! - [`config`], [`metrics`], [`threads`], [`private_files`], [`error`],
+//!   [`proto`]: types and services every layer shares (`threads` starts
+//!   the compute threads, below the network threads' priority;
+//!   `private_files` checks the caches whose files run as native code);
+//!   they import none of the above.
 //!
 //! `docs/ARCHITECTURE.md` follows one request through these files.
 
@@ -34,6 +35,7 @@ pub mod metrics;
 pub mod models;
 pub mod pipeline;
 pub mod plugin;
+pub mod private_files;
 pub mod proto;
 pub mod server;
 pub mod tensor;

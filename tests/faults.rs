@@ -24,6 +24,11 @@ const OPS: &str = "ops-secret";
 /// A plugin directory (the store inside it) and a config serving pipeline
 /// `scored` = features (identity) → MLP, with the admin API.
 fn fixture(dir: &Path) -> PathBuf {
+    fixture_caching_in(dir, &dir.join("compiled"))
+}
+
+/// [`fixture`], keeping compiled plugins in `cache`.
+fn fixture_caching_in(dir: &Path, cache: &Path) -> PathBuf {
     let plugins = dir.join("plugins");
     std::fs::create_dir_all(plugins.join("store")).expect("plugins dir");
     std::fs::write(plugins.join("features.wasm"), plugin_bytes("identity")).expect("features.wasm");
@@ -35,7 +40,7 @@ fn fixture(dir: &Path) -> PathBuf {
              id = \"ops\"\nrole = \"admin\"\nsha256 = \"{hash}\"\n[[models]]\nname = \"mlp\"\nbase_path = \"{mlp}\"\n\
              [[pipelines]]\nname = \"scored\"\nmodel = \"mlp\"\npreprocess = {{ plugin = \"features\" }}\n",
             plugins = plugins.display(),
-            cache = dir.join("compiled").display(),
+            cache = cache.display(),
             hash = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(OPS.as_bytes())),
             mlp = root().join("examples/models/mlp").display(),
         ),
@@ -198,4 +203,73 @@ async fn sigkill_under_load_loses_no_state_and_the_restart_serves_the_same_plugi
     let (status, listed) = admin(&server, Method::GET, "/admin/v1/plugins/features", Vec::new()).await;
     assert_eq!(status, StatusCode::OK, "{listed}");
     assert_eq!(listed["active"], 1, "{listed}");
+}
+
+/// Compiled plugins in the cache directory, by file name.
+fn compiled(cache: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(cache)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|e| e == "cwasm"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[tokio::test]
+async fn compiled_code_planted_in_the_plugin_cache_is_never_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("compiled");
+    let x = values(8, 64);
+    let doubled: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+
+    // A first server compiles and caches `identity` and then `scale`.
+    let first = dir.path().join("first");
+    let server = Server::start(&["--model_config_file", fixture_caching_in(&first, &cache).to_str().expect("utf-8")]);
+    let (identity, scaled) = (direct(&server, &x).await, direct(&server, &doubled).await);
+    assert_ne!(identity, scaled);
+    assert_eq!(scored(&server, &x).await.expect("identity serves"), identity);
+    let (status, answer) =
+        admin(&server, Method::PUT, "/admin/v1/plugins/features?activate=true", plugin_bytes("scale")).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(scored(&server, &x).await.expect("scale serves"), scaled);
+    drop(server);
+    let identity_hash = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(plugin_bytes("identity")));
+    let files = compiled(&cache);
+    assert_eq!(files.len(), 2, "both plugins cached: {files:?}");
+    let named =
+        |file: &PathBuf| file.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&identity_hash));
+    let (target, planted) = match (files.iter().find(|f| named(f)), files.iter().find(|f| !named(f))) {
+        (Some(target), Some(planted)) => (target.clone(), planted.clone()),
+        _ => panic!("one cached file is identity's ({identity_hash}): {files:?}"),
+    };
+    let mode = |path: &Path| std::fs::metadata(path).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&cache), 0o700, "the cache directory is owner-only");
+    assert_eq!(mode(&target), 0o600, "cached code is owner-only");
+
+    // While the directory stood open, someone replaced identity's compiled
+    // code with other native code (here: scale's, so running it shows).
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).expect("open the cache");
+    std::fs::copy(&planted, &target).expect("plant");
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o666)).expect("world-writable");
+
+    // A server whose pipeline runs `identity` compiles it from its source,
+    // and closes the directory again.
+    let second = dir.path().join("second");
+    let server = Server::start(&["--model_config_file", fixture_caching_in(&second, &cache).to_str().expect("utf-8")]);
+    assert_eq!(scored(&server, &x).await.expect("identity serves"), identity, "the planted code ran");
+    let warned = server.wait_for_log("others may write it (mode 666)").await;
+    assert!(warned.contains(target.to_str().expect("utf-8")), "{warned}");
+    assert_eq!(mode(&cache), 0o700, "the cache directory is owner-only again");
+    eventually("identity cached again from its own source", || {
+        if std::fs::metadata(&target).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o600) {
+            Ok(())
+        } else {
+            Err(format!("{} not rewritten", target.display()))
+        }
+    })
+    .await;
 }

@@ -18,6 +18,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("config", 1),
     ("metrics", 1),
     ("threads", 1),
+    ("private_files", 1),
     ("tensor", 2),
     ("infer", 3),
     ("models", 4),

@@ -128,9 +128,7 @@ impl PluginEngine {
                 .map_err(|e| Error::internal(format!("starting the epoch ticker failed: {e}")))?
         };
         if let Some(dir) = &config.cache_dir {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                Error::internal(format!("cannot create the plugin cache directory {}: {e}", dir.display()))
-            })?;
+            crate::private_files::ensure_private_dir(dir, "the plugin cache directory (plugins.cache_dir)")?;
         }
         Ok(PluginEngine {
             engine,
@@ -209,13 +207,24 @@ impl PluginEngine {
     /// once a plugin has passed every check.
     pub fn compile(&self, wasm: &[u8]) -> Result<Component> {
         if let Some(path) = self.cache_path(&super::store::sha256_hex(wasm)) {
-            if path.is_file() {
-                // SAFETY: the file is one this server wrote into its own
-                // cache directory, named by the hash of the source and the
-                // engine settings; wasmtime checks its header and version.
-                match unsafe { Component::deserialize_file(&self.engine, &path) } {
-                    Ok(component) => return Ok(component),
-                    Err(e) => tracing::warn!(path = %path.display(), "cached plugin unusable, compiling again: {e:#}"),
+            if path.exists() {
+                match crate::private_files::check_trusted_file(&path) {
+                    // SAFETY: the file is in the server's own directory
+                    // (owner-only, checked at start) and is a regular file
+                    // of the server's user that no one else can write
+                    // (checked just now), so this server wrote it, named by
+                    // the hash of the source and the engine settings;
+                    // wasmtime checks its header and version.
+                    Ok(()) => match unsafe { Component::deserialize_file(&self.engine, &path) } {
+                        Ok(component) => return Ok(component),
+                        Err(e) => {
+                            tracing::warn!(path = %path.display(), "cached plugin unusable, compiling again: {e:#}")
+                        }
+                    },
+                    Err(refused) => {
+                        tracing::warn!("compiled plugin cache: {refused}; compiling the upload instead");
+                        let _ = std::fs::remove_file(&path);
+                    }
                 }
             }
         }
@@ -228,7 +237,7 @@ impl PluginEngine {
     /// entries.
     pub fn remember(&self, sha256: &str, component: &Component) {
         let Some(path) = self.cache_path(sha256) else { return };
-        if path.is_file() {
+        if crate::private_files::check_trusted_file(&path).is_ok() {
             return;
         }
         match component.serialize() {

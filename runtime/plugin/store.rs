@@ -4,6 +4,7 @@
 //! compiled plugins.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// The SHA-256 of `bytes`, as 64 lower-case hex digits.
@@ -32,10 +33,14 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let written = std::fs::File::create(&temp).and_then(|mut file| {
-        file.write_all(bytes)?;
-        file.sync_all()
-    });
+    // Owner-only: the compiled-plugin cache loads only files no one else
+    // could have written (`private_files`).
+    let written = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&temp).and_then(
+        |mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        },
+    );
     // A full or read-only disk leaves nothing behind.
     if let Err(e) = written.and_then(|()| std::fs::rename(&temp, path)) {
         let _ = std::fs::remove_file(&temp);

@@ -14,7 +14,7 @@
 //! a graph planted by another user would run in the server.
 
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -45,13 +45,19 @@ pub fn prepare(
     model: &Path,
     options: &OnnxOptions,
 ) -> Result<Option<(PathBuf, CacheOutcome)>> {
-    if let Err(error) = check_private(dir) {
+    if let Err(error) = crate::private_files::ensure_private_dir(dir, "optimised model cache") {
         tracing::warn!("{error}; optimising in place instead");
         return Ok(None);
     }
     let file = dir.join(format!("{}-ort{ORT_VERSION}-{:?}.onnx", content_hash(model)?, options.execution_provider));
-    if file.is_file() {
-        return Ok(Some((file, CacheOutcome::Hit)));
+    if file.exists() {
+        match crate::private_files::check_trusted_file(&file) {
+            Ok(()) => return Ok(Some((file, CacheOutcome::Hit))),
+            Err(refused) => {
+                tracing::warn!("optimised model cache: {refused}; optimising again");
+                discard(&file);
+            }
+        }
     }
     static TEMPORARY: AtomicU64 = AtomicU64::new(0);
     let partial =
@@ -66,7 +72,9 @@ pub fn prepare(
     let result = optimised.and_then(|r| r).and_then(|()| {
         // Whole or not at all: a crash mid-write leaves a partial file
         // that no load ever takes.
-        std::fs::rename(&partial, &file)
+        // Owner-only, as loads check (`private_files::check_trusted_file`).
+        std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| std::fs::rename(&partial, &file))
             .map_err(|e| Error::internal(format!("storing the optimised graph {}: {e}", file.display())))
     });
     if result.is_err() {
@@ -112,23 +120,6 @@ fn content_hash(model: &Path) -> Result<String> {
         hasher.update(&buffer[..n]);
     }
     Ok(hex::encode(&hasher.finalize()[..16]))
-}
-
-/// Makes `dir` (owner-only) or checks that it is the server's own.
-fn check_private(dir: &Path) -> Result<()> {
-    let refuse = |why: String| Error::unavailable(format!("optimised model cache {}: {why}", dir.display()));
-    std::fs::create_dir_all(dir).map_err(|e| refuse(format!("cannot create it: {e}")))?;
-    let meta = std::fs::metadata(dir).map_err(|e| refuse(format!("cannot read it: {e}")))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        return Err(refuse(format!("it belongs to uid {}, not to this server (uid {me})", meta.uid())));
-    }
-    if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| refuse(format!("cannot make it owner-only: {e}")))?;
-    }
-    Ok(())
 }
 
 /// Removes a cached graph that would not load, so the next load makes it
