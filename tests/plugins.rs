@@ -683,3 +683,29 @@ preprocess = {{ plugin = "fresh" }}
     assert_eq!(server.metric(&made("kept")).await, 1.0);
     assert!(server.metric(&made("fresh")).await >= 2.0);
 }
+
+#[tokio::test]
+async fn a_plugin_that_drops_rows_fails_as_its_own_bad_output() {
+    let server = Server::with_config(&format!(
+        "[plugins]\ndir = \"{plugins}\"\n[[models]]\nname = \"mlp\"\nbase_path = \"{mlp}\"\n\
+         [[pipelines]]\nname = \"short\"\nmodel = \"mlp\"\npreprocess = {{ plugin = \"mistake_drops_rows\" }}\n",
+        plugins = root().join("target/plugins").display(),
+        mlp = root().join("examples/models/mlp").display()
+    ));
+    let mut client = server.predict_client().await;
+    let status = client
+        .predict(predict_request("short", vec![("raw", f32_content(&[2, 64], &values(5, 128)))]))
+        .await
+        .expect_err("one row of two came back");
+    assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+    assert!(status.message().contains("returned 1 rows in 'x' for a request of 2"), "{}", status.message());
+    // Scored as the plugin's fault, not as a success the server then broke.
+    let metrics = server.metrics().await;
+    let count = |outcome: &str| {
+        metric_value(
+            &metrics,
+            &format!(r#"sluice_plugin_calls_total{{plugin="mistake_drops_rows",outcome="{outcome}"}}"#),
+        )
+    };
+    assert_eq!((count("bad_output"), count("ok")), (1.0, 0.0), "{metrics}");
+}

@@ -230,6 +230,7 @@ impl Plugin {
     /// Like [`Plugin::call`], also returning time and peak memory.
     pub fn call_measured(&self, inputs: Vec<NamedTensor>) -> Result<(Vec<NamedTensor>, CallStats)> {
         let started = Instant::now();
+        let rows = self.batch_rows(&inputs);
         let wit_inputs: Vec<bindings::Tensor> = inputs.iter().map(tensor_out).collect();
         drop(inputs);
         let mut live = match self.instances.take() {
@@ -268,7 +269,7 @@ impl Plugin {
                 format!("{} failed", self.label),
                 Some(plugin_text(&message)),
             )),
-            Ok(Ok(outputs)) => self.check_outputs(outputs),
+            Ok(Ok(outputs)) => self.check_outputs(outputs, rows),
         }
         .map_err(|e| self.engine.shown(e));
         live.store.data().flush_output();
@@ -283,10 +284,24 @@ impl Plugin {
         outcome.map(|outputs| (outputs, stats))
     }
 
+    /// The rows of a call: those of the first input the plugin declares
+    /// with a free dimension 0 (its batch); `None` when it declares none.
+    fn batch_rows(&self, inputs: &[NamedTensor]) -> Option<usize> {
+        self.description
+            .inputs
+            .iter()
+            .filter(|spec| spec.shape.first() == Some(&-1))
+            .find_map(|spec| inputs.iter().find(|t| t.name == spec.name))
+            .map(|t| t.tensor.rows())
+    }
+
     /// What a plugin returned, as host tensors, checked against what it
-    /// declared: the only check of a plugin's outputs, so nothing
-    /// downstream sizes anything from an unchecked one.
-    fn check_outputs(&self, outputs: Vec<bindings::Tensor>) -> Result<Vec<NamedTensor>> {
+    /// declared, and each output it declares with a free dimension 0
+    /// holding the call's `rows` (a plugin must not invent or drop rows):
+    /// the only check of a plugin's outputs, made before the call is
+    /// scored, so nothing downstream sizes anything from an unchecked one
+    /// and a plugin that breaks it fails as `bad_output`, its own fault.
+    fn check_outputs(&self, outputs: Vec<bindings::Tensor>, rows: Option<usize>) -> Result<Vec<NamedTensor>> {
         let bad = |e: Error| Error::plugin(PluginFault::BadOutput, format!("{} returned {e}", self.label));
         let max_bytes = memory_bytes(&self.limits);
         let outputs = outputs
@@ -296,6 +311,21 @@ impl Plugin {
             .map_err(|e| bad(e.context("a malformed tensor")))?;
         check_outputs(&self.label, &self.description.outputs, &outputs)
             .map_err(|e| Error::plugin(PluginFault::BadOutput, e.message()))?;
+        if let Some(rows) = rows {
+            for (output, spec) in outputs.iter().zip(&self.description.outputs) {
+                if spec.shape.first() == Some(&-1) && output.tensor.rows() != rows {
+                    return Err(Error::plugin(
+                        PluginFault::BadOutput,
+                        format!(
+                            "{} returned {} rows in '{}' for a request of {rows}; a plugin keeps the rows it is given",
+                            self.label,
+                            output.tensor.rows(),
+                            output.name
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(outputs)
     }
 

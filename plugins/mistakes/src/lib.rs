@@ -2,7 +2,8 @@
 //! `[batch, 64]`) that gets one thing wrong, as plugin authors do — its
 //! output named `features` (wrong-name), f64 (wrong-dtype), or
 //! `[batch, 63]` (wrong-shape). It runs and answers what it declares; only
-//! the model does not fit.
+//! the model does not fit. Or it fits, and drops the last row of every call
+//! (drops-rows), which only the host's rows-in = rows-out check catches.
 
 wit_bindgen::generate!({
     path: "../../sdk/wit",
@@ -40,7 +41,10 @@ impl Guest for Mistakes {
 
     fn preprocess(inputs: Vec<Tensor>) -> Result<Vec<Tensor>, PluginError> {
         let raw = inputs.into_iter().next().ok_or(PluginError::InvalidInput("no raw".into()))?;
-        let rows = raw.shape.first().copied().unwrap_or(1);
+        let mut rows = raw.shape.first().copied().unwrap_or(1);
+        if cfg!(feature = "drops-rows") {
+            rows = (rows - 1).max(0);
+        }
         let (name, dtype, size, width) = output();
         let data = vec![0u8; rows as usize * width as usize * size];
         Ok(vec![Tensor { name: name.into(), dtype, shape: vec![rows, width], data, strings: Vec::new() }])

@@ -350,29 +350,10 @@ impl Stage for PluginStage {
         // Fairness between teams: this team's calls take at most their
         // share of the cores.
         let _call = self.share.enter(cx, self.team.as_deref())?;
-        // The batch: the rows of the first input declared with a free
-        // dimension 0.
-        let rows = self
-            .inputs()
-            .iter()
-            .filter(|spec| spec.shape.first() == Some(&-1))
-            .find_map(|spec| inputs.iter().find(|t| t.name == spec.name))
-            .map(|t| t.tensor.rows());
-        // The host checks the outputs against the plugin's declaration.
-        let (plugin, outputs) = self.call(inputs)?;
-        // Rows in, the same rows out: a plugin must not invent or drop rows.
-        if let Some(rows) = rows {
-            for (output, spec) in outputs.iter().zip(self.outputs()) {
-                if spec.shape.first() == Some(&-1) && output.tensor.rows() != rows {
-                    return Err(Error::internal(format!(
-                        "{} returned {} rows in '{}' for a request of {rows}",
-                        plugin.label(),
-                        output.tensor.rows(),
-                        output.name
-                    )));
-                }
-            }
-        }
+        // The host checks the outputs against the plugin's declaration,
+        // rows in = rows out included (`Plugin::check_outputs`), before the
+        // call is scored.
+        let (_, outputs) = self.call(inputs)?;
         Ok(outputs)
     }
 
