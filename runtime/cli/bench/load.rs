@@ -170,6 +170,28 @@ async fn closed_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<LoadCli
     }
 }
 
+/// A call of an open loop, whose deadline runs from when it was due, as a
+/// real caller's does: what waited in this client (its connection's
+/// stream limit, the in-flight limit) is sent with only the time left, and
+/// is abandoned as DEADLINE_EXCEEDED once none is, so an answer that came
+/// too late is never counted as served.
+async fn due_call(
+    client: &mut LoadClient,
+    request: Bytes,
+    due: Instant,
+    timeout: Option<Duration>,
+) -> Result<Bytes, tonic::Status> {
+    let Some(timeout) = timeout else { return client.predict(request, None).await };
+    let left = (due + timeout).saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(tonic::Status::deadline_exceeded("the deadline passed before the request could be sent"));
+    }
+    match tokio::time::timeout(left, client.predict(request, Some(left))).await {
+        Ok(result) => result,
+        Err(_) => Err(tonic::Status::deadline_exceeded("the deadline passed before the answer came")),
+    }
+}
+
 async fn open_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<LoadClient>, rps: f64) {
     let interval = Duration::from_secs_f64(1.0 / rps.max(1e-3));
     let in_flight = Arc::new(Semaphore::new(plan.concurrency.max(1)));
@@ -188,7 +210,7 @@ async fn open_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<LoadClien
         let shared = shared.clone();
         tasks.spawn(async move {
             let request = shared.requests[i as usize % shared.requests.len()].clone();
-            let result = client.predict(request, shared.timeout).await;
+            let result = due_call(&mut client, request, due, shared.timeout).await;
             shared.record(due, result);
             drop(permit);
         });
