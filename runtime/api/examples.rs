@@ -15,7 +15,9 @@ use crate::pipeline::{RequestBuilder, Target, ValidRequest};
 use crate::proto::tensorflow::serving::{
     model_spec, Class, ClassificationResult, Classifications, ModelSpec, Regression, RegressionResult,
 };
+use crate::proto::tensorflow::SignatureDef;
 use crate::tensor::example::{ExampleBatch, ExampleColumns};
+use crate::tensor::proto::signature_def_of;
 use crate::tensor::spec::{
     Signature, TensorSpec, CLASSIFY_METHOD, CLASSIFY_SIGNATURE, DEFAULT_SIGNATURE, PREDICT_METHOD, REGRESS_METHOD,
     REGRESS_SIGNATURE,
@@ -283,6 +285,21 @@ pub fn answered_spec(target: &Target, signature_name: String) -> ModelSpec {
         version_choice: Some(model_spec::VersionChoice::Version(target.version.version())),
         signature_name,
     }
+}
+
+/// Every signature GetModelMetadata lists for `target`, as TensorFlow's
+/// `SignatureDef`s: a model served directly whose file declares its own (a
+/// SavedModel's MetaGraphDef) reports those unchanged, as TF Serving does;
+/// anything else reports [`signatures`].
+pub fn signature_defs(target: &Target) -> Vec<(String, SignatureDef)> {
+    let direct = !target.pipeline.has_stages() && target.pipeline.name() == target.version.model();
+    if let Some(defs) = target.version.loaded().backend().signature_defs().filter(|_| direct) {
+        return defs.iter().map(|(key, def)| (key.clone(), def.clone())).collect();
+    }
+    signatures(target)
+        .into_iter()
+        .map(|(key, signature, method)| (key.to_string(), signature_def_of(&signature, method)))
+        .collect()
 }
 
 /// Every signature `target` serves, as GetModelMetadata lists them: its

@@ -63,6 +63,13 @@ pub struct ServeArgs {
     #[arg(long = "onnxruntime_library", env = "ORT_DYLIB_PATH")]
     onnxruntime_library: Option<PathBuf>,
 
+    /// Path of TensorFlow's library, for SavedModels: libtensorflow_cc.so.2
+    /// (the tensorflow-cpu wheel's) or libtensorflow.so.2; by default
+    /// looked for in .cache/tf-venv/ (scripts/setup --tensorflow),
+    /// $TENSORFLOW_LIBRARY and the system library directories.
+    #[arg(long = "tensorflow_library", env = "TENSORFLOW_LIBRARY")]
+    tensorflow_library: Option<PathBuf>,
+
     /// How numeric outputs are written: typed fields (float_val, …; TF
     /// Serving's default) or packed tensor_content (faster).
     #[arg(long = "output_encoding", value_enum)]
@@ -142,18 +149,25 @@ pub struct TfServingFlags {
     #[arg(long = "rest_api_num_threads")]
     rest_api_num_threads: Option<u64>,
 
-    /// ONNX Runtime intra-op threads for every model, unless
-    /// --tensorflow_intra_op_parallelism says otherwise.
+    /// ONNX Runtime's and TensorFlow's intra-op threads for every model,
+    /// unless --tensorflow_intra_op_parallelism says otherwise.
     #[arg(long = "tensorflow_session_parallelism")]
     tensorflow_session_parallelism: Option<usize>,
 
-    /// ONNX Runtime intra-op threads (threads inside one run) for every model.
+    /// Intra-op threads (threads inside one op) for every model: ONNX
+    /// Runtime's per session, TensorFlow's per SavedModel version.
     #[arg(long = "tensorflow_intra_op_parallelism")]
     tensorflow_intra_op_parallelism: Option<usize>,
 
-    /// ONNX Runtime sessions (runs at once) per model version.
+    /// ONNX Runtime sessions (runs at once) per model version; for
+    /// SavedModels, TensorFlow's inter-op threads (ops at once in a run).
     #[arg(long = "tensorflow_inter_op_parallelism")]
     tensorflow_inter_op_parallelism: Option<usize>,
+
+    /// The tags of the MetaGraph to load from each SavedModel,
+    /// comma-separated (TF Serving's flag; default "serve").
+    #[arg(long = "saved_model_tags", value_delimiter = ',')]
+    saved_model_tags: Option<Vec<String>>,
 
     /// Warm every new version up before it serves: its TF Serving warmup
     /// file (assets.extra/tf_serving_warmup_requests) when it has one,
@@ -214,6 +228,9 @@ impl TfServingFlags {
         defaults.intra_op_threads =
             self.tensorflow_intra_op_parallelism.or(self.tensorflow_session_parallelism).filter(|&n| n > 0);
         defaults.sessions = self.tensorflow_inter_op_parallelism.filter(|&n| n > 0);
+        defaults.tensorflow_intra_op_threads = defaults.intra_op_threads;
+        defaults.tensorflow_inter_op_threads = defaults.sessions;
+        defaults.saved_model_tags = self.saved_model_tags.clone();
         set(&mut config.lifecycle.file_system_poll_wait_seconds, self.file_system_poll_wait_seconds);
         set(&mut config.lifecycle.model_config_file_poll_wait_seconds, self.model_config_file_poll_wait_seconds);
         set(&mut config.lifecycle.warmup, self.enable_model_warmup);
@@ -270,6 +287,7 @@ impl ServeArgs {
         set(&mut config.server.rest_api_port, self.rest_api_port);
         set(&mut config.server.host, self.host);
         set(&mut config.onnxruntime.library, self.onnxruntime_library.map(Some));
+        set(&mut config.tensorflow.library, self.tensorflow_library.map(Some));
         set(&mut config.server.output_encoding, self.output_encoding);
         set(&mut config.server.drain_timeout_secs, self.drain_timeout);
         set(&mut config.server.compute_nice, self.compute_nice);

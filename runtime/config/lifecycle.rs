@@ -87,6 +87,12 @@ pub struct ModelDefaults {
     pub sessions: Option<usize>,
     /// ONNX Runtime intra-op threads per session.
     pub intra_op_threads: Option<usize>,
+    /// TensorFlow's intra-op threads (`--tensorflow_intra_op_parallelism`).
+    pub tensorflow_intra_op_threads: Option<usize>,
+    /// TensorFlow's inter-op threads (`--tensorflow_inter_op_parallelism`).
+    pub tensorflow_inter_op_threads: Option<usize>,
+    /// The MetaGraph tags SavedModels load with (`--saved_model_tags`).
+    pub saved_model_tags: Option<Vec<String>>,
 }
 
 impl ModelDefaults {
@@ -100,6 +106,15 @@ impl ModelDefaults {
         }
         if let Some(threads) = self.intra_op_threads {
             model.onnx.intra_op_threads = threads;
+        }
+        if let Some(threads) = self.tensorflow_intra_op_threads {
+            model.tensorflow.intra_op_threads = threads;
+        }
+        if let Some(threads) = self.tensorflow_inter_op_threads {
+            model.tensorflow.inter_op_threads = threads;
+        }
+        if let Some(tags) = &self.saved_model_tags {
+            model.tensorflow.tags.clone_from(tags);
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod redis_access;
 pub mod server;
 pub mod stage;
 pub mod telemetry;
+pub mod tensorflow;
 pub mod tf_model_config;
 pub mod tls;
 pub mod traffic;
@@ -60,6 +61,9 @@ pub struct Config {
     /// Where the ONNX Runtime library is.
     #[serde(default)]
     pub onnxruntime: OnnxRuntimeConfig,
+    /// Where TensorFlow's library is (for SavedModels).
+    #[serde(default)]
+    pub tensorflow: tensorflow::TensorflowConfig,
     /// The models served; each is reachable under its own name.
     #[serde(default)]
     pub models: Vec<ModelConfig>,

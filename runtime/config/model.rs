@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::tensorflow::TensorflowOptions;
 use super::{
     check_between, check_name, default_max_in_flight, traffic, BatchingParameters, CacheConfig, ExamplesConfig,
     LoggingConfig, ModelCanary, OnnxOptions, QuotaConfig, UpstreamConfig, MAX_COUNT, MAX_THREADS,
@@ -85,6 +86,9 @@ pub struct ModelConfig {
     /// ONNX Runtime session settings.
     #[serde(default)]
     pub onnx: OnnxOptions,
+    /// TensorFlow session settings, for versions that are SavedModels.
+    #[serde(default)]
+    pub tensorflow: TensorflowOptions,
     /// Dynamic batching; off when absent.
     pub batching: Option<BatchingParameters>,
     /// Forward inference to TF Serving instead of running ONNX Runtime.
@@ -126,6 +130,7 @@ impl ModelConfig {
             max_in_flight: default_max_in_flight(),
             max_queue_wait_ms: None,
             onnx: OnnxOptions::default(),
+            tensorflow: TensorflowOptions::default(),
             batching: None,
             upstream: None,
             logging: None,
@@ -197,6 +202,21 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
         }
         check_between(&format!("{key}.onnx.sessions"), model.onnx.sessions, 1, MAX_THREADS)?;
         check_between(&format!("{key}.onnx.intra_op_threads"), model.onnx.intra_op_threads, 1, MAX_THREADS)?;
+        let tf = &model.tensorflow;
+        check_between(&format!("{key}.tensorflow.run_threads"), tf.run_threads, 1, MAX_THREADS)?;
+        check_between(&format!("{key}.tensorflow.intra_op_threads"), tf.intra_op_threads, 0, MAX_THREADS)?;
+        check_between(&format!("{key}.tensorflow.inter_op_threads"), tf.inter_op_threads, 0, MAX_THREADS)?;
+        if tf.tags.is_empty() || tf.tags.iter().any(|t| t.is_empty()) {
+            return Err(invalid!(
+                "{key}.tensorflow.tags = {:?}: expected one or more non-empty SavedModel tags, e.g. [\"serve\"]",
+                tf.tags
+            ));
+        }
+        if tf.signature.is_empty() {
+            return Err(invalid!(
+                "{key}.tensorflow.signature is empty: expected a signature key, e.g. \"serving_default\""
+            ));
+        }
         if let VersionPolicy::Specific(versions) = &model.version_policy {
             if let Some(v) = versions.iter().find(|&&v| v < 0) {
                 return Err(invalid!("{key}.version_policy: version {v} is negative; versions are >= 0"));

@@ -310,8 +310,8 @@ fn check_platform(platform: &str, key: &str) -> Result<(), Invalid> {
         return Ok(());
     }
     Err(invalid!(
-        "{key} = \"{platform}\": sluice serves ONNX models (\"tensorflow\" and \"onnx\" are accepted; the base path \
-         must hold VERSION/model.onnx)"
+        "{key} = \"{platform}\": sluice serves TensorFlow SavedModels and ONNX models (\"tensorflow\" and \"onnx\" \
+         are accepted; each version directory holds saved_model.pb or model.onnx)"
     ))
 }
 

@@ -11,7 +11,9 @@
 //! measured, runs on the inference threads as before.
 //!
 //! [`RunCosts`] keeps what a run of each size class (1, 2, 3–4, 5–8, …
-//! rows) took on whichever thread ran it: the model's compute alone,
+//! input elements, padding included: what a run's cost grows with, where
+//! rows would let a one-row request of millions of elements pass for a
+//! cheap one) took on whichever thread ran it: the model's compute alone,
 //! without the queueing and wake-ups that the batcher's latency curve
 //! includes. It is read and written on every request, so it is a row of
 //! atomics, with no lock and no allocation; two racing updates lose one
@@ -20,40 +22,47 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Size classes: 1, 2, 3–4, …, 2^15+1–2^16, and everything larger.
-const CLASSES: usize = 18;
+/// Size classes: 1, 2, 3–4, …, 2^38+1–2^39 elements, and everything
+/// larger (more than any tensor the server accepts).
+const CLASSES: usize = 41;
 
 /// How much one run moves its class's average: about the last ten count.
 const WEIGHT: f64 = 0.2;
 
 /// Moving averages of run time per size class.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RunCosts {
     /// Seconds as `f64` bits; 0 while the class has not run.
     seconds: [AtomicU64; CLASSES],
 }
 
-fn class(rows: usize) -> usize {
-    let bits = (usize::BITS - rows.max(1).saturating_sub(1).leading_zeros()) as usize;
+impl Default for RunCosts {
+    fn default() -> Self {
+        RunCosts { seconds: std::array::from_fn(|_| AtomicU64::new(0)) }
+    }
+}
+
+fn class(elements: usize) -> usize {
+    let bits = (usize::BITS - elements.max(1).saturating_sub(1).leading_zeros()) as usize;
     bits.min(CLASSES - 1)
 }
 
 impl RunCosts {
-    /// A run of `rows` rows took `seconds`.
-    pub fn record(&self, rows: usize, seconds: f64) {
+    /// A run of `elements` input elements took `seconds`.
+    pub fn record(&self, elements: usize, seconds: f64) {
         if !seconds.is_finite() || seconds <= 0.0 {
             return;
         }
-        let slot = &self.seconds[class(rows)];
+        let slot = &self.seconds[class(elements)];
         let average = f64::from_bits(slot.load(Ordering::Relaxed));
         let next = if average > 0.0 { average + WEIGHT * (seconds - average) } else { seconds };
         slot.store(next.to_bits(), Ordering::Relaxed);
     }
 
-    /// What a run of `rows` rows costs, as measured; `None` before its
-    /// size class has run.
-    pub fn estimate(&self, rows: usize) -> Option<f64> {
-        let seconds = f64::from_bits(self.seconds[class(rows)].load(Ordering::Relaxed));
+    /// What a run of `elements` input elements costs, as measured; `None`
+    /// before its size class has run.
+    pub fn estimate(&self, elements: usize) -> Option<f64> {
+        let seconds = f64::from_bits(self.seconds[class(elements)].load(Ordering::Relaxed));
         (seconds > 0.0).then_some(seconds)
     }
 }
@@ -73,15 +82,16 @@ impl InlineRule {
         InlineRule { budget: budget.as_secs_f64(), costs: RunCosts::default() }
     }
 
-    /// Whether a batch of `rows` rows is measured to cost no more than
-    /// the budget. A size never run is not known to be cheap.
-    pub fn allows(&self, rows: usize) -> bool {
-        self.budget > 0.0 && self.costs.estimate(rows).is_some_and(|seconds| seconds <= self.budget)
+    /// Whether a batch of `elements` input elements is measured to cost
+    /// no more than the budget. A size never run is not known to be cheap.
+    pub fn allows(&self, elements: usize) -> bool {
+        self.budget > 0.0 && self.costs.estimate(elements).is_some_and(|seconds| seconds <= self.budget)
     }
 
-    /// A run of `rows` rows took `seconds`, on whichever thread.
-    pub fn record(&self, rows: usize, seconds: f64) {
-        self.costs.record(rows, seconds);
+    /// A run of `elements` input elements took `seconds`, on whichever
+    /// thread.
+    pub fn record(&self, elements: usize, seconds: f64) {
+        self.costs.record(elements, seconds);
     }
 }
 
@@ -91,9 +101,28 @@ mod tests {
 
     #[test]
     fn size_classes_are_powers_of_two() {
-        let classes: Vec<usize> =
-            [0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 1 << 16, (1 << 16) + 1, usize::MAX].into_iter().map(class).collect();
-        assert_eq!(classes, vec![0, 0, 1, 2, 2, 3, 3, 4, 4, 5, 16, 17, 17]);
+        let classes: Vec<usize> = [0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 1 << 16, (1 << 16) + 1, 1 << 40, usize::MAX]
+            .into_iter()
+            .map(class)
+            .collect();
+        assert_eq!(classes, vec![0, 0, 1, 2, 2, 3, 3, 4, 4, 5, 16, 17, 40, 40]);
+    }
+
+    #[test]
+    fn a_wide_request_is_not_run_inline_on_what_a_narrow_one_cost() {
+        let rule = InlineRule::new(Duration::from_micros(50));
+        // `[1, 8]` floats: cheap.
+        for _ in 0..10 {
+            rule.record(8, 3e-6);
+        }
+        assert!(rule.allows(8));
+        // `[1, 2_000_000]` (8 MB, under max_tensor_bytes): one row too,
+        // but never measured, so it goes to the inference threads.
+        assert!(!rule.allows(2_000_000));
+        // Measured dear, it stays there.
+        rule.record(2_000_000, 4e-3);
+        assert!(!rule.allows(2_000_000));
+        assert!(rule.allows(8));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Inference: the [`Backend`] trait that runs a batch through a model, and
-//! its implementations ([`onnx`]: ONNX Runtime in-process; [`tfserving`]:
-//! forwarded to TF Serving instances).
+//! its implementations ([`onnx`]: ONNX Runtime in-process; [`tensorflow`]:
+//! SavedModels in TensorFlow in-process; [`tfserving`]: forwarded to TF
+//! Serving instances). [`worker`] is the job queue in front of the
+//! in-process backends' inference threads.
 //!
 //! A backend receives a [`Batch`] — one or more requests' inputs, already
 //! validated against its [`Signature`] — and returns the outputs for the
@@ -13,11 +15,16 @@
 pub mod inline;
 pub mod latency;
 pub mod onnx;
+pub mod tensorflow;
 pub mod tfserving;
+pub mod worker;
+
+use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 
 use crate::error::Result;
+use crate::proto::tensorflow::SignatureDef;
 use crate::tensor::spec::Signature;
 use crate::tensor::Tensor;
 
@@ -58,6 +65,19 @@ impl Batch {
         }
     }
 
+    /// The elements of every input the model runs, padding included: the
+    /// size a run's cost grows with (rows alone would call a `[1, 2M]`
+    /// request as cheap as a `[1, 8]` one).
+    pub fn run_elements(&self) -> usize {
+        let sent: usize = self.requests.iter().flatten().map(Tensor::len).sum();
+        let rows = self.rows();
+        if self.padded_rows > rows && rows > 0 {
+            sent.saturating_mul(self.padded_rows).div_ceil(rows)
+        } else {
+            sent
+        }
+    }
+
     /// Total rows of real (not padding) data.
     pub fn rows(&self) -> usize {
         self.requests.iter().map(|inputs| inputs.first().map_or(1, Tensor::rows)).sum()
@@ -72,6 +92,13 @@ pub type Completion = Box<dyn FnOnce(Result<Vec<Tensor>>) + Send>;
 pub trait Backend: Send + Sync + 'static {
     /// The model's inputs and outputs.
     fn signature(&self) -> &Signature;
+
+    /// Every signature of the model as its own file declares them (a
+    /// SavedModel's MetaGraphDef), for GetModelMetadata; `None` when the
+    /// model has only [`Backend::signature`].
+    fn signature_defs(&self) -> Option<&BTreeMap<String, SignatureDef>> {
+        None
+    }
 
     /// Runs a batch; the outputs come in signature order and cover the
     /// whole (padded) batch. Waits for a free worker when all are busy: the
@@ -95,5 +122,29 @@ pub trait Backend: Send + Sync + 'static {
     fn submit(&self, batch: Batch, done: Completion) {
         let running = self.run(batch);
         tokio::spawn(async move { done(running.await) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_as_large_as_its_elements_padding_included() {
+        let small = Batch::single(vec![Tensor::from_values(vec![1, 8], &[0f32; 8])]);
+        assert_eq!(small.run_elements(), 8);
+        let wide = Batch::single(vec![Tensor::from_values(vec![1, 4096], &[0f32; 4096])]);
+        assert_eq!((wide.run_rows(), wide.run_elements()), (1, 4096), "one row, but 4096 elements");
+        let two_inputs = Batch::single(vec![
+            Tensor::from_values(vec![2, 3], &[0i64; 6]),
+            Tensor::from_values(vec![2, 5], &[0f32; 10]),
+        ]);
+        assert_eq!(two_inputs.run_elements(), 16);
+        let padded = Batch {
+            requests: vec![vec![Tensor::from_values(vec![3, 4], &[0f32; 12])]],
+            padded_rows: 4,
+            deadline: None,
+        };
+        assert_eq!(padded.run_elements(), 16);
     }
 }

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::infer::latency::LatencyCurve;
 use crate::infer::onnx::optimized::CacheOutcome;
 use crate::infer::onnx::OnnxBackend;
+use crate::infer::tensorflow::{TensorflowBackend, SAVED_MODEL_FILE};
 use crate::infer::tfserving::fleet::Fleet;
 use crate::infer::tfserving::TfServingBackend;
 use crate::infer::Backend;
@@ -98,6 +99,8 @@ impl ModelVersion {
 pub struct LoadSettings {
     /// The ONNX Runtime library, when not found automatically.
     pub library: Option<PathBuf>,
+    /// TensorFlow's library, when not found automatically.
+    pub tensorflow_library: Option<PathBuf>,
     /// Run warmup requests before the version serves.
     pub warmup: bool,
     /// The largest tensor a warmup request may hold.
@@ -174,7 +177,7 @@ impl Loader {
 /// Where a version comes from.
 #[derive(Clone)]
 pub enum Source {
-    /// Its `model.onnx` in the repository.
+    /// Its `model.onnx` or `saved_model.pb` in the repository.
     File(PathBuf),
     /// The upstream TF Serving instances that serve it.
     Upstream(Arc<Fleet>),
@@ -192,27 +195,40 @@ pub fn load_version(
 ) -> Result<ModelVersion> {
     let label = format!("model '{}' version {version}", config.name);
     let started = Instant::now();
-    let backend = OnnxBackend::load(
-        file,
-        &label,
-        &config.onnx,
-        settings.library.as_deref(),
-        metrics.model(&config.name, version),
-        settings.optimized_model_cache.as_deref(),
-        settings.inline_budget,
-    )?;
-    let cache = match backend.cache_outcome() {
-        Some(CacheOutcome::Hit) => "hit",
-        Some(CacheOutcome::Miss) => "miss",
-        None => "off",
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let (backend, cache): (Arc<dyn Backend>, _) = if file.file_name().is_some_and(|n| n == SAVED_MODEL_FILE) {
+        let backend = TensorflowBackend::load(
+            dir,
+            &label,
+            &config.tensorflow,
+            settings.tensorflow_library.as_deref(),
+            metrics.model(&config.name, version),
+            settings.inline_budget,
+        )?;
+        (Arc::new(backend), "off")
+    } else {
+        let backend = OnnxBackend::load(
+            file,
+            &label,
+            &config.onnx,
+            settings.library.as_deref(),
+            metrics.model(&config.name, version),
+            settings.optimized_model_cache.as_deref(),
+            settings.inline_budget,
+        )?;
+        let cache = match backend.cache_outcome() {
+            Some(CacheOutcome::Hit) => "hit",
+            Some(CacheOutcome::Miss) => "miss",
+            None => "off",
+        };
+        (Arc::new(backend), cache)
     };
-    let loaded = ModelVersion::new(config.name.clone(), version, Arc::new(backend));
+    let loaded = ModelVersion::new(config.name.clone(), version, backend);
     let load_seconds = started.elapsed().as_secs_f64();
     metrics.lifecycle(&config.name).load_seconds.observe(load_seconds);
     metrics.optimized_model_cache.get_or_create(&crate::metrics::OutcomeLabels { outcome: cache }).inc();
     tracing::info!(model = %config.name, version, elapsed_ms = load_seconds * 1e3, optimized_model_cache = cache, "loaded");
     if settings.warmup {
-        let dir = file.parent().unwrap_or(Path::new("."));
         runtime.block_on(warm_up(&loaded, config, Some(dir), settings.max_tensor_bytes, metrics))?;
     }
     Ok(loaded)
@@ -302,6 +318,7 @@ pub async fn load_selected(
     let defaults = crate::config::Config::default();
     let settings = LoadSettings {
         library: library.map(Path::to_path_buf),
+        tensorflow_library: None,
         warmup: true,
         max_tensor_bytes: defaults.server.max_tensor_bytes,
         optimized_model_cache: defaults.lifecycle.optimized_model_cache(),

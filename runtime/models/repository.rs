@@ -1,5 +1,6 @@
-//! Model discovery on disk in TF Serving's layout, `BASE/VERSION/model.onnx`,
-//! and the version policy that picks which versions to load.
+//! Model discovery on disk in TF Serving's layout, `BASE/VERSION/model.onnx`
+//! or `BASE/VERSION/saved_model.pb` (a SavedModel), and the version policy
+//! that picks which versions to load.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -7,12 +8,16 @@ use std::path::{Path, PathBuf};
 use crate::config::VersionPolicy;
 use crate::error::{Error, Result};
 
-/// The file each version directory holds.
+/// The file an ONNX version directory holds.
 pub const MODEL_FILE: &str = "model.onnx";
 
+/// The file a SavedModel version directory holds.
+pub use crate::infer::tensorflow::SAVED_MODEL_FILE;
+
 /// The versions found under `base_path`: each numeric subdirectory that
-/// holds a `model.onnx`. Other entries (temporary directories of an upload
-/// in progress, say) are ignored.
+/// holds a `model.onnx` or a `saved_model.pb` (that file's path; ONNX when
+/// both are there). Other entries (temporary directories of an upload in
+/// progress, say) are ignored.
 pub fn discover(base_path: &Path) -> Result<BTreeMap<i64, PathBuf>> {
     let entries = std::fs::read_dir(base_path)
         .map_err(|e| Error::not_found(format!("cannot read model base path {}: {e}", base_path.display())))?;
@@ -23,11 +28,14 @@ pub fn discover(base_path: &Path) -> Result<BTreeMap<i64, PathBuf>> {
         let Some(version) = name.to_str().and_then(|n| n.parse::<i64>().ok()).filter(|v| *v >= 0) else {
             continue;
         };
-        let file = entry.path().join(MODEL_FILE);
-        if file.is_file() {
-            versions.insert(version, file);
-        } else {
-            tracing::warn!(path = %entry.path().display(), "version directory without {MODEL_FILE}; skipped");
+        match [MODEL_FILE, SAVED_MODEL_FILE].into_iter().map(|name| entry.path().join(name)).find(|f| f.is_file()) {
+            Some(file) => {
+                versions.insert(version, file);
+            }
+            None => tracing::warn!(
+                path = %entry.path().display(),
+                "version directory without {MODEL_FILE} or {SAVED_MODEL_FILE}; skipped"
+            ),
         }
     }
     Ok(versions)
@@ -37,7 +45,9 @@ pub fn discover(base_path: &Path) -> Result<BTreeMap<i64, PathBuf>> {
 /// base path, or upstreams).
 pub fn select<V: Clone>(found: &BTreeMap<i64, V>, policy: &VersionPolicy, place: &str) -> Result<BTreeMap<i64, V>> {
     if found.is_empty() {
-        return Err(Error::not_found(format!("no versions under {place}: expected {place}/<version>/{MODEL_FILE}")));
+        return Err(Error::not_found(format!(
+            "no versions under {place}: expected {place}/<version>/{MODEL_FILE} or {place}/<version>/{SAVED_MODEL_FILE}"
+        )));
     }
     if let VersionPolicy::Specific(wanted) = policy {
         if let Some(v) = wanted.iter().find(|v| !found.contains_key(v)) {

@@ -74,8 +74,25 @@ impl Target {
                 }
                 tasks
             });
+            // A SavedModel's other signatures are listed, but Predict
+            // serves the one its config names.
+            let others = match version.loaded().backend().signature_defs() {
+                Some(defs) => {
+                    let keys: Vec<&str> = defs
+                        .keys()
+                        .map(String::as_str)
+                        .filter(|k| *k != DEFAULT_SIGNATURE && !k.starts_with("__"))
+                        .collect();
+                    if keys.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; the SavedModel's other signatures ({}) are not served by Predict", keys.join(", "))
+                    }
+                }
+                None => String::new(),
+            };
             return Err(Error::failed_precondition(format!(
-                "{version} has no signature '{signature_name}' for Predict; signatures: [{DEFAULT_SIGNATURE}{tasks}]"
+                "{version} has no signature '{signature_name}' for Predict; signatures: [{DEFAULT_SIGNATURE}{tasks}]{others}"
             )));
         }
         Ok(Target { pipeline, version, signature, examples })

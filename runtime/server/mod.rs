@@ -278,6 +278,7 @@ async fn load(
 ) -> Result<(Arc<Endpoints>, Option<Arc<PluginRegistry>>)> {
     let settings = LoadSettings {
         library: config.onnxruntime.library.clone(),
+        tensorflow_library: config.tensorflow.library.clone(),
         warmup: config.lifecycle.warmup,
         max_tensor_bytes: config.server.max_tensor_bytes,
         optimized_model_cache: config.lifecycle.optimized_model_cache(),

@@ -32,7 +32,7 @@ use crate::proto::tensorflow::serving::{
     PredictRequest, PredictResponse, RegressionRequest, RegressionResponse, SignatureDefMap,
 };
 use crate::tensor::example::ExampleBatch;
-use crate::tensor::proto::{decode, encode, signature_def_of, SIGNATURE_DEF_FIELD, SIGNATURE_DEF_MAP_TYPE};
+use crate::tensor::proto::{decode, encode, SIGNATURE_DEF_FIELD, SIGNATURE_DEF_MAP_TYPE};
 use crate::tensor::spec::DEFAULT_SIGNATURE;
 
 /// The `PredictionService` implementation.
@@ -289,12 +289,7 @@ fn model_metadata(target: &Target, fields: &[String], signature_name: &str) -> R
             "metadata_field \"{field}\" is not supported; supported: \"{SIGNATURE_DEF_FIELD}\""
         )));
     }
-    let signatures = SignatureDefMap {
-        signature_def: examples::signatures(target)
-            .into_iter()
-            .map(|(key, signature, method)| (key.to_string(), signature_def_of(&signature, method)))
-            .collect(),
-    };
+    let signatures = SignatureDefMap { signature_def: examples::signature_defs(target).into_iter().collect() };
     let any = prost_types::Any {
         type_url: SIGNATURE_DEF_MAP_TYPE.to_string(),
         value: prost::Message::encode_to_vec(&signatures),

@@ -17,7 +17,7 @@ use crate::pipeline::priority::Priority;
 use crate::pipeline::{status_of, Endpoints, Target, ValidRequest};
 use crate::tensor::json::{flatten, tensor_from_leaves, JsonView};
 use crate::tensor::spec::{Signature, TensorSpec};
-use crate::tensor::{format_shape, tensor_bytes, Tensor};
+use crate::tensor::{format_shape, tensor_bytes, DType, Tensor};
 
 /// How the request's tensors were given; the answer uses the same form.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -322,36 +322,47 @@ pub(super) fn status_json(endpoints: &Endpoints, name: &str, choice: VersionChoi
         .map_err(|e| Error::internal(format!("writing the status failed: {e}")))
 }
 
-/// TF Serving's metadata answer: the `serving_default` signature.
+/// TF Serving's metadata answer: every signature, in the JSON TF
+/// Serving writes for a `SignatureDef` (dtype names, sizes as strings).
 pub(super) fn metadata_json(target: &Target) -> Result<Vec<u8>> {
-    let tensors = |specs: &[TensorSpec]| -> Value {
-        specs
-            .iter()
-            .map(|spec| {
+    use crate::proto::tensorflow::{tensor_info, TensorInfo};
+    let tensors = |map: &std::collections::HashMap<String, TensorInfo>| -> Value {
+        let mut names: Vec<&String> = map.keys().collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|key| {
+                let info = &map[key];
+                let shape = info.tensor_shape.clone().unwrap_or_default();
                 let dims: Vec<Value> =
-                    spec.shape.iter().map(|d| json!({ "size": d.to_string(), "name": "" })).collect();
+                    shape.dim.iter().map(|d| json!({ "size": d.size.to_string(), "name": d.name })).collect();
+                let name = match &info.encoding {
+                    Some(tensor_info::Encoding::Name(name)) => name.clone(),
+                    _ => String::new(),
+                };
+                let dtype = DType::from_tf(info.dtype).map_or_else(|_| format!("DT_{}", info.dtype), |d| d.to_string());
                 (
-                    spec.name.clone(),
+                    key.clone(),
                     json!({
-                        "dtype": spec.dtype.to_string(),
-                        "tensor_shape": { "dim": dims, "unknown_rank": spec.unknown_rank },
-                        "name": spec.name,
+                        "dtype": dtype,
+                        "tensor_shape": { "dim": dims, "unknown_rank": shape.unknown_rank },
+                        "name": name,
                     }),
                 )
             })
             .collect::<Map<String, Value>>()
             .into()
     };
-    let signatures: Map<String, Value> = crate::api::examples::signatures(target)
+    let signatures: Map<String, Value> = crate::api::examples::signature_defs(target)
         .into_iter()
-        .map(|(key, signature, method)| {
+        .map(|(key, def)| {
             let def = json!({
-                "inputs": tensors(&signature.inputs),
-                "outputs": tensors(&signature.outputs),
-                "method_name": method,
+                "inputs": tensors(&def.inputs),
+                "outputs": tensors(&def.outputs),
+                "method_name": def.method_name,
                 "defaults": {},
             });
-            (key.to_string(), def)
+            (key, def)
         })
         .collect();
     let body = json!({

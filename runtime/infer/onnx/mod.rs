@@ -27,9 +27,9 @@ use futures::future::BoxFuture;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::ValueType;
-use tokio::sync::oneshot;
 
 use super::inline::InlineRule;
+use super::worker::{self, Job};
 use super::{Backend, Batch, Completion};
 use crate::config::onnx::{ExecutionProvider, OnnxOptions};
 use crate::error::{Error, Result};
@@ -38,34 +38,6 @@ use crate::tensor::spec::{Signature, TensorSpec};
 use crate::tensor::{batch, dtype, onnx as convert, Tensor};
 
 use self::optimized::CacheOutcome;
-
-struct Job {
-    batch: Batch,
-    reply: Reply,
-}
-
-/// Where a batch's outputs go.
-enum Reply {
-    /// To a task awaiting them (`run`).
-    Waiting(oneshot::Sender<Result<Vec<Tensor>>>),
-    /// To a completion called on the inference thread (`submit`).
-    Done(Completion),
-}
-
-impl Reply {
-    fn abandoned(&self) -> bool {
-        matches!(self, Reply::Waiting(sender) if sender.is_closed())
-    }
-
-    fn send(self, result: Result<Vec<Tensor>>) {
-        match self {
-            Reply::Waiting(sender) => {
-                let _ = sender.send(result);
-            }
-            Reply::Done(done) => done(result),
-        }
-    }
-}
 
 /// One model version in ONNX Runtime.
 pub struct OnnxBackend {
@@ -173,16 +145,11 @@ impl Backend for OnnxBackend {
     }
 
     fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>> {
-        let jobs = self.jobs.clone();
-        Box::pin(async move {
-            let (reply, answer) = oneshot::channel();
-            jobs.send(Job { batch, reply: Reply::Waiting(reply) }).await.map_err(|_| unloading())?;
-            answer.await.map_err(|_| Error::internal("the inference thread stopped before answering"))?
-        })
+        worker::run(&self.jobs, batch)
     }
 
     fn run_inline(&self, batch: &Batch) -> Option<Result<Vec<Tensor>>> {
-        if !self.runner.inline.allows(batch.run_rows()) {
+        if !self.runner.inline.allows(batch.run_elements()) {
             return None;
         }
         let mut session = self.runner.sessions.iter().find_map(|session| match session.try_lock() {
@@ -195,26 +162,8 @@ impl Backend for OnnxBackend {
     }
 
     fn submit(&self, batch: Batch, done: Completion) {
-        let job = Job { batch, reply: Reply::Done(done) };
-        match self.jobs.try_send(job) {
-            Ok(()) => {}
-            // More batches in flight than sessions (num_batch_threads above
-            // sessions): wait for a place off the caller's path.
-            Err(async_channel::TrySendError::Full(job)) => {
-                let jobs = self.jobs.clone();
-                tokio::spawn(async move {
-                    if let Err(async_channel::SendError(job)) = jobs.send(job).await {
-                        job.reply.send(Err(unloading()));
-                    }
-                });
-            }
-            Err(async_channel::TrySendError::Closed(job)) => job.reply.send(Err(unloading())),
-        }
+        worker::submit(&self.jobs, batch, done);
     }
-}
-
-fn unloading() -> Error {
-    Error::unavailable("the model version is being unloaded")
 }
 
 /// ONNX Runtime's intra-op pool threads, started as compute threads and
@@ -351,7 +300,7 @@ impl Runner {
         self.metrics.runs.inc();
         self.metrics.seconds.observe(seconds);
         if result.is_ok() {
-            self.inline.record(batch.run_rows(), seconds);
+            self.inline.record(batch.run_elements(), seconds);
         }
         result
     }

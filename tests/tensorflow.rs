@@ -1,0 +1,408 @@
+//! SavedModels served in process by TensorFlow (`infer::tensorflow`),
+//! against what TensorFlow's own Python API answers for the same
+//! SavedModels: a Keras MLP in two versions, a lookup-table vocabulary with
+//! string input and output, a module with several signatures, every dtype
+//! TF Serving serves, and a signature that returns a resource handle.
+//! `scripts/setup` builds them, and the answers TensorFlow computed, into
+//! `.cache/tf-backend-savedmodels/` (tests/tensorflow/make_savedmodels.py).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use common::fixtures::*;
+use common::*;
+use prost::Message;
+use serde_json::Value;
+use sluice::proto::tensorflow::serving::{model_spec, GetModelMetadataRequest, PredictRequest, SignatureDefMap};
+use sluice::proto::tensorflow::{tensor_info, DataType, TensorProto};
+
+fn models() -> PathBuf {
+    root().join(".cache/tf-backend-savedmodels")
+}
+
+fn expected() -> Value {
+    let path = models().join("expected.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (scripts/setup builds the TensorFlow test models)", path.display()));
+    serde_json::from_str(&text).expect("expected.json")
+}
+
+/// Every test model, with batching on `keras_mlp` (auto: requests of
+/// several clients run as one TensorFlow batch), both its versions loaded.
+fn server() -> Server {
+    let mut config = String::new();
+    config.push_str(&model_table(
+        "keras_mlp",
+        &models().join("keras_mlp"),
+        "version_policy = \"all\"\nbatching = { mode = \"auto\" }\ntensorflow = { run_threads = 2 }",
+    ));
+    for name in ["vocab", "multi", "dtypes"] {
+        config.push_str(&model_table(name, &models().join(name), ""));
+    }
+    Server::with_config(&config)
+}
+
+/// A JSON-described tensor (dtype name, shape, values) as TF Serving's
+/// clients send it: typed fields, 16-bit floats as their bits.
+fn tensor_proto(tensor: &Value) -> TensorProto {
+    let dtype = tensor["dtype"].as_str().expect("dtype");
+    let dims: Vec<i64> = tensor["shape"].as_array().expect("shape").iter().map(|d| d.as_i64().expect("dim")).collect();
+    let values = tensor["values"].as_array().expect("values");
+    let f = || values.iter().map(|v| v.as_f64().expect("number"));
+    let i = || values.iter().map(|v| v.as_i64().expect("integer"));
+    let mut proto = TensorProto { tensor_shape: shape(&dims), ..TensorProto::default() };
+    let (data_type, ()) = match dtype {
+        "float32" => (DataType::DtFloat, proto.float_val = f().map(|v| v as f32).collect()),
+        "float64" => (DataType::DtDouble, proto.double_val = f().collect()),
+        "float16" => {
+            (DataType::DtHalf, proto.half_val = f().map(|v| half::f16::from_f64(v).to_bits() as i32).collect())
+        }
+        "bfloat16" => {
+            (DataType::DtBfloat16, proto.half_val = f().map(|v| half::bf16::from_f64(v).to_bits() as i32).collect())
+        }
+        "int8" => (DataType::DtInt8, proto.int_val = i().map(|v| v as i32).collect()),
+        "int16" => (DataType::DtInt16, proto.int_val = i().map(|v| v as i32).collect()),
+        "int32" => (DataType::DtInt32, proto.int_val = i().map(|v| v as i32).collect()),
+        "uint8" => (DataType::DtUint8, proto.int_val = i().map(|v| v as i32).collect()),
+        "uint16" => (DataType::DtUint16, proto.int_val = i().map(|v| v as i32).collect()),
+        "int64" => (DataType::DtInt64, proto.int64_val = i().collect()),
+        "uint32" => (DataType::DtUint32, proto.uint32_val = i().map(|v| v as u32).collect()),
+        "uint64" => (DataType::DtUint64, proto.uint64_val = i().map(|v| v as u64).collect()),
+        "bool" => (DataType::DtBool, proto.bool_val = values.iter().map(|v| v.as_bool().expect("bool")).collect()),
+        "string" => (
+            DataType::DtString,
+            proto.string_val = values.iter().map(|v| v.as_str().expect("text").as_bytes().to_vec().into()).collect(),
+        ),
+        other => panic!("dtype {other} in expected.json"),
+    };
+    proto.dtype = data_type as i32;
+    proto
+}
+
+/// A value of an answer, comparable with expected.json's.
+#[derive(Debug, PartialEq)]
+enum Scalar {
+    Number(f64),
+    Bool(bool),
+    Text(String),
+}
+
+/// The values of an answered tensor (typed fields, TF Serving's default
+/// encoding), whatever its dtype.
+fn answered(proto: &TensorProto) -> Vec<Scalar> {
+    use Scalar::*;
+    let n = |v: f64| Number(v);
+    match DataType::try_from(proto.dtype).expect("dtype") {
+        DataType::DtFloat => proto.float_val.iter().map(|&v| n(v as f64)).collect(),
+        DataType::DtDouble => proto.double_val.iter().map(|&v| n(v)).collect(),
+        DataType::DtHalf => proto.half_val.iter().map(|&b| n(half::f16::from_bits(b as u16).to_f64())).collect(),
+        DataType::DtBfloat16 => proto.half_val.iter().map(|&b| n(half::bf16::from_bits(b as u16).to_f64())).collect(),
+        DataType::DtInt8 | DataType::DtInt16 | DataType::DtInt32 | DataType::DtUint8 | DataType::DtUint16 => {
+            proto.int_val.iter().map(|&v| n(v as f64)).collect()
+        }
+        DataType::DtInt64 => proto.int64_val.iter().map(|&v| n(v as f64)).collect(),
+        DataType::DtUint32 => proto.uint32_val.iter().map(|&v| n(v as f64)).collect(),
+        DataType::DtUint64 => proto.uint64_val.iter().map(|&v| n(v as f64)).collect(),
+        DataType::DtBool => proto.bool_val.iter().map(|&v| Bool(v)).collect(),
+        DataType::DtString => proto.string_val.iter().map(|v| Text(String::from_utf8_lossy(v).into_owned())).collect(),
+        other => panic!("answered dtype {other:?}"),
+    }
+}
+
+fn wanted(tensor: &Value) -> Vec<Scalar> {
+    tensor["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .map(|v| match v {
+            Value::Bool(b) => Scalar::Bool(*b),
+            Value::String(s) => Scalar::Text(s.clone()),
+            other => Scalar::Number(other.as_f64().expect("number")),
+        })
+        .collect()
+}
+
+/// Equal: exactly for integers, booleans and strings; floats to a
+/// relative 1e-6 (TensorFlow in Python and in sluice run the same kernels).
+fn assert_equal(got: &[Scalar], want: &[Scalar], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        match (g, w) {
+            (Scalar::Number(g), Scalar::Number(w)) => {
+                assert!((g - w).abs() <= 1e-6 * w.abs().max(1e-6), "{what}: {got:?} vs {want:?}")
+            }
+            _ => assert_eq!(g, w, "{what}"),
+        }
+    }
+}
+
+fn request(model: &str, version: Option<i64>, signature: &str, inputs: &Value) -> PredictRequest {
+    let mut spec = spec(model, version).expect("spec");
+    spec.signature_name = signature.to_string();
+    PredictRequest {
+        model_spec: Some(spec),
+        inputs: inputs.as_object().expect("inputs").iter().map(|(k, v)| (k.clone(), tensor_proto(v))).collect(),
+        output_filter: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn every_savedmodel_answers_predict_as_tensorflow_does() {
+    let expected = expected();
+    let server = server();
+    let mut client = server.predict_client().await;
+    for model in ["keras_mlp", "vocab", "multi", "dtypes"] {
+        for case in expected[model]["cases"].as_array().expect("cases") {
+            let signature = case["signature"].as_str().expect("signature");
+            if signature != "serving_default" {
+                continue;
+            }
+            let version = case["version"].as_i64();
+            let what = format!("{model} v{version:?} {signature}");
+            let answer = client
+                .predict(request(model, version, signature, &case["inputs"]))
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+                .into_inner();
+            let outputs = case["outputs"].as_object().expect("outputs");
+            let names: Vec<&String> = answer.outputs.keys().collect();
+            assert_eq!(answer.outputs.len(), outputs.len(), "{what}: answered {names:?}");
+            for (name, want) in outputs {
+                let got = answer.outputs.get(name).unwrap_or_else(|| panic!("{what}: no output {name} in {names:?}"));
+                let want_dims: Vec<i64> =
+                    want["shape"].as_array().expect("shape").iter().map(|d| d.as_i64().expect("dim")).collect();
+                assert_eq!(dims(got), want_dims, "{what}: {name}'s shape");
+                let want_dtype = sluice::tensor::DType::parse(want["dtype"].as_str().expect("dtype")).expect("dtype");
+                assert_eq!(got.dtype, want_dtype.to_tf(), "{what}: {name}'s dtype");
+                assert_equal(&answered(got), &wanted(want), &format!("{what}: {name}"));
+            }
+            if let Some(v) = version {
+                let answered_by = answer.model_spec.and_then(|s| s.version_choice);
+                assert_eq!(answered_by, Some(model_spec::VersionChoice::Version(v)), "{what}: answered by its version");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn batched_requests_of_many_clients_get_their_own_rows() {
+    let expected = expected();
+    let server = server();
+    let cases: Vec<Value> = expected["keras_mlp"]["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .filter(|c| c["version"] == 2)
+        .cloned()
+        .collect();
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let case = cases[i % cases.len()].clone();
+        let mut client = server.predict_client().await;
+        tasks.push(tokio::spawn(async move {
+            let answer =
+                client.predict(request("keras_mlp", Some(2), "", &case["inputs"])).await.expect("predict").into_inner();
+            let want = &case["outputs"]["output_0"];
+            assert_equal(&answered(&answer.outputs["output_0"]), &wanted(want), "batched keras_mlp");
+        }));
+    }
+    for task in tasks {
+        task.await.expect("client");
+    }
+    let metrics = server.metrics().await;
+    assert!(metric_value(&metrics, "sluice_model_runs_total{model=\"keras_mlp\",version=\"2\"}") > 0.0, "{metrics}");
+}
+
+#[tokio::test]
+async fn metadata_lists_every_signature_as_the_savedmodel_declares_it() {
+    let expected = expected();
+    let server = server();
+    let mut client = server.predict_client().await;
+    for model in ["multi", "keras_mlp", "dtypes"] {
+        let answer = client
+            .get_model_metadata(GetModelMetadataRequest {
+                model_spec: spec(model, None),
+                metadata_field: vec!["signature_def".into()],
+            })
+            .await
+            .expect("metadata")
+            .into_inner();
+        let map = SignatureDefMap::decode(answer.metadata["signature_def"].value.as_slice()).expect("SignatureDefMap");
+        let want = expected[model]["signatures"].as_object().expect("signatures");
+        let keys: BTreeMap<&String, ()> = map.signature_def.keys().map(|k| (k, ())).collect();
+        assert_eq!(keys.len(), want.len(), "{model}: {keys:?}");
+        for (key, signature) in want {
+            let def = map.signature_def.get(key).unwrap_or_else(|| panic!("{model}: no signature {key}: {keys:?}"));
+            assert_eq!(def.method_name, signature["method_name"].as_str().expect("method"), "{model} {key}");
+            for (role, infos) in [("inputs", &def.inputs), ("outputs", &def.outputs)] {
+                let want = signature[role].as_object().expect("role");
+                assert_eq!(infos.len(), want.len(), "{model} {key} {role}");
+                for (alias, info) in want {
+                    let got = &infos[alias];
+                    let name = match &got.encoding {
+                        Some(tensor_info::Encoding::Name(name)) => name.as_str(),
+                        _ => "",
+                    };
+                    assert_eq!(name, info["name"].as_str().expect("name"), "{model} {key} {alias}");
+                    assert_eq!(got.dtype as i64, info["dtype"].as_i64().expect("dtype"), "{model} {key} {alias}");
+                    let shape = got.tensor_shape.clone().unwrap_or_default();
+                    match info["shape"].as_array() {
+                        None => assert!(shape.unknown_rank, "{model} {key} {alias}"),
+                        Some(dims) => {
+                            let dims: Vec<i64> = dims.iter().map(|d| d.as_i64().expect("dim")).collect();
+                            let got: Vec<i64> = shape.dim.iter().map(|d| d.size).collect();
+                            assert_eq!(got, dims, "{model} {key} {alias}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // REST answers the same signatures.
+    let body = http_get(server.http, "/v1/models/multi/metadata").await;
+    let json: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let defs = &json["metadata"]["signature_def"]["signature_def"];
+    assert_eq!(defs["total"]["outputs"]["sum"]["dtype"], "DT_FLOAT", "{body}");
+    assert_eq!(defs["scaled"]["inputs"]["x"]["name"], "scaled_x:0", "{body}");
+}
+
+#[tokio::test]
+async fn bad_feeds_are_refused_by_name_and_the_model_keeps_serving() {
+    let expected = expected();
+    let server = server();
+    let mut client = server.predict_client().await;
+    let refused = |result: Result<tonic::Response<_>, tonic::Status>| match result {
+        Ok(_) => panic!("a bad request was answered"),
+        Err(status) => status,
+    };
+    // A dtype the signature does not take.
+    let status =
+        refused(client.predict(predict_request("multi", vec![("x", i64_content(&[1, 4], &[1, 2, 3, 4]))])).await);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("'x'") && status.message().contains("DT_FLOAT"), "{}", status.message());
+    // A shape it does not take.
+    let status = refused(client.predict(predict_request("multi", vec![("x", f32_content(&[2, 5], &[0.0; 10]))])).await);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("'x'") && status.message().contains("[2, 5]"), "{}", status.message());
+    // An input it does not have.
+    let status = refused(client.predict(predict_request("multi", vec![("y", f32_content(&[1, 4], &[0.0; 4]))])).await);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("'y'"), "{}", status.message());
+    // A signature it does not serve for Predict names those it does.
+    let mut request = predict_request("multi", vec![("x", f32_content(&[1, 4], &[0.0; 4]))]);
+    if let Some(spec) = request.model_spec.as_mut() {
+        spec.signature_name = "nope".into();
+    }
+    let status = refused(client.predict(request).await);
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("'nope'") && status.message().contains("serving_default"),
+        "{}",
+        status.message()
+    );
+    // Still serving.
+    let case = &expected["multi"]["cases"][0];
+    let answer = client.predict(request_of("multi", &case["inputs"])).await.expect("still serving").into_inner();
+    assert_equal(&answered(&answer.outputs["doubled"]), &wanted(&case["outputs"]["doubled"]), "multi after refusals");
+}
+
+/// The error of `model`'s failed load, as GetModelStatus reports it.
+async fn load_error(server: &Server, model: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let statuses = server.model_status(model).await;
+        if let Some(message) =
+            statuses.iter().filter_map(|s| s.status.as_ref()).map(|s| &s.error_message).find(|m| !m.is_empty())
+        {
+            return message.clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "{model} did not fail to load: {statuses:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+fn request_of(model: &str, inputs: &Value) -> PredictRequest {
+    request(model, None, "", inputs)
+}
+
+#[tokio::test]
+async fn rest_predicts_strings_in_and_out() {
+    let expected = expected();
+    let server = server();
+    let case = &expected["vocab"]["cases"][0];
+    let words = &case["inputs"]["words"]["values"];
+    let body = http_post(
+        server.http,
+        "/v1/models/vocab:predict",
+        &serde_json::json!({ "inputs": { "words": words } }).to_string(),
+    )
+    .await;
+    let json: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(json["outputs"]["upper"], case["outputs"]["upper"]["values"], "{body}");
+    assert_eq!(json["outputs"]["ids"], case["outputs"]["ids"]["values"], "{body}");
+}
+
+#[test]
+fn a_savedmodel_signature_of_resource_handles_is_refused_at_start_by_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(&config, model_table("resource", &models().join("resource"), "")).expect("config");
+    let (code, _, stderr) = run_sluice(&[
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--rest_api_port",
+        "0",
+        "--model_config_file",
+        config.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr
+            .contains("model 'resource' version 1: signature 'serving_default': output 'handle' has dtype DT_RESOURCE"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_savedmodel_version_without_tensorflow_says_how_to_get_it_and_the_last_version_serves() {
+    // Version 1 is ONNX; version 2, a SavedModel, arrives while serving,
+    // and TensorFlow's library is not where the server is told it is.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = dir.path().join("m");
+    std::fs::create_dir_all(base.join("1")).expect("mkdir");
+    std::fs::copy(example_dir("mlp").join("1/model.onnx"), base.join("1/model.onnx")).expect("copy");
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(&config, model_table("m", &base, "")).expect("config");
+    let server = Server::start(&[
+        "--model_config_file",
+        config.to_str().expect("utf-8"),
+        "--tensorflow_library",
+        "/nonexistent/libtensorflow_cc.so.2",
+    ]);
+    let staged = dir.path().join(".staged");
+    let copied =
+        std::process::Command::new("cp").arg("-r").arg(models().join("vocab/1")).arg(&staged).status().expect("cp");
+    assert!(copied.success());
+    std::fs::rename(&staged, base.join("2")).expect("publish version 2");
+    let status = load_error(&server, "m").await;
+    assert!(status.contains("TensorFlow's library") && status.contains("scripts/setup"), "{status}");
+    assert!(status.contains("/nonexistent/libtensorflow_cc.so.2"), "names where it looked: {status}");
+    let x = values(3, 64);
+    let answer = server
+        .predict_client()
+        .await
+        .predict(predict_request("m", vec![("x", f32_content(&[1, 64], &x))]))
+        .await
+        .expect("version 1 serves")
+        .into_inner();
+    assert_eq!(
+        answer.model_spec.and_then(|s| s.version_choice),
+        Some(model_spec::VersionChoice::Version(1)),
+        "answered by version 1"
+    );
+}
