@@ -156,9 +156,6 @@ async fn every_savedmodel_answers_predict_as_tensorflow_does() {
     for model in ["keras_mlp", "vocab", "multi", "dtypes"] {
         for case in expected[model]["cases"].as_array().expect("cases") {
             let signature = case["signature"].as_str().expect("signature");
-            if signature != "serving_default" {
-                continue;
-            }
             let version = case["version"].as_i64();
             let what = format!("{model} v{version:?} {signature}");
             let answer = client
@@ -298,10 +295,18 @@ async fn bad_feeds_are_refused_by_name_and_the_model_keeps_serving() {
     let status = refused(client.predict(request).await);
     assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
     assert!(
-        status.message().contains("'nope'") && status.message().contains("serving_default"),
+        status.message().contains("'nope'") && status.message().contains("[serving_default, scaled, total]"),
         "{}",
         status.message()
     );
+    // Another signature's inputs are checked against that signature.
+    let mut request = predict_request("multi", vec![("x", f32_content(&[1, 4], &[0.0; 4]))]);
+    if let Some(spec) = request.model_spec.as_mut() {
+        spec.signature_name = "scaled".into();
+    }
+    let status = refused(client.predict(request).await);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("factor"), "the missing input is named: {}", status.message());
     // Still serving.
     let case = &expected["multi"]["cases"][0];
     let answer = client.predict(request_of("multi", &case["inputs"])).await.expect("still serving").into_inner();

@@ -100,6 +100,20 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// Another signature the model serves for Predict by its key (a
+    /// SavedModel's), when it has one of that key besides its main one.
+    fn other_signature(&self, _key: &str) -> Option<&Signature> {
+        None
+    }
+
+    /// Runs one request's inputs (checked against
+    /// [`Backend::other_signature`]`(key)`, in its order) through that
+    /// signature, unbatched.
+    fn run_other(&self, key: &str, _inputs: Vec<Tensor>) -> BoxFuture<'static, Result<Vec<Tensor>>> {
+        let error = crate::error::Error::not_found(format!("the model has no signature '{key}'"));
+        Box::pin(async move { Err(error) })
+    }
+
     /// Runs a batch; the outputs come in signature order and cover the
     /// whole (padded) batch. Waits for a free worker when all are busy: the
     /// queues in front of the backend are where requests are refused.

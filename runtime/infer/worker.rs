@@ -5,6 +5,8 @@
 //! thread finishes, and queueing beyond that happens in front of the
 //! backend, where it is bounded and visible.
 
+use std::sync::Arc;
+
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
@@ -16,6 +18,10 @@ use crate::tensor::Tensor;
 pub struct Job {
     pub batch: Batch,
     pub reply: Reply,
+    /// Which of the backend's signatures runs it (a SavedModel's other
+    /// signatures); `None`: its main one, the only one a backend of one
+    /// signature has.
+    pub signature: Option<Arc<str>>,
 }
 
 /// Where a batch's outputs go.
@@ -51,10 +57,19 @@ pub fn unloading() -> Error {
 /// `Backend::run` over a job queue: queues the batch, waiting for room,
 /// and awaits its outputs.
 pub fn run(jobs: &async_channel::Sender<Job>, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>> {
+    run_signature(jobs, batch, None)
+}
+
+/// [`run`] through one of the backend's signatures (`None`: its main one).
+pub fn run_signature(
+    jobs: &async_channel::Sender<Job>,
+    batch: Batch,
+    signature: Option<Arc<str>>,
+) -> BoxFuture<'static, Result<Vec<Tensor>>> {
     let jobs = jobs.clone();
     Box::pin(async move {
         let (reply, answer) = oneshot::channel();
-        jobs.send(Job { batch, reply: Reply::Waiting(reply) }).await.map_err(|_| unloading())?;
+        jobs.send(Job { batch, reply: Reply::Waiting(reply), signature }).await.map_err(|_| unloading())?;
         answer.await.map_err(|_| Error::internal("the inference thread stopped before answering"))?
     })
 }
@@ -63,7 +78,7 @@ pub fn run(jobs: &async_channel::Sender<Job>, batch: Batch) -> BoxFuture<'static
 /// batches are in flight than threads (`num_batch_threads` above them),
 /// waits for room off the caller's path.
 pub fn submit(jobs: &async_channel::Sender<Job>, batch: Batch, done: Completion) {
-    match jobs.try_send(Job { batch, reply: Reply::Done(done) }) {
+    match jobs.try_send(Job { batch, reply: Reply::Done(done), signature: None }) {
         Ok(()) => {}
         Err(async_channel::TrySendError::Full(job)) => {
             let jobs = jobs.clone();

@@ -37,6 +37,9 @@ pub struct Target {
     signature: Arc<Signature>,
     /// How `tf.Example`s fill its inputs, when the pipeline takes them.
     examples: Option<Arc<ExampleColumns>>,
+    /// The model's other signature the request named (a SavedModel's),
+    /// run unbatched; `None`: the pipeline's own.
+    other: Option<Arc<str>>,
 }
 
 impl fmt::Display for Target {
@@ -61,6 +64,12 @@ impl Target {
         let pipeline = endpoints.named(name)?;
         let version = pipeline.model().resolve(choice)?;
         let EntryPoint { signature, examples } = pipeline.entry_point(&version)?;
+        // A model served directly answers its other signatures too.
+        let direct = !pipeline.has_stages() && pipeline.name() == version.model();
+        if let Some(other) = version.loaded().backend().other_signature(signature_name).filter(|_| direct) {
+            let signature = Arc::new(other.clone());
+            return Ok(Target { pipeline, version, signature, examples: None, other: Some(Arc::from(signature_name)) });
+        }
         if !signature_name.is_empty() && signature_name != DEFAULT_SIGNATURE {
             // The classification and regression signatures take
             // tf.Examples through Classify and Regress.
@@ -74,28 +83,20 @@ impl Target {
                 }
                 tasks
             });
-            // A SavedModel's other signatures are listed, but Predict
-            // serves the one its config names.
-            let others = match version.loaded().backend().signature_defs() {
-                Some(defs) => {
-                    let keys: Vec<&str> = defs
-                        .keys()
-                        .map(String::as_str)
-                        .filter(|k| *k != DEFAULT_SIGNATURE && !k.starts_with("__"))
-                        .collect();
-                    if keys.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; the SavedModel's other signatures ({}) are not served by Predict", keys.join(", "))
-                    }
-                }
+            // A SavedModel's other signatures, where they are served.
+            let others = match version.loaded().backend().signature_defs().filter(|_| direct) {
+                Some(defs) => defs
+                    .keys()
+                    .filter(|k| *k != DEFAULT_SIGNATURE && version.loaded().backend().other_signature(k).is_some())
+                    .map(|k| format!(", {k}"))
+                    .collect::<String>(),
                 None => String::new(),
             };
             return Err(Error::failed_precondition(format!(
-                "{version} has no signature '{signature_name}' for Predict; signatures: [{DEFAULT_SIGNATURE}{tasks}]{others}"
+                "{version} has no signature '{signature_name}' for Predict; signatures: [{DEFAULT_SIGNATURE}{others}{tasks}]"
             )));
         }
-        Ok(Target { pipeline, version, signature, examples })
+        Ok(Target { pipeline, version, signature, examples, other: None })
     }
 
     /// What clients send and receive.
@@ -173,12 +174,20 @@ impl ValidRequest {
         // Bounding the whole wait by the deadline also drops the request
         // from whatever queue it is in: the queues skip requests whose
         // caller has gone.
-        let outputs = deadline
-            .run(
-                "while queued or running",
-                target.pipeline.predict(&target.version, signature, inputs, deadline, priority),
-            )
-            .await?;
+        let outputs = match &target.other {
+            None => {
+                deadline
+                    .run(
+                        "while queued or running",
+                        target.pipeline.predict(&target.version, signature, inputs, deadline, priority),
+                    )
+                    .await?
+            }
+            Some(key) => {
+                let backend = target.version.loaded().backend();
+                deadline.run("while queued or running", backend.run_other(key, inputs)).await?
+            }
+        };
         if outputs.len() != signature.outputs.len() {
             return Err(Error::internal(format!(
                 "{target} returned {} outputs, but its signature has {}",

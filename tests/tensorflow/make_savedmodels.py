@@ -210,7 +210,9 @@ def main():
     x = tf.constant(rng.standard_normal((3, 4)).astype(np.float32))
     expected["multi"] = {
         "signatures": signatures_of(path),
-        "cases": cases(path, "serving_default", [{"x": x}]) + cases(path, "total", [{"x": x}]),
+        "cases": cases(path, "serving_default", [{"x": x}])
+        + cases(path, "total", [{"x": x}])
+        + cases(path, "scaled", [{"x": x, "factor": tf.constant(-1.5)}]),
     }
 
     path = os.path.join(out_dir, "dtypes", "1")

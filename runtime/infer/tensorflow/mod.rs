@@ -11,9 +11,11 @@
 //! are started by the session load, on a compute thread, so they inherit
 //! its priority (below the network threads).
 //!
-//! The signature served is the one `[models.tensorflow] signature` names
-//! (`serving_default`), read from the MetaGraphDef with every other
-//! signature, which GetModelMetadata reports as TF Serving does.
+//! The main signature is the one `[models.tensorflow] signature` names
+//! (`serving_default`): batched, run inline when cheap. Every other
+//! signature of tensors sluice serves answers Predict by its key, one
+//! request per run; GetModelMetadata reports all of them as TF Serving
+//! does, read from the MetaGraphDef.
 
 pub mod ffi;
 pub mod library;
@@ -47,21 +49,29 @@ pub const SAVED_MODEL_FILE: &str = "saved_model.pb";
 
 /// One SavedModel version in TensorFlow.
 pub struct TensorflowBackend {
-    signature: Signature,
     signature_defs: BTreeMap<String, SignatureDef>,
     jobs: async_channel::Sender<Job>,
     runner: Arc<Runner>,
+}
+
+/// One signature, ready to run: its tensors and where they are in the
+/// graph.
+struct Plan {
+    signature: Signature,
+    /// Its inputs' graph endpoints, in its order.
+    feeds: Vec<Output>,
+    /// Its outputs', in its order.
+    fetches: Vec<Output>,
 }
 
 /// What the inference threads and inline callers share.
 struct Runner {
     api: &'static Api,
     session: Session,
-    /// The served signature's inputs, in its order.
-    feeds: Vec<Output>,
-    /// Its outputs, in its order, and their names.
-    fetches: Vec<Output>,
-    output_names: Vec<String>,
+    /// The main signature.
+    main: Plan,
+    /// Every other signature of served tensors, by key.
+    others: BTreeMap<Arc<str>, Plan>,
     inline: InlineRule,
     metrics: ModelMetrics,
 }
@@ -189,38 +199,30 @@ impl TensorflowBackend {
                 keys.join(", ")
             ))
         })?;
-        let signature = signature_of_def(served)
-            .map_err(|e| e.context(format_args!("{label}: signature '{}'", options.signature)))?;
-        let endpoint = |role: &str, name: &str, info: Option<&crate::proto::tensorflow::TensorInfo>| {
-            endpoint(api, &session, role, name, info)
-                .map_err(|e| e.context(format_args!("{label}: signature '{}'", options.signature)))
-        };
-        let feeds = signature
-            .inputs
-            .iter()
-            .map(|spec| endpoint("input", &spec.name, served.inputs.get(&spec.name)))
-            .collect::<Result<Vec<_>>>()?;
-        let fetches = signature
-            .outputs
-            .iter()
-            .map(|spec| endpoint("output", &spec.name, served.outputs.get(&spec.name)))
-            .collect::<Result<Vec<_>>>()?;
-        let runner = Arc::new(Runner {
-            api,
-            session,
-            feeds,
-            fetches,
-            output_names: signature.outputs.iter().map(|spec| spec.name.clone()).collect(),
-            inline: InlineRule::new(inline_budget),
-            metrics,
-        });
+        let context = |key: &str| format!("{label}: signature '{key}'");
+        let main = plan(api, &session, served).map_err(|e| e.context(context(&options.signature)))?;
+        let mut others = BTreeMap::new();
+        for (key, def) in &signature_defs {
+            if *key == options.signature || key.starts_with("__") {
+                continue;
+            }
+            // A signature of tensors sluice does not serve (resources,
+            // sparse tensors) is listed in the metadata, not served.
+            match plan(api, &session, def) {
+                Ok(plan) => {
+                    others.insert(Arc::from(key.as_str()), plan);
+                }
+                Err(e) => tracing::warn!("{}: not served: {}", context(key), e.message()),
+            }
+        }
+        let runner = Arc::new(Runner { api, session, main, others, inline: InlineRule::new(inline_budget), metrics });
         let (jobs, queue) = async_channel::bounded::<Job>(options.run_threads);
         for i in 0..options.run_threads {
             let (queue, runner) = (queue.clone(), runner.clone());
             crate::threads::spawn_compute(format!("tf-{i}"), move || inference_thread(&runner, queue))
                 .map_err(|e| Error::internal(format!("{label}: starting an inference thread failed: {e}")))?;
         }
-        Ok(TensorflowBackend { signature, signature_defs, jobs, runner })
+        Ok(TensorflowBackend { signature_defs, jobs, runner })
     }
 }
 
@@ -285,6 +287,23 @@ fn load_session(api: &'static Api, dir: &Path, options: &TensorflowOptions) -> R
     }
 }
 
+/// A signature ready to run: its tensors (refused when sluice does not
+/// serve one) and their graph endpoints.
+fn plan(api: &'static Api, session: &Session, def: &SignatureDef) -> Result<Plan> {
+    let signature = signature_of_def(def)?;
+    let feeds = signature
+        .inputs
+        .iter()
+        .map(|spec| endpoint(api, session, "input", &spec.name, def.inputs.get(&spec.name)))
+        .collect::<Result<Vec<_>>>()?;
+    let fetches = signature
+        .outputs
+        .iter()
+        .map(|spec| endpoint(api, session, "output", &spec.name, def.outputs.get(&spec.name)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Plan { signature, feeds, fetches })
+}
+
 /// The graph endpoint of a signature's input or output: its tensor name
 /// (`op:index`) looked up in the loaded graph.
 fn endpoint(
@@ -330,11 +349,23 @@ impl Drop for TensorflowBackend {
 
 impl Backend for TensorflowBackend {
     fn signature(&self) -> &Signature {
-        &self.signature
+        &self.runner.main.signature
     }
 
     fn signature_defs(&self) -> Option<&BTreeMap<String, SignatureDef>> {
         Some(&self.signature_defs)
+    }
+
+    fn other_signature(&self, key: &str) -> Option<&Signature> {
+        self.runner.others.get(key).map(|plan| &plan.signature)
+    }
+
+    fn run_other(&self, key: &str, inputs: Vec<Tensor>) -> BoxFuture<'static, Result<Vec<Tensor>>> {
+        let Some((key, _)) = self.runner.others.get_key_value(key) else {
+            let error = Error::not_found(format!("the SavedModel has no served signature '{key}'"));
+            return Box::pin(async move { Err(error) });
+        };
+        worker::run_signature(&self.jobs, Batch::single(inputs), Some(key.clone()))
     }
 
     fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>> {
@@ -346,7 +377,7 @@ impl Backend for TensorflowBackend {
             return None;
         }
         self.runner.metrics.inline_runs.inc();
-        Some(self.runner.run(batch))
+        Some(self.runner.run(&self.runner.main, batch))
     }
 
     fn submit(&self, batch: Batch, done: Completion) {
@@ -359,7 +390,14 @@ fn inference_thread(runner: &Runner, queue: async_channel::Receiver<Job>) {
         if job.reply.abandoned() {
             continue;
         }
-        let result = runner.run(&job.batch);
+        let plan = match &job.signature {
+            None => Some(&runner.main),
+            Some(key) => runner.others.get(key),
+        };
+        let result = match plan {
+            Some(plan) => runner.run(plan, &job.batch),
+            None => Err(Error::internal("a job for a signature the backend does not have, this is a bug")),
+        };
         job.reply.send(result);
     }
 }
@@ -367,9 +405,9 @@ fn inference_thread(runner: &Runner, queue: async_channel::Receiver<Job>) {
 impl Runner {
     /// Runs `batch`, timed: the metrics and the inline rule learn what it
     /// cost.
-    fn run(&self, batch: &Batch) -> Result<Vec<Tensor>> {
+    fn run(&self, plan: &Plan, batch: &Batch) -> Result<Vec<Tensor>> {
         let started = Instant::now();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_batch(batch)))
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_batch(plan, batch)))
             .unwrap_or_else(|_| Err(Error::internal("the TensorFlow backend panicked while running the model")));
         let seconds = started.elapsed().as_secs_f64();
         self.metrics.runs.inc();
@@ -380,9 +418,9 @@ impl Runner {
         result
     }
 
-    fn run_batch(&self, batch: &Batch) -> Result<Vec<Tensor>> {
+    fn run_batch(&self, plan: &Plan, batch: &Batch) -> Result<Vec<Tensor>> {
         let api = self.api;
-        let inputs = self.feeds.len();
+        let inputs = plan.feeds.len();
         let mut values: Vec<TfTensor<'static>> = Vec::with_capacity(inputs);
         for i in 0..inputs {
             let parts = batch
@@ -394,7 +432,7 @@ impl Runner {
             values.push(tensors::batch_input(api, &parts, batch.padded_rows)?);
         }
         let raw_inputs: Vec<*mut Opaque> = values.iter().map(TfTensor::raw).collect();
-        let mut raw_outputs: Vec<*mut Opaque> = vec![std::ptr::null_mut(); self.fetches.len()];
+        let mut raw_outputs: Vec<*mut Opaque> = vec![std::ptr::null_mut(); plan.fetches.len()];
         let status = Status::new(api);
         // SAFETY: feeds and inputs have the same length, as do fetches and
         // the output slots; every handle is live for the call. TensorFlow
@@ -404,12 +442,12 @@ impl Runner {
             (api.session_run)(
                 self.session.session,
                 std::ptr::null(),
-                self.feeds.as_ptr(),
+                plan.feeds.as_ptr(),
                 raw_inputs.as_ptr(),
                 inputs as c_int,
-                self.fetches.as_ptr(),
+                plan.fetches.as_ptr(),
                 raw_outputs.as_mut_ptr(),
-                self.fetches.len() as c_int,
+                plan.fetches.len() as c_int,
                 std::ptr::null(),
                 0,
                 std::ptr::null_mut(),
@@ -419,10 +457,14 @@ impl Runner {
         let outputs: Vec<TfTensor<'static>> =
             raw_outputs.into_iter().filter(|raw| !raw.is_null()).map(|raw| TfTensor::own(api, raw)).collect();
         status.check()?;
-        if outputs.len() != self.fetches.len() {
+        if outputs.len() != plan.fetches.len() {
             return Err(Error::internal("TensorFlow returned fewer outputs than asked for"));
         }
-        outputs.iter().zip(&self.output_names).map(|(tensor, name)| tensors::output(api, tensor, name)).collect()
+        outputs
+            .iter()
+            .zip(&plan.signature.outputs)
+            .map(|(tensor, spec)| tensors::output(api, tensor, &spec.name))
+            .collect()
     }
 }
 
