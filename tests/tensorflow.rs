@@ -411,3 +411,32 @@ async fn a_savedmodel_version_without_tensorflow_says_how_to_get_it_and_the_last
         "answered by version 1"
     );
 }
+
+#[test]
+fn classify_regress_and_multi_inference_run_the_savedmodels_own_signatures() {
+    // The census SavedModel parses tf.Examples in its graph and declares
+    // TensorFlow's classification and regression signatures: served with
+    // no `examples` config, the official client gets what TensorFlow's
+    // Python API answers for the same SavedModel.
+    let census = root().join(".cache/tf-savedmodels/census");
+    let server = Server::with_config(&model_table("census", &census, ""));
+    let output = std::process::Command::new(root().join(".cache/tf-venv/bin/python"))
+        .arg(root().join("tests/tfserving/examples_client.py"))
+        .args(["--grpc", &server.grpc.to_string(), "--rest", &format!("http://{}", server.http)])
+        .args(["--model", "census", "--savedmodel"])
+        .arg(census.join("1"))
+        .args([
+            "--cases",
+            "classify_list,classify_context,regress,multi,error_age_bytes,error_extra_length,error_empty_list,\
+             error_unknown_model",
+        ])
+        .env("TF_CPP_MIN_LOG_LEVEL", "2")
+        .output()
+        .expect("run examples_client.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("examples_client: 8 cases ok"),
+        "examples_client.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

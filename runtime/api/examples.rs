@@ -8,6 +8,7 @@
 //! A MultiInference of several tasks on one model runs the model once:
 //! every task's outputs come from the same run.
 
+use crate::config::examples::{ClassifyOutputs, RegressOutput};
 use crate::error::{Error, Result};
 use crate::pipeline::deadline::Deadline;
 use crate::pipeline::priority::Priority;
@@ -54,6 +55,14 @@ impl Task {
         }
     }
 
+    /// The method name of this task's signatures.
+    pub fn method(self) -> &'static str {
+        match self {
+            Task::Classify => CLASSIFY_METHOD,
+            Task::Regress => REGRESS_METHOD,
+        }
+    }
+
     /// The signature key of this task's signature.
     pub fn signature_key(self) -> &'static str {
         match self {
@@ -67,6 +76,22 @@ impl Task {
     /// `serving_default` for an empty one). The default key names the
     /// task's signature too, as an Estimator's `serving_default` does.
     pub fn check_signature(self, target: &Target, signature_name: &str) -> Result<String> {
+        if let Some(defs) = graph_signatures(target) {
+            // The SavedModel's own signature, as TF Serving finds it.
+            let key = if signature_name.is_empty() { DEFAULT_SIGNATURE } else { signature_name };
+            let def = defs.get(key).ok_or_else(|| {
+                Error::invalid_argument(format!("No signature was found with the name: \"{key}\" on {target}"))
+            })?;
+            if def.method_name != self.method() {
+                return Err(Error::invalid_argument(format!(
+                    "Expected {} signature method_name to be {}. Was: {} (signature \"{key}\" of {target})",
+                    self.signature_key(),
+                    self.method(),
+                    def.method_name
+                )));
+            }
+            return Ok(key.to_string());
+        }
         let columns = target.examples(self.call())?;
         let served = match self {
             Task::Classify => columns.classify().is_some(),
@@ -105,15 +130,29 @@ pub enum TaskResult {
     Regression(RegressionResult),
 }
 
+/// A SavedModel served directly without an `examples` config: its own
+/// signatures, which take serialized `tf.Example`s and parse them in the
+/// graph.
+fn graph_signatures(target: &Target) -> Option<&std::collections::BTreeMap<String, SignatureDef>> {
+    let direct = !target.pipeline.has_stages() && target.pipeline.name() == target.version.model();
+    target.version.loaded().backend().signature_defs().filter(|_| direct && target.example_columns().is_none())
+}
+
 /// Runs `batch` through `target` once and answers each of `tasks` (whose
-/// signatures the caller has checked) from the same outputs.
+/// signatures the caller has checked, `signatures` their keys) from the
+/// same outputs; a SavedModel's own signatures each run on the examples
+/// themselves.
 pub async fn run(
     target: &Target,
     batch: ExampleBatch<'_>,
     tasks: &[Task],
+    signatures: &[String],
     deadline: Deadline,
     priority: Priority,
 ) -> Result<Vec<TaskResult>> {
+    if graph_signatures(target).is_some() {
+        return run_in_graph(target, batch, tasks, signatures, deadline, priority).await;
+    }
     let call = tasks.first().map_or("Classify", |t| t.call());
     let columns = target.examples(call)?;
     // Sized before admission, parsed after it: a refused request costs
@@ -131,10 +170,87 @@ pub async fn run(
     tasks
         .iter()
         .map(|task| match task {
-            Task::Classify => classification(target, columns, rows, &find).map(TaskResult::Classification),
-            Task::Regress => regression(target, columns, rows, &find).map(TaskResult::Regression),
+            Task::Classify => {
+                let config =
+                    columns.classify().ok_or_else(|| Error::internal("classify checked but unset, this is a bug"))?;
+                classification(target, config, rows, &find).map(TaskResult::Classification)
+            }
+            Task::Regress => {
+                let config =
+                    columns.regress().ok_or_else(|| Error::internal("regress checked but unset, this is a bug"))?;
+                regression(target, config, rows, &find).map(TaskResult::Regression)
+            }
         })
         .collect()
+}
+
+/// Classify and Regress on a SavedModel's own signatures, as TF Serving
+/// runs them: the serialized examples (each after the context's bytes, so
+/// its own features win, as a merge of the two messages does) fed as one
+/// string tensor to the signature's one input; `classes` / `scores`
+/// (classification) or `outputs` (regression) read back.
+async fn run_in_graph(
+    target: &Target,
+    batch: ExampleBatch<'_>,
+    tasks: &[Task],
+    keys: &[String],
+    deadline: Deadline,
+    priority: Priority,
+) -> Result<Vec<TaskResult>> {
+    let serialized: Vec<bytes::Bytes> = batch
+        .examples
+        .iter()
+        .map(|example| match batch.context {
+            Some(context) => [context.as_ref(), example.as_ref()].concat().into(),
+            None => example.clone(),
+        })
+        .collect();
+    let rows = serialized.len();
+    if rows == 0 {
+        return Err(Error::invalid_argument("Input is empty: the example list holds no tf.Example"));
+    }
+    let mut results = Vec::with_capacity(tasks.len());
+    for (task, key) in tasks.iter().zip(keys) {
+        let graph = target.with_signature(key)?;
+        let signature = graph.signature();
+        let input = match signature.inputs.as_slice() {
+            [input] if input.dtype == DType::String => input.name.clone(),
+            inputs => {
+                let names: Vec<String> = inputs.iter().map(|spec| spec.to_string()).collect();
+                return Err(Error::invalid_argument(format!(
+                    "signature \"{key}\" of {target} takes [{}]; {} feeds one string tensor of serialized tf.Examples",
+                    names.join(", "),
+                    task.call()
+                )));
+            }
+        };
+        let tensor = Tensor::from_strings(vec![rows as i64], serialized.clone())?;
+        let mut builder = graph.request(std::iter::once(input.as_str()), &[], deadline, priority)?;
+        builder.put(&input, tensor)?;
+        let outputs = builder.finish()?.run().await?;
+        let find = |name: &str| -> Result<&Tensor> {
+            outputs.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| {
+                Error::internal(format!("signature \"{key}\" of {target} did not return output '{name}'"))
+            })
+        };
+        let has = |name: &str| signature.outputs.iter().any(|spec| spec.name == name).then(|| name.to_string());
+        results.push(match task {
+            Task::Classify => {
+                let config = ClassifyOutputs { scores: has("scores"), classes: has("classes"), labels: None };
+                if config.scores.is_none() && config.classes.is_none() {
+                    return Err(Error::invalid_argument(format!(
+                        "signature \"{key}\" of {target} returns neither classes nor scores"
+                    )));
+                }
+                TaskResult::Classification(classification(&graph, &config, rows, &find)?)
+            }
+            Task::Regress => {
+                let config = RegressOutput { output: "outputs".to_string() };
+                TaskResult::Regression(regression(&graph, &config, rows, &find)?)
+            }
+        });
+    }
+    Ok(results)
 }
 
 /// Parses `batch` into the inputs of a request started with
@@ -182,11 +298,10 @@ fn wanted_outputs(columns: &ExampleColumns, tasks: &[Task]) -> Vec<String> {
 /// or empty).
 fn classification<'t>(
     target: &Target,
-    columns: &ExampleColumns,
+    config: &ClassifyOutputs,
     rows: usize,
     find: &impl Fn(&str) -> Result<&'t Tensor>,
 ) -> Result<ClassificationResult> {
-    let config = columns.classify().ok_or_else(|| Error::internal("classify checked but unset, this is a bug"))?;
     let scores = config.scores.as_deref().map(find).transpose()?;
     let classes = config.classes.as_deref().map(find).transpose()?;
     let mut width = None;
@@ -241,11 +356,10 @@ fn classification<'t>(
 /// or `[batch, 1]` float32 output.
 fn regression<'t>(
     target: &Target,
-    columns: &ExampleColumns,
+    config: &RegressOutput,
     rows: usize,
     find: &impl Fn(&str) -> Result<&'t Tensor>,
 ) -> Result<RegressionResult> {
-    let config = columns.regress().ok_or_else(|| Error::internal("regress checked but unset, this is a bug"))?;
     let tensor = find(&config.output)?;
     let shape = tensor.shape();
     let fits =

@@ -45,6 +45,14 @@ pub fn requests(
             .map_err(|e| e.context(format_args!("warmup file {}", file.display())))?;
         return Ok((requests, file.display().to_string()));
     }
+    // Empty strings are no meaningful input to a graph that parses them
+    // (a SavedModel's tf.Example input fails on a required feature), so
+    // a SavedModel that takes strings warms up only from its file, as TF
+    // Serving does.
+    let takes_strings = version.signature().inputs.iter().any(|spec| spec.dtype == crate::tensor::DType::String);
+    if takes_strings && version.backend().signature_defs().is_some() {
+        return Ok((Vec::new(), "nothing (string inputs and no warmup file)".to_string()));
+    }
     Ok((synthesised(version.signature(), batch_sizes)?, format!("zeros at batch sizes {batch_sizes:?}")))
 }
 

@@ -99,6 +99,24 @@ impl Target {
         Ok(Target { pipeline, version, signature, examples, other: None })
     }
 
+    /// The same pipeline and version through the model's signature `key`
+    /// (a SavedModel's): its main one for `""` and `serving_default`.
+    pub fn with_signature(&self, key: &str) -> Result<Target> {
+        if let Some(other) = self.version.loaded().backend().other_signature(key) {
+            return Ok(Target {
+                pipeline: self.pipeline.clone(),
+                version: self.version.clone(),
+                signature: Arc::new(other.clone()),
+                examples: None,
+                other: Some(Arc::from(key)),
+            });
+        }
+        match key {
+            "" | DEFAULT_SIGNATURE => Ok(Target { other: None, ..self.clone() }),
+            _ => Err(Error::invalid_argument(format!("No signature was found with the name: \"{key}\" on {self}"))),
+        }
+    }
+
     /// What clients send and receive.
     pub fn signature(&self) -> &Signature {
         &self.signature

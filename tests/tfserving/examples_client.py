@@ -41,6 +41,10 @@ Cases (each prints `ok CASE` or `FAIL CASE: DETAIL`):
 The last line is `examples_client: N cases ok`; the exit code is 1 if any
 case failed.
 
+--cases A,B runs only those cases (the SavedModel served by sluice's own
+TensorFlow backend answers the gRPC ones that do not need its examples
+config).
+
 --self-check (no --grpc / --rest needed) runs every case against an
 in-process stand-in server (gRPC and REST on 127.0.0.1) that answers from
 the SavedModel, to prove the requests, expectations and comparisons work
@@ -435,9 +439,10 @@ CASES = [
 ]
 
 
-def run_cases(ctx):
+def run_cases(ctx, only=None):
     ok = 0
-    for name, case in CASES:
+    cases = [(name, case) for name, case in CASES if only is None or name in only]
+    for name, case in cases:
         try:
             case(ctx)
         except Failure as e:
@@ -449,7 +454,7 @@ def run_cases(ctx):
         else:
             ok += 1
             print(f"ok {name}", flush=True)
-    failed = len(CASES) - ok
+    failed = len(cases) - ok
     print(f"examples_client: {ok} cases ok" + (f", {failed} failed" if failed else ""), flush=True)
     return 1 if failed else 0
 
@@ -586,6 +591,7 @@ def main():
     parser.add_argument("--rest", help="sluice's REST base URL, http://HOST:PORT")
     parser.add_argument("--model", default="census")
     parser.add_argument("--savedmodel", required=True, help="the census SavedModel, DIR/census/1")
+    parser.add_argument("--cases", help="comma-separated case names to run (default: all)")
     parser.add_argument("--self-check", action="store_true",
                         help="run against an in-process stand-in server instead of sluice")
     args = parser.parse_args()
@@ -596,7 +602,8 @@ def main():
         parser.error("--grpc and --rest are required (or --self-check)")
     with grpc.insecure_channel(args.grpc) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        return run_cases(Context(stub, args.rest.rstrip("/"), args.model, sm))
+        only = set(args.cases.split(",")) if args.cases else None
+        return run_cases(Context(stub, args.rest.rstrip("/"), args.model, sm), only)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ impl PredictionService for PredictionApi {
                 tasks.push(kind);
                 signatures.push(signature);
             }
-            let results = run_tasks(&target, request.input, &tasks, cx).await?;
+            let results = run_tasks(&target, request.input, &tasks, &signatures, cx).await?;
             let results = results
                 .into_iter()
                 .zip(signatures)
@@ -201,7 +201,7 @@ async fn one_task(
     task: Task,
 ) -> Result<(ModelSpec, TaskResult), Error> {
     let (target, signature) = resolve_task(cx, state, spec.as_ref(), task)?;
-    let result = run_tasks(&target, input, &[task], cx).await?.pop();
+    let result = run_tasks(&target, input, &[task], std::slice::from_ref(&signature), cx).await?.pop();
     let result = result.ok_or_else(|| Error::internal("a task answered nothing, this is a bug"))?;
     Ok((answered_spec(&target, signature), result))
 }
@@ -211,6 +211,7 @@ async fn run_tasks(
     target: &Target,
     input: Option<Input>,
     tasks: &[Task],
+    signatures: &[String],
     cx: &RequestContext,
 ) -> Result<Vec<TaskResult>, Error> {
     let empty = || Error::invalid_argument("input is empty: set input.example_list or input.example_list_with_context");
@@ -219,7 +220,7 @@ async fn run_tasks(
         input::Kind::ExampleListWithContext(list) => (list.examples, Some(list.context)),
     };
     let batch = ExampleBatch { examples: &examples, context: context.as_ref() };
-    examples::run(target, batch, tasks, cx.deadline, cx.priority()?).await
+    examples::run(target, batch, tasks, signatures, cx.deadline, cx.priority()?).await
 }
 
 async fn predict(

@@ -49,7 +49,7 @@ pub(super) async fn answer(
         }
     };
     let target = cx.resolve(endpoints, choice, "")?;
-    task.check_signature(&target, &signature_name)?;
+    let signature = task.check_signature(&target, &signature_name)?;
     let columns = target.examples(task.call())?;
     let Some(Value::Array(rows)) = request.remove("examples") else {
         return Err(Error::invalid_argument(
@@ -66,7 +66,8 @@ pub(super) async fn answer(
         .collect::<Result<Vec<Bytes>>>()?;
     let context = request.remove("context").map(|c| to_example(columns, &c, "context").map(serialized)).transpose()?;
     let batch = ExampleBatch { examples: &examples, context: context.as_ref() };
-    let mut results = examples::run(&target, batch, &[task], cx.deadline, cx.priority()?).await?;
+    let mut results =
+        examples::run(&target, batch, &[task], std::slice::from_ref(&signature), cx.deadline, cx.priority()?).await?;
     let _encode = crate::pipeline::trace::current_step("encode").entered();
     let result = match results.pop() {
         Some(TaskResult::Classification(result)) => Value::Array(
