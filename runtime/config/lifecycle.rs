@@ -111,7 +111,7 @@ impl ModelDefaults {
             model.tensorflow.intra_op_threads = threads;
         }
         if let Some(threads) = self.tensorflow_inter_op_threads {
-            model.tensorflow.inter_op_threads = threads;
+            model.tensorflow.inter_op_threads = i32::try_from(threads).unwrap_or(i32::MAX);
         }
         if let Some(tags) = &self.saved_model_tags {
             model.tensorflow.tags.clone_from(tags);

@@ -205,7 +205,13 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
         let tf = &model.tensorflow;
         check_between(&format!("{key}.tensorflow.run_threads"), tf.run_threads, 1, MAX_THREADS)?;
         check_between(&format!("{key}.tensorflow.intra_op_threads"), tf.intra_op_threads, 0, MAX_THREADS)?;
-        check_between(&format!("{key}.tensorflow.inter_op_threads"), tf.inter_op_threads, 0, MAX_THREADS)?;
+        if tf.inter_op_threads < -1 || tf.inter_op_threads > MAX_THREADS as i32 {
+            return Err(invalid!(
+                "{key}.tensorflow.inter_op_threads = {}: expected -1 (ops on the batch's own thread), 0 (TensorFlow \
+                 picks) or up to {MAX_THREADS}",
+                tf.inter_op_threads
+            ));
+        }
         if tf.tags.is_empty() || tf.tags.iter().any(|t| t.is_empty()) {
             return Err(invalid!(
                 "{key}.tensorflow.tags = {:?}: expected one or more non-empty SavedModel tags, e.g. [\"serve\"]",

@@ -22,10 +22,15 @@ pub struct TensorflowOptions {
     pub run_threads: usize,
     /// Threads TensorFlow uses inside one op (ConfigProto's
     /// `intra_op_parallelism_threads`); 0: TensorFlow picks (one per core).
+    /// 1 by default, as ONNX Runtime's sessions: batches run side by side
+    /// on `run_threads` rather than one batch spread over the cores.
     pub intra_op_threads: usize,
     /// Ops TensorFlow runs at once in one run (ConfigProto's
-    /// `inter_op_parallelism_threads`); 0: TensorFlow picks.
-    pub inter_op_threads: usize,
+    /// `inter_op_parallelism_threads`); 0: TensorFlow picks; -1 (the
+    /// default): every op on the thread that runs the batch, with no
+    /// hand-off to TensorFlow's pool (a hand-off per op costs more than a
+    /// small model's ops).
+    pub inter_op_threads: i32,
 }
 
 impl Default for TensorflowOptions {
@@ -34,8 +39,8 @@ impl Default for TensorflowOptions {
             tags: vec!["serve".to_string()],
             signature: "serving_default".to_string(),
             run_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            intra_op_threads: 0,
-            inter_op_threads: 0,
+            intra_op_threads: 1,
+            inter_op_threads: -1,
         }
     }
 }

@@ -161,13 +161,14 @@ fn status_error(code: c_int, message: String) -> Error {
 }
 
 /// ConfigProto's thread settings, encoded: `intra_op_parallelism_threads`
-/// (field 2) and `inter_op_parallelism_threads` (field 5); zero fields are
-/// left out, so TensorFlow picks.
+/// (field 2) and `inter_op_parallelism_threads` (field 5, negative: ops
+/// on the caller's thread); zero fields are left out, so TensorFlow picks.
 fn config_proto(options: &TensorflowOptions) -> Vec<u8> {
+    let intra = i32::try_from(options.intra_op_threads).unwrap_or(i32::MAX);
     let mut bytes = Vec::new();
-    for (field, value) in [(2u32, options.intra_op_threads), (5, options.inter_op_threads)] {
-        if value > 0 {
-            prost::encoding::int32::encode(field, &(value.min(i32::MAX as usize) as i32), &mut bytes);
+    for (field, value) in [(2u32, intra), (5, options.inter_op_threads)] {
+        if value != 0 {
+            prost::encoding::int32::encode(field, &value, &mut bytes);
         }
     }
     bytes
@@ -474,11 +475,17 @@ mod tests {
 
     #[test]
     fn thread_settings_encode_as_config_proto_fields() {
-        let mut options = TensorflowOptions::default();
-        assert!(config_proto(&options).is_empty(), "TensorFlow's own defaults when unset");
+        let mut options =
+            TensorflowOptions { intra_op_threads: 0, inter_op_threads: 0, ..TensorflowOptions::default() };
+        assert!(config_proto(&options).is_empty(), "TensorFlow's own defaults when both are 0");
         options.intra_op_threads = 2;
         options.inter_op_threads = 3;
         assert_eq!(config_proto(&options), vec![0x10, 2, 0x28, 3]);
+        // The default: one intra-op thread, ops on the caller's thread
+        // (-1, a ten-byte varint).
+        let default = config_proto(&TensorflowOptions::default());
+        assert_eq!(&default[..3], &[0x10, 1, 0x28]);
+        assert_eq!(default.len(), 3 + 10);
     }
 
     #[test]
