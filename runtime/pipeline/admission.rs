@@ -66,6 +66,9 @@ pub struct Admission {
     rejected: Counter,
     /// Refusals made by the transport before a request was read.
     pushed_back: Counter,
+    /// Refusals of calls that waited too long to be read
+    /// ([`Admission::refuse_late`]).
+    late: Counter,
     in_flight: Gauge,
     /// The quotas a request must fit besides the places: the pipeline's
     /// own, then its team's.
@@ -176,6 +179,7 @@ impl Admission {
             occupancy: Arc::new(Occupancy { limit: AtomicUsize::new(capacity), ..Occupancy::default() }),
             rejected,
             pushed_back: Counter::default(),
+            late: Counter::default(),
             in_flight,
             quotas: Vec::new(),
             refusing: Refusing::new(),
@@ -189,9 +193,20 @@ impl Admission {
     }
 
     /// The same entrance, its transport refusals counted in `pushed_back`.
-    pub fn counting_push_back(mut self, pushed_back: Counter) -> Admission {
+    pub fn counting_push_back(mut self, pushed_back: Counter, late: Counter) -> Admission {
         self.pushed_back = pushed_back;
+        self.late = late;
         self
+    }
+
+    /// Counts a call the transport refused unread because it waited too
+    /// long in the server before it could be read (a standing queue in
+    /// front of every admission: the server's own run queue), as a
+    /// refusal of this admission: it is pressed, whatever its places say.
+    pub fn refuse_late(&self) {
+        self.late.inc();
+        self.refusing.refused();
+        self.occupancy.pace.refused();
     }
 
     /// The same entrance, also bounded by time: at most `max_queue_wait`
@@ -413,9 +428,13 @@ impl TrafficRules {
             queue: format!("{name}/admission"),
             reason: "refused_stream".to_string(),
         });
+        let late = metrics.rejections.get_or_create_owned(&RejectionLabels {
+            queue: format!("{name}/admission"),
+            reason: "late_read".to_string(),
+        });
         Admission::new(format!("the request queue of {what} '{name}'"), capacity, &self.config, queue.full, queue.depth)
             .with_quotas(quotas)
-            .counting_push_back(pushed_back)
+            .counting_push_back(pushed_back, late)
     }
 }
 

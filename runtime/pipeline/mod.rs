@@ -652,6 +652,13 @@ impl Endpoints {
         self.pipelines.load().get(name).is_some_and(|pipeline| pipeline.is_full(priority))
     }
 
+    /// Counts a call to the endpoint `name` that the transport refused
+    /// unread because it waited too long to be read; false when there is
+    /// no such endpoint (the call goes on, to be answered NOT_FOUND).
+    pub fn refuse_late(&self, name: &str) -> bool {
+        self.pipelines.load().get(name).map(|pipeline| pipeline.admission.refuse_late()).is_some()
+    }
+
     /// The endpoint a request names; an empty name is the client's
     /// mistake, not an unknown model.
     pub fn named(&self, name: &str) -> Result<Arc<Pipeline>> {

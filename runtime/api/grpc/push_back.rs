@@ -16,6 +16,20 @@
 //! error, h2 drops the rest of the body unread, and nothing is allocated
 //! for the call beyond what h2 already holds.
 //!
+//! A call can also wait before anything reads it: each stream's handler is
+//! a task of the runtime that accepted it, and when the core cannot keep
+//! up (a model cheap enough to run on the network thread, where no
+//! admission queue forms), those tasks queue in the runtime, unseen by
+//! any admission, until each is served long after its caller stopped
+//! waiting. So the time from the stream's arrival (when hyper calls this
+//! service) to its handler's first poll is watched as CoDel watches a
+//! queue ([`ReadDelay`]): once every call has waited more than
+//! [`READ_DELAY_TARGET`] for [`READ_DELAY_INTERVAL`], a call that waited
+//! more is answered RESOURCE_EXHAUSTED at once, trailers only, its body
+//! unread, and counted in `sluice_rejections_total{reason="late_read"}`
+//! of the pipeline it names. That drains the queue to the target within
+//! an interval; high-priority calls are never refused this way.
+//!
 //! Clients treat REFUSED_STREAM as "not processed": gRPC reports it as
 //! UNAVAILABLE, and gRPC's retry policies (and its transparent retry) may
 //! send the call again, to another replica when the channel balances over
@@ -25,8 +39,10 @@
 //! RESOURCE_EXHAUSTED and a message.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, Either, MapErr};
@@ -60,12 +76,52 @@ enum ModelName {
 pub struct PushBack {
     endpoints: Arc<Endpoints>,
     phase: Arc<PhaseCell>,
+    read_delay: ReadDelay,
+}
+
+/// The delay a call may meet before it is read without counting as a
+/// standing queue: CoDel's target.
+pub const READ_DELAY_TARGET: Duration = Duration::from_millis(5);
+
+/// How long every call must have met more than the target before calls
+/// are refused for it: CoDel's interval, longer than a burst takes to
+/// drain.
+pub const READ_DELAY_INTERVAL: Duration = Duration::from_millis(100);
+
+/// CoDel's view of the delay before calls are read: since when every call
+/// has waited more than [`READ_DELAY_TARGET`] (microseconds from `origin`;
+/// 0 while the last call waited less). Shared by every connection and
+/// core; a race only blurs the edge of a spell.
+#[derive(Debug)]
+pub struct ReadDelay {
+    origin: Instant,
+    above_since: AtomicU64,
+}
+
+impl ReadDelay {
+    fn new() -> ReadDelay {
+        ReadDelay { origin: Instant::now(), above_since: AtomicU64::new(0) }
+    }
+
+    /// Whether a call that waited `waited` before it could be read, at
+    /// `now`, meets a standing queue and is to be refused.
+    fn standing(&self, waited: Duration, now: Instant) -> bool {
+        if waited <= READ_DELAY_TARGET {
+            self.above_since.store(0, Ordering::Relaxed);
+            return false;
+        }
+        let at = u64::try_from(now.saturating_duration_since(self.origin).as_micros()).unwrap_or(u64::MAX).max(1);
+        match self.above_since.compare_exchange(0, at, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => false,
+            Err(since) => at.saturating_sub(since) >= READ_DELAY_INTERVAL.as_micros() as u64,
+        }
+    }
 }
 
 impl PushBack {
     /// Push-back for the pipelines of `endpoints`, while `phase` is ready.
     pub fn new(endpoints: Arc<Endpoints>, phase: Arc<PhaseCell>) -> Arc<PushBack> {
-        Arc::new(PushBack { endpoints, phase })
+        Arc::new(PushBack { endpoints, phase, read_delay: ReadDelay::new() })
     }
 
     /// True when the call whose message starts with `first` names a
@@ -120,6 +176,9 @@ impl tower::Service<http::Request<Incoming>> for Gated {
     }
 
     fn call(&mut self, request: http::Request<Incoming>) -> Self::Future {
+        // Hyper calls this as the stream arrives; the handler below runs
+        // when the runtime gets to its task.
+        let arrived = Instant::now();
         let checked = self.push_back.as_ref().filter(|p| p.phase.check_ready().is_ok()).and_then(|push_back| {
             let path = request.uri().path();
             ADMITTED_CALLS.iter().find(|(call, _)| *call == path).map(|(_, named)| (push_back.clone(), *named))
@@ -130,9 +189,20 @@ impl tower::Service<http::Request<Incoming>> for Gated {
         };
         let mut router = self.router.clone();
         Either::Right(Box::pin(async move {
+            let now = Instant::now();
+            let waited = now.saturating_duration_since(arrived);
             let priority = Priority::from_header(request.headers().get(PRIORITY_HEADER).map(|v| v.as_bytes()));
             let (parts, mut body) = request.into_parts();
             let first = body.frame().await.transpose().map_err(|e| -> BoxError { Box::new(e) })?;
+            let late = !matches!(priority, Ok(Priority::High)) && push_back.read_delay.standing(waited, now);
+            if late {
+                let name = first.as_ref().and_then(Frame::data_ref).and_then(|data| model_name(named, data));
+                let counted =
+                    name.and_then(|n| std::str::from_utf8(n).ok()).is_some_and(|n| push_back.endpoints.refuse_late(n));
+                if counted {
+                    return Ok(late_answer(waited));
+                }
+            }
             let refuse = match (&first, priority) {
                 (Some(frame), Ok(priority)) => {
                     frame.data_ref().is_some_and(|data| push_back.refuses(named, data, priority))
@@ -147,6 +217,20 @@ impl tower::Service<http::Request<Incoming>> for Gated {
             Ok(response)
         }))
     }
+}
+
+/// The answer to a call refused for waiting too long before it was read:
+/// RESOURCE_EXHAUSTED, trailers only (in the headers), nothing read.
+fn late_answer(waited: Duration) -> axum::response::Response {
+    let status = tonic::Status::resource_exhausted(format!(
+        "the server is overloaded: this call waited {} ms before the server could read it (calls have queued \
+         longer than {} ms for over {} ms); retry later or at another replica",
+        waited.as_millis(),
+        READ_DELAY_TARGET.as_millis(),
+        READ_DELAY_INTERVAL.as_millis()
+    ));
+    let (parts, _) = status.into_http::<axum::body::Body>().into_parts();
+    axum::response::Response::from_parts(parts, axum::body::Body::empty())
 }
 
 /// A request body whose first frame was read for the check, served again
@@ -255,6 +339,25 @@ mod tests {
 
     use super::*;
     use crate::proto::inference::ModelInferRequest;
+
+    #[test]
+    fn only_a_read_delay_standing_for_an_interval_refuses_and_one_short_wait_ends_it() {
+        let delay = ReadDelay::new();
+        let t0 = delay.origin + Duration::from_secs(1);
+        let ms = Duration::from_millis;
+        let long = ms(20);
+        // A burst: long waits, but not for an interval yet.
+        assert!(!delay.standing(long, t0));
+        assert!(!delay.standing(long, t0 + ms(50)));
+        // Standing for the interval: refused.
+        assert!(delay.standing(long, t0 + ms(100)));
+        assert!(delay.standing(ms(6), t0 + ms(105)));
+        // One call read within the target ends the spell.
+        assert!(!delay.standing(ms(1), t0 + ms(110)));
+        assert!(!delay.standing(long, t0 + ms(120)));
+        assert!(!delay.standing(long, t0 + ms(200)));
+        assert!(delay.standing(long, t0 + ms(220)));
+    }
     use crate::proto::tensorflow::serving::{ModelSpec, PredictRequest};
 
     fn framed(message: &impl Message) -> Vec<u8> {
