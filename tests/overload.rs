@@ -199,3 +199,59 @@ async fn a_refused_stream_is_unavailable_to_grpc_and_retried_on_another_server()
     assert!(during > 0.0, "A refused nothing: the retries were not exercised");
     eprintln!("calls A refused while the retries ran (each retried): {during}");
 }
+
+/// A model cheap enough to run on the network thread (the MLP, inline,
+/// unbatched) forms no admission queue: its excess
+/// queues in front of every handler. A flood of calls sent all at once
+/// meets that queue; once it has stood for CoDel's interval, the calls
+/// that waited past the target are refused unread with
+/// RESOURCE_EXHAUSTED saying so, counted as `late_read`, and the server
+/// serves on at once afterwards.
+#[tokio::test]
+async fn calls_that_waited_too_long_to_be_read_are_refused_unread() {
+    // Admission so wide that it never refuses: the queue in front of the
+    // handlers is the only one.
+    let table = model_table(
+        "mlp",
+        &example_dir("mlp"),
+        "onnx = { sessions = 1, intra_op_threads = 1 }\nmax_in_flight = 1048576\nmax_queue_wait_ms = 60000",
+    );
+    let server = Server::with_config(&table);
+    let x = values(1, 64);
+    let request = predict_request("mlp", vec![("x", f32_content(&[1, 64], &x))]);
+    // Warm: the cost of a run is learned, so runs are inline.
+    for _ in 0..20 {
+        server.predict_client().await.predict(request.clone()).await.expect("warm-up");
+    }
+    let clients: Vec<_> = futures::future::join_all((0..8).map(|_| server.predict_client())).await;
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..8000usize {
+        let mut client = clients[i % clients.len()].clone();
+        let request = request.clone();
+        calls.spawn(async move { client.predict(request).await.map(|_| ()) });
+    }
+    let mut codes = BTreeMap::<String, u64>::new();
+    let mut late = None;
+    while let Some(done) = calls.join_next().await {
+        let outcome = done.expect("a call panicked");
+        let code = outcome.as_ref().map_or_else(|s| s.code(), |_| Code::Ok);
+        *codes.entry(format!("{code:?}")).or_default() += 1;
+        if let Err(status) = outcome {
+            // Refused unread, or (once admission is pressed too) on the
+            // stream: never failed otherwise.
+            assert!(matches!(status.code(), Code::ResourceExhausted | Code::Unavailable), "{status:?}");
+            if status.message().contains("before the server could read it") {
+                late.get_or_insert(status.message().to_string());
+            }
+        }
+    }
+    eprintln!("8000 calls at once: {codes:?}");
+    let message = late.unwrap_or_else(|| panic!("no call was refused for waiting to be read: {codes:?}"));
+    assert!(message.contains("the server is overloaded: this call waited"), "{message}");
+    assert!(codes.get("Ok").copied().unwrap_or(0) > 0, "{codes:?}");
+    let text = server.metrics().await;
+    let counted = metric_value(&text, "sluice_rejections_total{queue=\"mlp/admission\",reason=\"late_read\"}");
+    assert!(counted > 0.0, "late reads are counted: {text}");
+    // Serving at once afterwards.
+    server.predict_client().await.predict(request).await.expect("served after the flood");
+}

@@ -233,6 +233,20 @@ fn late_answer(waited: Duration) -> axum::response::Response {
     axum::response::Response::from_parts(parts, axum::body::Body::empty())
 }
 
+/// The service hyper calls as each stream arrives, in the connection's own
+/// task (hyper-util's tower adapter would make the call only once the
+/// stream's task first runs): so the late-read check measures the wait in
+/// front of the handler, not after it.
+impl hyper::service::Service<http::Request<Incoming>> for Gated {
+    type Response = axum::response::Response;
+    type Error = BoxError;
+    type Future = <Gated as tower::Service<http::Request<Incoming>>>::Future;
+
+    fn call(&self, request: http::Request<Incoming>) -> Self::Future {
+        tower::Service::call(&mut self.clone(), request)
+    }
+}
+
 /// A request body whose first frame was read for the check, served again
 /// ahead of the rest.
 struct Replayed {
