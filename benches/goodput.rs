@@ -1,7 +1,7 @@
 //! Goodput under a spike: the server on one core, the load generator on
 //! the other, offered 0.5× to 3× what the server can serve.
 //!
-//! scripts/goodput [--duration 6] [--only cnn,mlp,rest,priority] [--loads 0.5,1,1.5,2,3]
+//! scripts/goodput [--duration 6] [--only cnn,cnn_unbatched,mlp,rest,priority] [--loads 0.5,1,1.5,2,3]
 //!
 //! The script pins this process to core 1 (`taskset -c 1`) and it starts
 //! the release server pinned to core 0, at the default log level (as users
@@ -37,6 +37,10 @@ use support::{arg, cpu_seconds, fixtures, run};
 /// 10 ms latency target), and the MLP unbatched.
 const CNN: &str = "batching = { mode = \"auto\" }";
 const MLP: &str = "";
+/// The CNN unbatched: the unbatched case the one load core can offer 3×
+/// of (it cannot offer 3× of the MLP's ~20k req/s: the `client CPU`
+/// column shows it saturated there).
+const CNN_UNBATCHED: &str = "";
 
 /// The server's ONNX Runtime settings: one core, one thread.
 const ONNX: &str = "onnx = { sessions = 1, intra_op_threads = 1 }";
@@ -61,6 +65,9 @@ struct Row {
     offered: f64,
     summary: Summary,
     server_cpu: f64,
+    /// This process's CPU over the row: near 1 s a second, the load
+    /// generator, not the server, bounds what the row shows.
+    client_cpu: f64,
 }
 
 fn main() {
@@ -79,11 +86,11 @@ fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     // One thread: the load generator is one core's worth of client.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    for (model, keys) in [("cnn", CNN), ("mlp", MLP)] {
-        if !wants(model) {
+    for (label, model, keys) in [("cnn", "cnn", CNN), ("cnn_unbatched", "cnn", CNN_UNBATCHED), ("mlp", "mlp", MLP)] {
+        if !wants(label) {
             continue;
         }
-        let config = dir.path().join(format!("{model}.toml"));
+        let config = dir.path().join(format!("{label}.toml"));
         let table = fixtures::model_table(model, &fixtures::example_dir(model), &format!("{ONNX}\n{keys}"));
         std::fs::write(&config, format!("{}{table}", support::SERVER_TABLE)).expect("config");
         for push_back in ["true", "false"] {
@@ -131,6 +138,7 @@ fn sweep(
     for &multiple in loads {
         let offered = capacity.requests_per_second * multiple;
         let before = cpu_seconds(pid);
+        let client_before = cpu_seconds(None);
         let summary = run(
             runtime,
             &plan(Some(offered), 8192),
@@ -138,10 +146,11 @@ fn sweep(
             &format!("{model}: open loop at {multiple}x ({offered:.0} req/s), push_back {push_back}"),
         );
         let server_cpu = cpu_seconds(pid) - before;
+        let client_cpu = cpu_seconds(None) - client_before;
         if multiple >= 3.0 {
             rss_3x = server.rss_bytes().unwrap_or(0);
         }
-        rows.push(Row { multiple, offered, summary, server_cpu });
+        rows.push(Row { multiple, offered, summary, server_cpu, client_cpu });
     }
     println!(
         "\n{model}, push_back {push_back}: capacity {:.0} req/s (closed loop of 64, p50 {:.2} ms), server CPU {:.1} µs per answer",
@@ -149,8 +158,8 @@ fn sweep(
         capacity.p50_ms,
         per_answer * 1e6
     );
-    println!("| offered | OK/s | goodput | p50 OK | p99 OK | refused (codes) | refusal p99 | schedule kept | CPU per refusal / per answer |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| offered | OK/s | goodput | p50 OK | p99 OK | refused (codes) | refusal p99 | schedule kept | CPU per refusal / per answer | client CPU |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for row in &rows {
         let s = &row.summary;
         let refused = s.requests - s.ok;
@@ -158,7 +167,7 @@ fn sweep(
             if refused > 0 { ((row.server_cpu - per_answer * s.ok as f64) / refused as f64).max(0.0) } else { 0.0 };
         let codes: Vec<String> = s.errors.iter().map(|(code, n)| format!("{code} {n}")).collect();
         println!(
-            "| {:.1}x ({:.0}/s) | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {refused} ({}) | {:.2} ms | {:.0} % | {:.2}x ({:.1} µs) |",
+            "| {:.1}x ({:.0}/s) | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {refused} ({}) | {:.2} ms | {:.0} % | {:.2}x ({:.1} µs) | {:.0} % |",
             row.multiple,
             row.offered,
             s.requests_per_second,
@@ -170,6 +179,8 @@ fn sweep(
             100.0 * s.requests as f64 / (row.offered * s.seconds),
             refusal_cpu / per_answer,
             refusal_cpu * 1e6,
+            // The row's warm-up second counts too.
+            100.0 * row.client_cpu / (s.seconds + 1.0),
         );
     }
     if rss_3x > 0 && rss_steady > 0 {
