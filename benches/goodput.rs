@@ -94,7 +94,7 @@ fn main() {
         let table = fixtures::model_table(model, &fixtures::example_dir(model), &format!("{ONNX}\n{keys}"));
         std::fs::write(&config, format!("{}{table}", support::SERVER_TABLE)).expect("config");
         for push_back in ["true", "false"] {
-            sweep(&runtime, &config, model, push_back, &loads, duration);
+            sweep(&runtime, &config, (label, model), push_back, &loads, duration);
         }
     }
     if wants("rest") {
@@ -112,7 +112,7 @@ fn main() {
 fn sweep(
     runtime: &tokio::runtime::Runtime,
     config: &Path,
-    model: &str,
+    (label, model): (&str, &str),
     push_back: &str,
     loads: &[f64],
     duration: Duration,
@@ -129,7 +129,7 @@ fn sweep(
     };
     let pid = Some(server.pid());
     let cpu_before = cpu_seconds(pid);
-    let capacity = run(runtime, &plan(None, 64), &requests, &format!("{model}: capacity, closed loop of 64"));
+    let capacity = run(runtime, &plan(None, 64), &requests, &format!("{label}: capacity, closed loop of 64"));
     let capacity_cpu = cpu_seconds(pid) - cpu_before;
     let per_answer = capacity_cpu / capacity.ok.max(1) as f64;
     let rss_steady = server.rss_bytes().unwrap_or(0);
@@ -143,7 +143,7 @@ fn sweep(
             runtime,
             &plan(Some(offered), 8192),
             &requests,
-            &format!("{model}: open loop at {multiple}x ({offered:.0} req/s), push_back {push_back}"),
+            &format!("{label}: open loop at {multiple}x ({offered:.0} req/s), push_back {push_back}"),
         );
         let server_cpu = cpu_seconds(pid) - before;
         let client_cpu = cpu_seconds(None) - client_before;
@@ -153,7 +153,7 @@ fn sweep(
         rows.push(Row { multiple, offered, summary, server_cpu, client_cpu });
     }
     println!(
-        "\n{model}, push_back {push_back}: capacity {:.0} req/s (closed loop of 64, p50 {:.2} ms), server CPU {:.1} µs per answer",
+        "\n{label}, push_back {push_back}: capacity {:.0} req/s (closed loop of 64, p50 {:.2} ms), server CPU {:.1} µs per answer",
         capacity.requests_per_second,
         capacity.p50_ms,
         per_answer * 1e6

@@ -93,6 +93,13 @@ pub trait Backend: Send + Sync + 'static {
     /// The model's inputs and outputs.
     fn signature(&self) -> &Signature;
 
+    /// How many batches it runs at once (its sessions or inference
+    /// threads), when it has a bound of its own: what the batcher keeps in
+    /// flight unless `num_batch_threads` says otherwise.
+    fn parallelism(&self) -> Option<usize> {
+        None
+    }
+
     /// Every signature of the model as its own file declares them (a
     /// SavedModel's MetaGraphDef), for GetModelMetadata; `None` when the
     /// model has only [`Backend::signature`].

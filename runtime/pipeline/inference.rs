@@ -41,7 +41,11 @@ impl InferenceStage {
         }
         let batcher = config.batching.as_ref().filter(|_| batchable).map(|params| {
             let (model, number) = (version.model(), version.version());
-            let threads = if params.num_batch_threads == 0 { config.onnx.sessions } else { params.num_batch_threads };
+            // As many batches in flight as the backend runs at once.
+            let threads = match params.num_batch_threads {
+                0 => version.backend().parallelism().unwrap_or(config.onnx.sessions),
+                n => n,
+            };
             Batcher::start(
                 version.clone(),
                 params.clone(),

@@ -144,6 +144,10 @@ impl Backend for OnnxBackend {
         &self.signature
     }
 
+    fn parallelism(&self) -> Option<usize> {
+        Some(self.runner.sessions.len())
+    }
+
     fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>> {
         worker::run(&self.jobs, batch)
     }

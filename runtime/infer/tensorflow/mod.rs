@@ -50,6 +50,7 @@ pub const SAVED_MODEL_FILE: &str = "saved_model.pb";
 /// One SavedModel version in TensorFlow.
 pub struct TensorflowBackend {
     signature_defs: BTreeMap<String, SignatureDef>,
+    run_threads: usize,
     jobs: async_channel::Sender<Job>,
     runner: Arc<Runner>,
 }
@@ -223,7 +224,7 @@ impl TensorflowBackend {
             crate::threads::spawn_compute(format!("tf-{i}"), move || inference_thread(&runner, queue))
                 .map_err(|e| Error::internal(format!("{label}: starting an inference thread failed: {e}")))?;
         }
-        Ok(TensorflowBackend { signature_defs, jobs, runner })
+        Ok(TensorflowBackend { signature_defs, run_threads: options.run_threads, jobs, runner })
     }
 }
 
@@ -355,6 +356,10 @@ impl Backend for TensorflowBackend {
 
     fn signature_defs(&self) -> Option<&BTreeMap<String, SignatureDef>> {
         Some(&self.signature_defs)
+    }
+
+    fn parallelism(&self) -> Option<usize> {
+        Some(self.run_threads)
     }
 
     fn other_signature(&self, key: &str) -> Option<&Signature> {
