@@ -253,3 +253,64 @@ async fn a_tensorflow_upstream_behind_mutual_tls_is_reached_with_this_servers_ce
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("upstream.tls: cert_file and key_file go together"), "{stderr}");
 }
+
+/// A front forwarding `mlp` to `upstreams`, with `upstream_extra` keys.
+fn front_of(upstreams: &[&ServerProcess], upstream_extra: &str) -> Server {
+    let list: Vec<String> = upstreams.iter().map(|u| format!("\"{}\"", u.addr)).collect();
+    Server::with_config(&format!(
+        "[[models]]\nname = \"mlp\"\n[models.upstream]\nendpoints = [{}]\nhealth_check_ms = 100\n\
+         eject_after_failures = 2\n{upstream_extra}\n",
+        list.join(", ")
+    ))
+}
+
+/// Calls that each take TensorFlow 400 ms, `n` at once; the upstream(s)
+/// killed 150 ms in. What the client got, by code.
+async fn killed_under(
+    server: &Server,
+    n: usize,
+    kill: impl FnOnce(),
+) -> std::collections::BTreeMap<String, Vec<String>> {
+    let x = values(9, 64);
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let mut client = server.predict_client().await;
+        let request = request("mlp", &x, 1);
+        calls.spawn(async move { client.predict(request).await.map(|_| ()) });
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    kill();
+    let mut outcomes = std::collections::BTreeMap::<String, Vec<String>>::new();
+    while let Some(done) = calls.join_next().await {
+        let (code, message) = match done.expect("a call panicked") {
+            Ok(()) => ("Ok".to_string(), String::new()),
+            Err(status) => (format!("{:?}", status.code()), status.message().to_string()),
+        };
+        outcomes.entry(code).or_default().push(message);
+    }
+    outcomes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_killed_mid_call_is_unavailable_and_a_second_one_takes_the_calls() {
+    // One upstream, killed under 4 calls: each is UNAVAILABLE naming it,
+    // never INTERNAL.
+    let only = tensorflow(&["--delay_ms", "400"]);
+    let address = only.addr.to_string();
+    let server = front_of(&[&only], "");
+    server.predict_client().await.predict(request("mlp", &values(1, 64), 1)).await.expect("served before");
+    let outcomes = killed_under(&server, 4, move || drop(only)).await;
+    assert_eq!(outcomes.keys().collect::<Vec<_>>(), vec!["Unavailable"], "{outcomes:?}");
+    for message in &outcomes["Unavailable"] {
+        assert!(message.contains(&format!("upstream {address}")), "{message}");
+    }
+
+    // Two upstreams, one killed under 8 calls: those it held are sent to
+    // the other, and every call is answered.
+    let (a, b) = (tensorflow(&["--delay_ms", "400"]), tensorflow(&["--delay_ms", "400"]));
+    let server = front_of(&[&a, &b], "");
+    server.predict_client().await.predict(request("mlp", &values(1, 64), 1)).await.expect("served before");
+    let outcomes = killed_under(&server, 8, move || drop(a)).await;
+    assert_eq!(outcomes.keys().collect::<Vec<_>>(), vec!["Ok"], "{outcomes:?}");
+    drop(b);
+}

@@ -42,6 +42,12 @@ pub struct UpstreamConfig {
     /// Consecutive failures (health checks or unreachable calls) after
     /// which an upstream is ejected; one passing health check returns it.
     pub eject_after_failures: u32,
+    /// A call the upstream was lost under (connection reset or closed
+    /// before it answered) is sent once more to another healthy upstream
+    /// while the deadline allows. Predict, Classify and Regress have no
+    /// side effects, so a second run is safe; turn it off for a model
+    /// whose upstream does something a repeat would do twice.
+    pub retry_lost_calls: bool,
     /// TLS to the upstreams (TF Serving's `--ssl_config_file` on their
     /// side); plaintext when absent.
     pub tls: Option<UpstreamTls>,
@@ -90,6 +96,7 @@ impl Default for UpstreamConfig {
             max_message_bytes: 64 << 20,
             health_check_ms: 1_000,
             eject_after_failures: 3,
+            retry_lost_calls: true,
             tls: None,
         }
     }

@@ -304,6 +304,7 @@ impl Fleet {
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>> + Send,
     {
         let mut tried: Vec<usize> = Vec::new();
+        let mut retried_lost = false;
         loop {
             let Some(i) = self.pick(&tried) else { return Err(self.none_left(what, &tried)) };
             let upstream = &self.upstreams[i];
@@ -351,6 +352,17 @@ impl Fleet {
             }
             if lost_upstream(&status) {
                 upstream.failed(status.message(), self.config.eject_after_failures);
+                // Lost under the call: once more elsewhere, when allowed
+                // and another upstream is there to take it.
+                if self.config.retry_lost_calls
+                    && !retried_lost
+                    && self.pick(&[tried.as_slice(), &[i]].concat()).is_some()
+                {
+                    retried_lost = true;
+                    tracing::debug!(upstream = %upstream.address, "upstream lost under a {what} call; retrying elsewhere");
+                    tried.push(i);
+                    continue;
+                }
             }
             return Err(self.answer(what, &upstream.address, status));
         }
@@ -418,12 +430,20 @@ impl Fleet {
     }
 }
 
-/// True when the upstream could not answer: UNAVAILABLE, or CANCELLED,
-/// which is what the client stack says when the connection drops under a
-/// call (the upstream died mid-call). The client did not cancel anything;
-/// for it the upstream is unavailable, and it counts toward ejection.
+/// True when the upstream could not answer: UNAVAILABLE, CANCELLED (what
+/// the client stack says when the connection is reset under a call), or
+/// UNKNOWN carrying a transport error rather than a status the upstream
+/// sent (the connection closed before the answer: the upstream died
+/// mid-call). The client did not cancel anything; for it the upstream is
+/// unavailable, and it counts toward ejection.
 fn lost_upstream(status: &tonic::Status) -> bool {
-    matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Cancelled)
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::Cancelled => true,
+        tonic::Code::Unknown => {
+            std::error::Error::source(status).is_some() || status.message().contains("transport error")
+        }
+        _ => false,
+    }
 }
 
 /// True when tonic gave up on the call at the timeout it was given.
