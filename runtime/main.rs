@@ -147,8 +147,8 @@ fn init_logging(
     Ok(LogHandles { _telemetry: telemetry, _writer: guard })
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or Ctrl-C, saying which.
+async fn shutdown_signal() -> sluice::server::Stop {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::error!("cannot listen for Ctrl-C: {e}");
@@ -170,8 +170,14 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let terminate = std::future::pending::<()>();
     tokio::select! {
-        () = ctrl_c => tracing::info!("Ctrl-C received"),
-        () = terminate => tracing::info!("SIGTERM received"),
+        () = ctrl_c => {
+            tracing::info!("Ctrl-C received");
+            sluice::server::Stop::Interrupt
+        }
+        () = terminate => {
+            tracing::info!("SIGTERM received");
+            sluice::server::Stop::Terminate
+        }
     }
 }
 

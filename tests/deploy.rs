@@ -609,24 +609,29 @@ fn grace_period_outlasts_the_pre_stop_sleep_and_the_drain() {
         let sleep = d.pre_stop_sleep.unwrap_or_else(|| panic!("{files:?}: no preStop sleep found"));
         // What the server will use, in its own order: the flag, its
         // environment variable, the config file, the code's default.
-        assert!(
-            main.contains("long = \"drain_timeout\"") && main.contains("env = \"SLUICE_DRAIN_TIMEOUT\""),
-            "{MAIN}: the --drain_timeout flag or SLUICE_DRAIN_TIMEOUT has moved; update this test"
-        );
-        let (drain, source) = if let Some(v) = flag(&d.args, "drain_timeout") {
-            (v, "--drain_timeout".to_string())
-        } else if let Some(v) = d.env.get("SLUICE_DRAIN_TIMEOUT") {
-            (v.clone(), "SLUICE_DRAIN_TIMEOUT".to_string())
-        } else if let Some(v) = toml_values(&read(config)).get("server.drain_timeout_secs") {
-            (v.clone(), format!("{config} drain_timeout_secs"))
-        } else {
-            (code_default("drain_timeout_secs").to_string(), format!("the default in {CONFIG_DEFAULTS}"))
+        let seconds = |name: &str, env: &str, key: &str| -> (u64, String) {
+            assert!(
+                main.contains(&format!("long = \"{name}\"")) && main.contains(&format!("env = \"{env}\"")),
+                "{MAIN}: the --{name} flag or {env} has moved; update this test"
+            );
+            let (value, source) = if let Some(v) = flag(&d.args, name) {
+                (v, format!("--{name}"))
+            } else if let Some(v) = d.env.get(env) {
+                (v.clone(), env.to_string())
+            } else if let Some(v) = toml_values(&read(config)).get(&format!("server.{key}")) {
+                (v.clone(), format!("{config} {key}"))
+            } else {
+                (code_default(key).to_string(), format!("the default in {CONFIG_DEFAULTS}"))
+            };
+            let value: u64 =
+                value.parse().unwrap_or_else(|_| panic!("{files:?}: {name} '{value}' ({source}) is not a number"));
+            (value, source)
         };
-        let drain: u64 =
-            drain.parse().unwrap_or_else(|_| panic!("{files:?}: drain timeout '{drain}' ({source}) is not a number"));
+        let (delay, delay_source) = seconds("drain_delay", "SLUICE_DRAIN_DELAY", "drain_delay_secs");
+        let (drain, source) = seconds("drain_timeout", "SLUICE_DRAIN_TIMEOUT", "drain_timeout_secs");
         assert!(
-            grace > sleep + drain,
-            "{files:?}: terminationGracePeriodSeconds {grace} must exceed the preStop sleep ({sleep} s) plus the drain timeout ({drain} s, from {source}), or the kubelet kills requests still draining"
+            grace > sleep + delay + drain,
+            "{files:?}: terminationGracePeriodSeconds {grace} must exceed the preStop sleep ({sleep} s) plus the drain delay ({delay} s, from {delay_source}) plus the drain timeout ({drain} s, from {source}), or the kubelet kills requests still draining"
         );
     }
 }

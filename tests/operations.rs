@@ -282,8 +282,17 @@ async fn readiness_is_false_until_every_model_is_loaded_then_health_and_reflecti
 
 #[tokio::test]
 async fn sigterm_turns_readiness_off_refuses_new_requests_and_drains_in_flight_ones() {
-    let mut server =
-        Server::start(&["--model_name", "cnn", "--model_base_path", "examples/models/cnn", "--sessions", "1"]);
+    // No drain delay: refusing comes at once (the delay is the next test's).
+    let mut server = Server::start(&[
+        "--model_name",
+        "cnn",
+        "--model_base_path",
+        "examples/models/cnn",
+        "--sessions",
+        "1",
+        "--drain_delay",
+        "0",
+    ]);
     let mut health = HealthClient::new(channel(&server.grpc_url()).await);
     let mut late_client = server.predict_client().await;
     let mut rest = RestClient::new(&server.http.to_string()).expect("client");
@@ -338,6 +347,50 @@ async fn sigterm_turns_readiness_off_refuses_new_requests_and_drains_in_flight_o
     let log = server.log().join("\n");
     assert!(log.contains("SIGTERM received"), "{log}");
     assert!(log.contains("stopped"), "{log}");
+}
+
+#[tokio::test]
+async fn after_sigterm_the_server_reports_not_ready_yet_serves_every_call_for_the_drain_delay() {
+    let mut server =
+        Server::start(&["--model_name", "mlp", "--model_base_path", "examples/models/mlp", "--drain_delay", "3"]);
+    let mut health = HealthClient::new(channel(&server.grpc_url()).await);
+    let mut open_client = server.predict_client().await;
+    let mut rest = RestClient::new(&server.http.to_string()).expect("client");
+    let request = || predict_request("mlp", vec![("x", f32_content(&[1, 64], &values(3, 64)))]);
+    open_client.predict(request()).await.expect("served before SIGTERM");
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGTERM) }, 0);
+    server.wait_for_log("serving on for the drain delay").await;
+
+    // Not ready, by every probe a load balancer uses...
+    let ready = rest.call(Method::GET, "/readyz", &[], Bytes::new()).await.expect("readyz");
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{}", ready.text());
+    assert!(ready.text().contains("shutting down"), "{}", ready.text());
+    for service in ["", "mlp"] {
+        let status = health.check(HealthCheckRequest { service: service.into() }).await.expect("health answers");
+        assert_eq!(status.into_inner().status, ServingStatus::NotServing as i32, "service '{service}'");
+    }
+    // ...while every call it is still sent is served: on an open channel,
+    // on a new connection, and over REST.
+    open_client.predict(request()).await.expect("an open channel is served during the delay");
+    server.predict_client().await.predict(request()).await.expect("a new connection is served during the delay");
+    let body = format!("{{\"instances\": [{:?}]}}", values(3, 64));
+    let served = rest.call(Method::POST, "/v1/models/mlp:predict", &[], Bytes::from(body)).await.expect("predict");
+    assert_eq!(served.status, StatusCode::OK, "{}", served.text());
+
+    // Then it drains and exits on its own, telling the open connections to
+    // go away (this runtime keeps running meanwhile, so the clients
+    // answer the server's GOAWAY as real ones do).
+    let (server, status) = tokio::task::spawn_blocking(move || {
+        let status = server.wait(Duration::from_secs(30));
+        (server, status)
+    })
+    .await
+    .expect("waiting for the exit");
+    let status = status.expect("sluice exits after the delay and the drain");
+    assert!(status.success(), "exit status {status:?}");
+    let log = server.log().join("\n");
+    assert!(log.contains("refusing new requests, closing the ports"), "{log}");
 }
 
 #[tokio::test]

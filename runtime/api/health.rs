@@ -54,8 +54,15 @@ impl Lifecycle {
         }
     }
 
-    /// Shutdown has begun: readiness turns false, every name reports
-    /// NOT_SERVING, and REST predictions are refused.
+    /// Shutdown has begun: readiness turns false and every name reports
+    /// NOT_SERVING, while calls are still served (the drain delay).
+    pub async fn leave(&self) {
+        self.phase.leave();
+        self.report(ServingStatus::NotServing).await;
+    }
+
+    /// New calls are refused from now on: readiness false, every name
+    /// NOT_SERVING, REST predictions refused, in-flight ones finish.
     pub async fn drain(&self) {
         self.phase.drain();
         self.report(ServingStatus::NotServing).await;
@@ -78,7 +85,7 @@ impl Lifecycle {
     /// What serves requests, or UNAVAILABLE with the reason while loading
     /// or draining.
     pub fn serving(&self) -> Result<&ServingState> {
-        self.phase.check_ready()?;
+        self.phase.check_serving()?;
         self.serving.get().ok_or_else(|| Error::internal("the server is ready but has nothing to serve"))
     }
 }

@@ -1,7 +1,7 @@
-//! The server's phase — loading, ready, draining — as one atomic every
-//! call reads without a lock. `health` moves it and reports it; the
-//! request context refuses calls while it is not `Ready`. Below both, so
-//! neither imports the other for it.
+//! The server's phase — loading, ready, leaving, draining — as one atomic
+//! every call reads without a lock. `health` moves it and reports it; the
+//! request context serves calls only while it is `Ready` or `Leaving`.
+//! Below both, so neither imports the other for it.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -16,6 +16,10 @@ pub enum Phase {
     Ready,
     /// Shutting down: in-flight requests finish, new ones are refused.
     Draining,
+    /// Shutting down, first step: not ready (readiness 503, gRPC health
+    /// NOT_SERVING) so that load balancers take the replica out, while
+    /// every call they still send is served (`server.drain_delay_secs`).
+    Leaving,
 }
 
 /// The phase, readable from anywhere without a lock.
@@ -34,7 +38,16 @@ impl PhaseCell {
         self.0.compare_exchange(Phase::Loading as u8, Phase::Ready as u8, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 
-    /// Shutdown has begun.
+    /// Shutdown has begun: not ready, still serving. From loading it
+    /// drains at once (nothing was ever served).
+    pub fn leave(&self) {
+        let _ = self.0.compare_exchange(Phase::Ready as u8, Phase::Leaving as u8, Ordering::AcqRel, Ordering::Acquire);
+        if self.get() == Phase::Loading {
+            self.drain();
+        }
+    }
+
+    /// Shutdown has begun, or its delay is over: new calls are refused.
     pub fn drain(&self) {
         self.0.store(Phase::Draining as u8, Ordering::Release);
     }
@@ -44,18 +57,32 @@ impl PhaseCell {
         match self.0.load(Ordering::Acquire) {
             0 => Phase::Loading,
             1 => Phase::Ready,
+            3 => Phase::Leaving,
             _ => Phase::Draining,
         }
     }
 
-    /// UNAVAILABLE, with the reason, unless the server is ready.
+    /// UNAVAILABLE, with the reason, unless the server is ready: what
+    /// readiness and health answer.
     pub fn check_ready(&self) -> Result<()> {
         match self.get() {
             Phase::Ready => Ok(()),
-            Phase::Draining => Err(Error::unavailable("the server is shutting down; send requests to another replica")),
+            Phase::Leaving | Phase::Draining => {
+                Err(Error::unavailable("the server is shutting down; send requests to another replica"))
+            }
             Phase::Loading => Err(Error::unavailable(
                 "the server is still loading its models and pipelines; retry when /readyz answers 200",
             )),
+        }
+    }
+
+    /// UNAVAILABLE, with the reason, unless the server serves calls: ready,
+    /// or leaving (shutting down, but still serving what load balancers
+    /// send before they see it).
+    pub fn check_serving(&self) -> Result<()> {
+        match self.get() {
+            Phase::Leaving => Ok(()),
+            _ => self.check_ready(),
         }
     }
 }

@@ -88,6 +88,13 @@ pub struct ServeArgs {
     #[arg(long = "drain_timeout", env = "SLUICE_DRAIN_TIMEOUT")]
     drain_timeout: Option<u64>,
 
+    /// Seconds after SIGTERM during which the server reports not ready
+    /// (readiness 503, gRPC health NOT_SERVING) yet still serves every call,
+    /// before it closes its ports and drains (`server.drain_delay_secs`,
+    /// default 5; Ctrl-C skips it).
+    #[arg(long = "drain_delay", env = "SLUICE_DRAIN_DELAY")]
+    drain_delay: Option<u64>,
+
     /// Nice steps the compute threads (inference, pipelined stages) run
     /// below the network threads, 0–19 (`server.compute_nice`; default 0,
     /// alike). Above 0 refusals and probes stay fast on a saturated CPU,
@@ -290,6 +297,7 @@ impl ServeArgs {
         set(&mut config.tensorflow.library, self.tensorflow_library.map(Some));
         set(&mut config.server.output_encoding, self.output_encoding);
         set(&mut config.server.drain_timeout_secs, self.drain_timeout);
+        set(&mut config.server.drain_delay_secs, self.drain_delay);
         set(&mut config.server.compute_nice, self.compute_nice);
         set(&mut config.server.inline_inference_micros, self.inline_inference_micros);
         set(&mut config.server.grpc_threads, self.grpc_threads);

@@ -59,6 +59,12 @@ pub struct ServerConfig {
     pub output_encoding: OutputEncoding,
     /// Seconds in-flight requests get to finish after SIGTERM.
     pub drain_timeout_secs: u64,
+    /// Seconds between SIGTERM and the ports' closing, during which the
+    /// server reports not ready (readiness 503, gRPC health NOT_SERVING)
+    /// and still serves every call: the window in which load balancers and
+    /// Kubernetes' endpoints still send to a replica being stopped. Ctrl-C
+    /// skips it.
+    pub drain_delay_secs: u64,
     /// A Unix socket to serve gRPC on too (TF Serving's `--grpc_socket_path`).
     pub grpc_socket_path: Option<PathBuf>,
     /// The deadline of a REST request, in milliseconds (TF Serving's
@@ -118,6 +124,7 @@ impl Default for ServerConfig {
             max_json_values: 1 << 22,
             output_encoding: OutputEncoding::TypedFields,
             drain_timeout_secs: 30,
+            drain_delay_secs: 5,
             grpc_socket_path: None,
             rest_api_timeout_ms: None,
             metrics_path: None,

@@ -2,11 +2,14 @@
 //!
 //! The order matters to operators: the HTTP port opens first, so liveness,
 //! readiness (503 while loading) and metrics answer while models load and
-//! warm up; the gRPC port opens once everything is ready. On shutdown,
-//! readiness turns false and gRPC health reports NOT_SERVING at once, new
-//! calls are refused with UNAVAILABLE, in-flight requests finish (up to
-//! the drain timeout), the gRPC port closes, then the HTTP port, and only
-//! then are the models released.
+//! warm up; the gRPC port opens once everything is ready. On SIGTERM,
+//! readiness turns false and gRPC health reports NOT_SERVING at once while
+//! every call is still served for the drain delay (load balancers still
+//! send until they see it); then new calls are refused with UNAVAILABLE,
+//! the gRPC port stops accepting and tells its connections to go away
+//! (GOAWAY), in-flight requests finish (up to the drain timeout), the HTTP
+//! port closes, and only then are the models released. Ctrl-C skips the
+//! delay.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -65,11 +68,21 @@ pub trait Announce {
     fn ready(&mut self, addresses: Addresses);
 }
 
+/// What stops the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM, an orchestrator's: not ready at once, serving on for the
+    /// drain delay, then draining.
+    Terminate,
+    /// Ctrl-C, a person's: draining at once.
+    Interrupt,
+}
+
 /// Loads everything `config` describes and serves it until `shutdown`
 /// resolves, telling `announce` when each port opens.
 pub async fn serve(
     config: Config,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = Stop> + Send + 'static,
     mut announce: impl Announce,
 ) -> Result<()> {
     // Before anything loads: every compute thread takes it when it starts.
@@ -105,9 +118,19 @@ pub async fn serve(
     }
     tokio::spawn({
         let lifecycle = lifecycle.clone();
+        let delay = Duration::from_secs(config.server.drain_delay_secs);
         async move {
-            shutdown.await;
-            tracing::info!("shutting down: readiness off, refusing new requests, draining in-flight ones");
+            let stop = shutdown.await;
+            if stop == Stop::Terminate && !delay.is_zero() {
+                tracing::info!(
+                    delay_secs = delay.as_secs(),
+                    "shutting down: readiness off and gRPC health NOT_SERVING; serving on for the drain delay while \
+                     load balancers take this replica out"
+                );
+                lifecycle.leave().await;
+                tokio::time::sleep(delay).await;
+            }
+            tracing::info!("shutting down: refusing new requests, closing the ports, draining in-flight ones");
             lifecycle.drain().await;
             let _ = stopping_tx.send(true);
         }

@@ -84,7 +84,7 @@ async fn serve<T>(
 ) -> Result<Response<T>, Status> {
     let (span, trace) = (cx.span.clone(), cx.trace.clone());
     let result = async {
-        state.phase.check_ready()?;
+        state.phase.check_serving()?;
         work(&mut cx).await
     }
     .instrument(trace)

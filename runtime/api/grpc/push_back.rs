@@ -179,7 +179,7 @@ impl tower::Service<http::Request<Incoming>> for Gated {
         // Hyper calls this as the stream arrives; the handler below runs
         // when the runtime gets to its task.
         let arrived = Instant::now();
-        let checked = self.push_back.as_ref().filter(|p| p.phase.check_ready().is_ok()).and_then(|push_back| {
+        let checked = self.push_back.as_ref().filter(|p| p.phase.check_serving().is_ok()).and_then(|push_back| {
             let path = request.uri().path();
             ADMITTED_CALLS.iter().find(|(call, _)| *call == path).map(|(_, named)| (push_back.clone(), *named))
         });

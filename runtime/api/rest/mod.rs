@@ -117,7 +117,7 @@ async fn readiness(State(state): State<RestState>) -> Response {
     match state.lifecycle.phase() {
         Phase::Ready => (StatusCode::OK, "ready\n").into_response(),
         Phase::Loading => (StatusCode::SERVICE_UNAVAILABLE, "loading models and pipelines\n").into_response(),
-        Phase::Draining => (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response(),
+        Phase::Leaving | Phase::Draining => (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response(),
     }
 }
 
