@@ -22,22 +22,35 @@ pub fn fixed_value(dtype: DType, shape: &[i64], chunks: &[&[u8]], pad_bytes: usi
     ) -> Result<DynValue> {
         let total: usize = chunks.iter().map(|c| c.len()).sum::<usize>() + pad_bytes;
         let size = std::mem::size_of::<T>();
-        debug_assert_eq!(total % size, 0, "chunk lengths are whole elements, this is a bug");
-        let mut values: Vec<T> = Vec::with_capacity(total / size);
+        if total % size != 0 {
+            return Err(Error::internal(format!(
+                "a batch of {total} bytes is not whole {size}-byte elements, this is a bug"
+            )));
+        }
+        let count = total / size;
+        let mut values: Vec<T> = Vec::with_capacity(count);
         {
-            let spare = values.spare_capacity_mut();
-            // SAFETY: `spare` has room for total/size elements of `T`, i.e.
-            // `total` bytes; `T: Pod`, so any bytes written are a valid `T`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), total) };
+            let spare = &mut values.spare_capacity_mut()[..count];
+            // SAFETY: `spare` is `count` possibly uninitialised `T`s, i.e.
+            // `total` bytes, viewed as as many possibly uninitialised bytes
+            // (MaybeUninit<u8> has no validity requirement, and nothing is
+            // read through the view, only written).
+            let dst: &mut [std::mem::MaybeUninit<u8>] =
+                unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast(), total) };
             let mut at = 0;
             for chunk in chunks {
-                dst[at..at + chunk.len()].copy_from_slice(chunk);
+                for (byte, value) in dst[at..at + chunk.len()].iter_mut().zip(chunk.iter()) {
+                    byte.write(*value);
+                }
                 at += chunk.len();
             }
-            dst[at..].fill(0);
+            for byte in &mut dst[at..] {
+                byte.write(0);
+            }
         }
-        // SAFETY: every byte of the first total/size elements was written above.
-        unsafe { values.set_len(total / size) };
+        // SAFETY: every byte of the first `count` elements was written
+        // above, and `T: Pod` makes any bytes a valid `T`.
+        unsafe { values.set_len(count) };
         let tensor = OrtTensor::from_array((shape.to_vec(), values)).map_err(ort_error)?;
         Ok(tensor.into_dyn())
     }
@@ -150,5 +163,16 @@ pub fn ort_error<R>(error: ort::Error<R>) -> Error {
             Error::invalid_argument(format!("the model rejected the input: {}", error.message()))
         }
         _ => Error::internal(format!("ONNX Runtime failed: {}", error.message())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_of_partial_elements_is_an_error_not_a_write_past_the_buffer() {
+        let error = fixed_value(DType::F32, &[1], &[&[0u8; 3]], 0).expect_err("3 bytes are not an f32");
+        assert!(error.to_string().contains("not whole 4-byte elements"), "{error}");
     }
 }
