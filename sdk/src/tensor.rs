@@ -6,8 +6,29 @@ use std::borrow::Cow;
 pub use crate::dtype::DType;
 use crate::PluginError;
 
-/// A fixed-width element type a tensor can be viewed as.
-pub trait Element: Copy + 'static {
+/// Only the ten primitive numbers below are elements: tensors are viewed
+/// as `[T]` in place (`Tensor::values`, `Tensor::new`), which is sound only
+/// for types with no padding and no invalid bit patterns. A type outside
+/// the crate (`bool`, a struct) cannot implement [`Element`].
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A fixed-width element type a tensor can be viewed as: one of `f32`,
+/// `f64`, `i8`–`i64`, `u8`–`u64` (sealed: booleans have their own
+/// accessors, since not every byte is a valid `bool`).
+///
+/// ```compile_fail
+/// use sluice_sdk::{DType, Element};
+/// #[derive(Clone, Copy)]
+/// struct Flag(bool);
+/// impl Element for Flag {
+///     const DTYPE: DType = DType::U8;
+///     fn read(bytes: &[u8]) -> Self { Flag(bytes[0] != 0) }
+///     fn write(self, out: &mut Vec<u8>) { out.push(self.0 as u8) }
+/// }
+/// ```
+pub trait Element: Copy + 'static + sealed::Sealed {
     /// Its dtype.
     const DTYPE: DType;
     /// Reads one element from little-endian bytes (exactly `size` of them).
@@ -18,6 +39,7 @@ pub trait Element: Copy + 'static {
 
 macro_rules! element {
     ($($ty:ty => $dtype:ident),*) => {$(
+        impl sealed::Sealed for $ty {}
         impl Element for $ty {
             const DTYPE: DType = DType::$dtype;
             fn read(bytes: &[u8]) -> Self {
@@ -99,9 +121,11 @@ impl Tensor {
             )));
         }
         let data = if cfg!(target_endian = "little") {
-            // SAFETY: `values` is a live slice of plain numbers; viewing its
-            // memory as bytes is always valid, and on a little-endian target
-            // those bytes are already the wire's order.
+            // SAFETY: `values` is a live slice of one of the ten primitive
+            // numbers `Element` is sealed to, which have no padding, so
+            // every byte of it is initialised and viewing it as bytes is
+            // valid; on a little-endian target those bytes are already the
+            // wire's order.
             unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) }.to_vec()
         } else {
             let mut data = Vec::with_capacity(std::mem::size_of_val(values));
@@ -209,10 +233,11 @@ impl Tensor {
         self.expect_dtype(T::DTYPE)?;
         let size = std::mem::size_of::<T>();
         if cfg!(target_endian = "little") && (self.data.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
-            // SAFETY: the bytes are aligned for T, their length is a
-            // multiple of size_of::<T>() (checked at construction), every
-            // bit pattern is a valid T for these primitive types, and the
-            // host's byte order is the wire's (little-endian).
+            // SAFETY: the bytes are aligned for T (checked just above),
+            // their length is a multiple of size_of::<T>() (checked at
+            // construction), every bit pattern is a valid T because
+            // `Element` is sealed to primitive numbers, and the host's byte
+            // order is the wire's (little-endian).
             let view = unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast::<T>(), self.data.len() / size) };
             return Ok(Cow::Borrowed(view));
         }
