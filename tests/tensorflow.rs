@@ -440,3 +440,105 @@ fn classify_regress_and_multi_inference_run_the_savedmodels_own_signatures() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[tokio::test]
+async fn kserve_v2_infers_on_a_savedmodel_with_strings_in_and_out() {
+    let expected = expected();
+    let server = server();
+    let case = &expected["vocab"]["cases"][0];
+    let words = case["inputs"]["words"]["values"].as_array().expect("words").clone();
+    let body = serde_json::json!({
+        "inputs": [{ "name": "words", "shape": [words.len()], "datatype": "BYTES", "data": words }]
+    });
+    let answer = http_post(server.http, "/v2/models/vocab/infer", &body.to_string()).await;
+    let json: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    let outputs = json["outputs"].as_array().unwrap_or_else(|| panic!("no outputs: {answer}"));
+    let output = |name: &str| {
+        outputs.iter().find(|o| o["name"] == name).unwrap_or_else(|| panic!("no output {name}: {answer}")).clone()
+    };
+    let (ids, upper) = (output("ids"), output("upper"));
+    assert_eq!(ids["datatype"], "INT64", "{answer}");
+    assert_eq!(ids["data"], case["outputs"]["ids"]["values"], "{answer}");
+    assert_eq!(upper["datatype"], "BYTES", "{answer}");
+    assert_eq!(upper["data"], case["outputs"]["upper"]["values"], "{answer}");
+    // The model's metadata in KServe's words.
+    let metadata: Value = serde_json::from_str(&http_get(server.http, "/v2/models/vocab").await).expect("metadata");
+    assert_eq!(metadata["inputs"][0]["name"], "words", "{metadata}");
+    assert_eq!(metadata["inputs"][0]["datatype"], "BYTES", "{metadata}");
+}
+
+#[tokio::test]
+async fn rest_classify_and_regress_read_the_json_kinds_as_tf_serving_does() {
+    use sluice::proto::tensorflow::serving::{input, ClassificationRequest, ExampleList, Input, RegressionRequest};
+    use sluice::tensor::example::{example, float_feature, int64_feature};
+    let census = root().join(".cache/tf-savedmodels/census");
+    let server = Server::with_config(&model_table("census", &census, ""));
+    let rows = serde_json::json!([
+        {"age": 41.5, "hours": 38.5, "extra": [0.1, -0.2, 0.3], "country": 2},
+        {"age": 63.0, "country": 1},
+        {"age": 27.25, "extra": [-1.0, 0.5, 0.25]},
+    ]);
+    // The same examples over gRPC, whose answers equal TensorFlow's (the
+    // official client's test above).
+    let examples: Vec<bytes::Bytes> = [
+        example([
+            ("age".to_string(), float_feature(vec![41.5])),
+            ("hours".to_string(), float_feature(vec![38.5])),
+            ("extra".to_string(), float_feature(vec![0.1, -0.2, 0.3])),
+            ("country".to_string(), int64_feature(vec![2])),
+        ]),
+        example([("age".to_string(), float_feature(vec![63.0])), ("country".to_string(), int64_feature(vec![1]))]),
+        example([
+            ("age".to_string(), float_feature(vec![27.25])),
+            ("extra".to_string(), float_feature(vec![-1.0, 0.5, 0.25])),
+        ]),
+    ]
+    .iter()
+    .map(|e| bytes::Bytes::from(e.encode_to_vec()))
+    .collect();
+    let list = || Some(Input { kind: Some(input::Kind::ExampleList(ExampleList { examples: examples.clone() })) });
+    let mut client = server.predict_client().await;
+    let classified = client
+        .classify(ClassificationRequest { model_spec: spec("census", None), input: list() })
+        .await
+        .expect("gRPC classify")
+        .into_inner();
+    let regressed = client
+        .regress(RegressionRequest {
+            model_spec: spec("census", None).map(|mut s| {
+                s.signature_name = "regression".into();
+                s
+            }),
+            input: list(),
+        })
+        .await
+        .expect("gRPC regress")
+        .into_inner();
+
+    let body = serde_json::json!({ "examples": rows }).to_string();
+    let answer = http_post(server.http, "/v1/models/census:classify", &body).await;
+    let json: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    let result = json["result"].as_array().unwrap_or_else(|| panic!("{answer}"));
+    let want = classified.result.expect("result").classifications;
+    assert_eq!(result.len(), want.len(), "{answer}");
+    for (got, want) in result.iter().zip(&want) {
+        for (pair, class) in got.as_array().expect("row").iter().zip(&want.classes) {
+            assert_eq!(pair[0], class.label.as_str(), "{answer}");
+            let score = pair[1].as_f64().expect("score");
+            assert!((score - class.score as f64).abs() <= 1e-6, "{answer}");
+        }
+    }
+    let body = serde_json::json!({ "signature_name": "regression", "examples": rows }).to_string();
+    let answer = http_post(server.http, "/v1/models/census:regress", &body).await;
+    let json: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    let values: Vec<f64> = json["result"].as_array().expect("result").iter().filter_map(Value::as_f64).collect();
+    let want: Vec<f64> = regressed.result.expect("result").regressions.iter().map(|r| r.value as f64).collect();
+    assert_eq!(values.len(), want.len(), "{answer}");
+    for (g, w) in values.iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{answer}");
+    }
+    // A whole number is an int64_list, as TF Serving reads it: the graph
+    // wants floats for age, and says so.
+    let answer = http_post(server.http, "/v1/models/census:classify", r#"{"examples": [{"age": 41}]}"#).await;
+    assert!(answer.contains("\"error\"") && answer.contains("age"), "{answer}");
+}

@@ -50,21 +50,34 @@ pub(super) async fn answer(
     };
     let target = cx.resolve(endpoints, choice, "")?;
     let signature = task.check_signature(&target, &signature_name)?;
-    let columns = target.examples(task.call())?;
+    // A SavedModel's own signature parses the examples in its graph, so
+    // the kinds come from the JSON, as TF Serving takes them; otherwise
+    // from the examples config.
+    let columns = match target.example_columns() {
+        Some(columns) => Some(columns),
+        None if target.version.loaded().backend().signature_defs().is_some() => None,
+        None => Some(target.examples(task.call())?),
+    };
     let Some(Value::Array(rows)) = request.remove("examples") else {
         return Err(Error::invalid_argument(
             "the request has no \"examples\" list; send {\"examples\": [{\"feature\": value, ...}, ...]}",
         ));
     };
-    columns.check_count(rows.len())?;
+    if let Some(columns) = columns {
+        columns.check_count(rows.len())?;
+    }
+    let convert = |value: &Value, what: &str| match columns {
+        Some(columns) => to_example(columns, value, what),
+        None => to_example_by_json(value, what),
+    };
     // Serialized, as gRPC clients send them: one parse serves both.
     let serialized = |example: Example| Bytes::from(example.encode_to_vec());
     let examples = rows
         .iter()
         .enumerate()
-        .map(|(i, row)| to_example(columns, row, &format!("examples[{i}]")).map(serialized))
+        .map(|(i, row)| convert(row, &format!("examples[{i}]")).map(serialized))
         .collect::<Result<Vec<Bytes>>>()?;
-    let context = request.remove("context").map(|c| to_example(columns, &c, "context").map(serialized)).transpose()?;
+    let context = request.remove("context").map(|c| convert(&c, "context").map(serialized)).transpose()?;
     let batch = ExampleBatch { examples: &examples, context: context.as_ref() };
     let mut results =
         examples::run(&target, batch, &[task], std::slice::from_ref(&signature), cx.deadline, cx.priority()?).await?;
@@ -98,6 +111,38 @@ fn to_example(columns: &ExampleColumns, value: &Value, what: &str) -> Result<Exa
         .iter()
         .filter_map(|(name, value)| columns.feature_kind(name).map(|kind| (name, value, kind)))
         .map(|(name, value, kind)| {
+            let what = format!("{what}.{name}");
+            Ok((name.clone(), feature(value, kind, &what)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(example(features))
+}
+
+/// One example object as a `tf.Example` whose feature kinds come from the
+/// JSON, as TF Serving's REST API reads them for a SavedModel: strings and
+/// `{"b64": …}` are a bytes_list, whole numbers (no decimal point) an
+/// int64_list, any other number a float_list (a list with one such is
+/// floats throughout).
+fn to_example_by_json(value: &Value, what: &str) -> Result<Example> {
+    let Value::Object(map) = value else {
+        return Err(Error::invalid_argument(format!(
+            "{what} is not an object; each example is {{\"feature\": value, ...}}"
+        )));
+    };
+    let features = map
+        .iter()
+        .map(|(name, value)| {
+            let values: &[Value] = match value {
+                Value::Array(values) => values,
+                one => std::slice::from_ref(one),
+            };
+            let kind = if values.iter().any(|v| v.is_string() || v.is_object()) {
+                FeatureKind::Bytes
+            } else if values.iter().all(|v| v.is_i64() || v.is_u64()) {
+                FeatureKind::Int64
+            } else {
+                FeatureKind::Float
+            };
             let what = format!("{what}.{name}");
             Ok((name.clone(), feature(value, kind, &what)?))
         })
@@ -152,6 +197,25 @@ fn feature(value: &Value, kind: FeatureKind, what: &str) -> Result<crate::proto:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_a_config_the_json_says_the_kind_as_tf_serving_reads_it() {
+        let example = to_example_by_json(
+            &json!({"age": 41.5, "country": 3, "mixed": [1, 2.5], "name": "x", "raw": {"b64": "Yg=="}}),
+            "examples[0]",
+        )
+        .expect("example");
+        let expected = super::example([
+            ("age".to_string(), float_feature(vec![41.5])),
+            ("country".to_string(), int64_feature(vec![3])),
+            ("mixed".to_string(), float_feature(vec![1.0, 2.5])),
+            ("name".to_string(), bytes_feature(vec![Bytes::from("x")])),
+            ("raw".to_string(), bytes_feature(vec![Bytes::from("b")])),
+        ]);
+        assert_eq!(example, expected);
+        let err = to_example_by_json(&json!({"age": [1, true]}), "examples[3]").unwrap_err();
+        assert!(err.message().contains("examples[3].age: value 1 is true"), "{err}");
+    }
 
     #[test]
     fn values_take_the_feature_kind() {
