@@ -22,7 +22,7 @@ pub fn fixed_value(dtype: DType, shape: &[i64], chunks: &[&[u8]], pad_bytes: usi
     ) -> Result<DynValue> {
         let total: usize = chunks.iter().map(|c| c.len()).sum::<usize>() + pad_bytes;
         let size = std::mem::size_of::<T>();
-        if total % size != 0 {
+        if !total.is_multiple_of(size) {
             return Err(Error::internal(format!(
                 "a batch of {total} bytes is not whole {size}-byte elements, this is a bug"
             )));
