@@ -333,6 +333,9 @@ fn tf_servings_ssl_config_file_serves_mutual_tls_and_bad_files_are_named() {
     );
     assert_eq!(answers[0]["ok"], true, "{}", answers[0]);
     assert_eq!(answers[1]["code"], "UNAVAILABLE", "{}", answers[1]);
+    // The start-up line says what the SSLConfig set, not the TOML default.
+    let said = server.log().into_iter().find(|l| l.contains("TLS on the gRPC, REST and admin ports"));
+    assert!(said.as_deref().is_some_and(|l| l.contains("client_verify=true")), "{said:?}");
     drop(server);
 
     // Files that do not make a server are refused before it serves, named.

@@ -112,7 +112,7 @@ pub async fn serve(
     if let Some(tls) = &tls {
         tls.watch(stopping_rx.clone());
         tracing::info!(
-            client_verify = config.server.tls.as_ref().is_some_and(|t| t.client_verify),
+            client_verify = tls.verifies_clients(),
             "TLS on the gRPC, REST and admin ports"
         );
     }

@@ -36,6 +36,9 @@ use crate::metrics::{Metrics, OutcomeLabels};
 /// The TLS settings every port serves new connections with.
 pub struct Tls {
     config: TlsConfig,
+    /// Whether clients must show a certificate, as the files say (the
+    /// TOML's `client_verify`, or the SSLConfig's).
+    verifies_clients: bool,
     current: ArcSwap<ServerConfig>,
     reloaded: Counter,
     refused: Counter,
@@ -46,13 +49,20 @@ impl Tls {
     /// names the file and what is wrong with it.
     pub fn load(config: &TlsConfig, metrics: &Metrics) -> Result<Arc<Tls>> {
         let server_config = read(config)?;
+        let verifies_clients = pems(config)?.client_ca.is_some();
         let outcome = |outcome| metrics.tls_reloads.get_or_create_owned(&OutcomeLabels { outcome });
         Ok(Arc::new(Tls {
             config: config.clone(),
+            verifies_clients,
             current: ArcSwap::from_pointee(server_config),
             reloaded: outcome("ok"),
             refused: outcome("refused"),
         }))
+    }
+
+    /// Whether clients must show a certificate signed by the client CA.
+    pub fn verifies_clients(&self) -> bool {
+        self.verifies_clients
     }
 
     /// What a new connection's handshake runs with.
