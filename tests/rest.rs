@@ -350,6 +350,12 @@ async fn each_bad_rest_request_gets_its_status_and_a_message_and_the_server_keep
         assert_eq!(after.status, StatusCode::OK, "after {method} {path}: {}", after.text());
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Bytes that are not UTF-8 between the JSON's values are named as such.
+    let mut body = br#"{"instances": [1, "#.to_vec();
+    body.push(0xff);
+    let answer = rest.call(Method::POST, "/v1/models/mlp:predict", &[], Bytes::from(body)).await.expect("call");
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.text());
+    assert!(answer.text().contains("invalid UTF-8 at byte 18"), "{}", answer.text());
 }
 
 #[tokio::test]

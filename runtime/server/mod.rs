@@ -111,10 +111,7 @@ pub async fn serve(
     let (stopping_tx, stopping_rx) = watch::channel(false);
     if let Some(tls) = &tls {
         tls.watch(stopping_rx.clone());
-        tracing::info!(
-            client_verify = tls.verifies_clients(),
-            "TLS on the gRPC, REST and admin ports"
-        );
+        tracing::info!(client_verify = tls.verifies_clients(), "TLS on the gRPC, REST and admin ports");
     }
     tokio::spawn({
         let lifecycle = lifecycle.clone();

@@ -219,9 +219,16 @@ pub fn check_json_bounds(text: &[u8], limit: usize, key: &str) -> Result<()> {
 pub fn parse<T: serde::de::DeserializeOwned>(text: &[u8]) -> serde_json::Result<T> {
     let mut deserializer = serde_json::Deserializer::from_slice(text);
     deserializer.disable_recursion_limit();
-    let value = T::deserialize(&mut deserializer)?;
-    deserializer.end()?;
-    Ok(value)
+    let parsed = T::deserialize(&mut deserializer).and_then(|value| deserializer.end().map(|()| value));
+    // Bytes that are not UTF-8 outside a string read to serde_json as an
+    // unexpected character; say what they are.
+    parsed.map_err(|error| match std::str::from_utf8(text) {
+        Err(bad) => <serde_json::Error as serde::de::Error>::custom(format!(
+            "invalid UTF-8 at byte {} (JSON text is UTF-8)",
+            bad.valid_up_to()
+        )),
+        Ok(_) => error,
+    })
 }
 
 /// A tensor (or one row of it) written as TF Serving writes tensors:
@@ -420,6 +427,18 @@ pub fn row_to_json(tensor: &Tensor, row: usize) -> Value {
 #[cfg(test)]
 mod value_count_tests {
     use super::*;
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_named_as_such() {
+        let mut body = br#"{"instances": [1, "#.to_vec();
+        body.push(0xff);
+        body.extend_from_slice(b"]}");
+        let error = parse::<serde_json::Value>(&body).expect_err("not UTF-8");
+        assert!(error.to_string().contains("invalid UTF-8 at byte 18 (JSON text is UTF-8)"), "{error}");
+        // Valid UTF-8 that is bad JSON keeps serde_json's own words.
+        let error = parse::<serde_json::Value>(br#"{"instances": [1, }"#).expect_err("bad JSON");
+        assert!(error.to_string().contains("expected value"), "{error}");
+    }
 
     #[test]
     fn values_are_counted_outside_strings() {
