@@ -450,6 +450,18 @@ impl Error {
         }
     }
 
+    /// [`Error::message`] for the answer to request `id`: a plugin's own
+    /// words are in the log under that id, and the message gives it, so an
+    /// author can find them without knowing where the id travels.
+    pub fn message_for(&self, id: &str) -> String {
+        match self {
+            Error::Plugin { message, detail: Some(_), .. } => {
+                format!("{message} (what the plugin said is in the server log under request id {id})")
+            }
+            other => other.to_string(),
+        }
+    }
+
     /// The same error with `context` put in front of its message; the
     /// kind stays.
     pub fn context(self, context: impl fmt::Display) -> Self {

@@ -237,9 +237,26 @@ async fn every_hostile_attack_fails_its_request_alone_and_everything_keeps_servi
         }
         for words in &attack_case.logs {
             assert!(!status.message().contains(words), "{}: the plugin's words reached the client", attack_case.name);
-            let line = server.wait_for_log(words).await;
             let id = status.metadata().get("x-request-id").and_then(|v| v.to_str().ok()).expect("a request id");
+            // The plugin's words, and the failure itself, under the id.
+            let mut seen: Vec<String> = Vec::new();
+            let (line, failure) = eventually("the plugin's words and the failure in the log", || {
+                seen.extend(server.log());
+                let line = seen.iter().find(|l| l.contains(words)).cloned();
+                let failure = seen.iter().find(|l| l.contains(id) && l.contains("request failed")).cloned();
+                line.zip(failure).ok_or_else(|| format!("{seen:?}"))
+            })
+            .await;
             assert!(line.contains(id), "{}: the log line does not carry the request id {id}: {line}", attack_case.name);
+            assert!(failure.contains("WARN"), "{}: a plugin's failure is a warning: {failure}", attack_case.name);
+
+            // The answer names the id the words are logged under.
+            assert!(
+                status.message().contains(&format!("under request id {id}")),
+                "{}: the answer does not give the id: {}",
+                attack_case.name,
+                status.message()
+            );
         }
         // Stopped, not left running: far inside any client's patience.
         assert!(elapsed < Duration::from_secs(2), "{} took {elapsed:?}", attack_case.name);

@@ -17,7 +17,7 @@ use tonic_health::server::HealthReporter;
 use super::admin_access::Admin;
 use super::phase::PhaseCell;
 use crate::config::{ModelDefaults, OutputEncoding};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::metrics::{LatencyLabels, Metrics, RequestLabels};
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
@@ -70,6 +70,14 @@ pub const FAILURE_LINES_PER_SECOND: u32 = 10;
 
 /// The failure lines of the whole process.
 static FAILURE_LINES: LineBudget = LineBudget::new(FAILURE_LINES_PER_SECOND);
+
+/// Plugin failure lines a second, at WARN: what an author needs to see
+/// (the plugin's own words), bounded so a plugin failing every call cannot
+/// flood the log.
+pub const PLUGIN_FAILURE_LINES_PER_SECOND: u32 = 50;
+
+/// The plugin failure lines of the whole process.
+static PLUGIN_FAILURE_LINES: LineBudget = LineBudget::new(PLUGIN_FAILURE_LINES_PER_SECOND);
 
 /// A budget of log lines a second, shared by every thread, that counts
 /// what it refuses: a handful of atomics, so a line refused costs nothing.
@@ -207,16 +215,30 @@ impl RequestContext {
             // error, a bad request) are each a line: they carry what an
             // author needs, and they do not come in floods the server makes.
             let refusal = matches!(e.code(), crate::error::Code::ResourceExhausted | crate::error::Code::Unavailable);
-            let line = if refusal { FAILURE_LINES.take() } else { Some(0) };
-            match line {
-                Some(0) => tracing::info!(code = %e.code(), api = self.api, "request failed: {e}"),
-                Some(skipped) => {
-                    tracing::info!(
-                        code = %e.code(),
-                        api = self.api,
-                        "request failed: {e} ({skipped} failures before it were not logged: at most \
-                         {FAILURE_LINES_PER_SECOND} lines a second; sluice_requests_total counts every one)"
+            // A plugin's failure is its author's to fix: a warning, with
+            // the plugin's own words, a bounded number a second.
+            let plugin = matches!(e, Error::Plugin { .. });
+            let (line, per_second) = match (plugin, refusal) {
+                (true, _) => (PLUGIN_FAILURE_LINES.take(), PLUGIN_FAILURE_LINES_PER_SECOND),
+                (false, true) => (FAILURE_LINES.take(), FAILURE_LINES_PER_SECOND),
+                (false, false) => (Some(0), 0),
+            };
+            let skipped_note = |skipped: u64| {
+                if skipped == 0 {
+                    String::new()
+                } else {
+                    format!(
+                        " ({skipped} failures before it were not logged: at most {per_second} lines a second; \
+                         sluice_requests_total counts every one)"
                     )
+                }
+            };
+            match line {
+                Some(skipped) if plugin => {
+                    tracing::warn!(code = %e.code(), api = self.api, "request failed: {e}{}", skipped_note(skipped))
+                }
+                Some(skipped) => {
+                    tracing::info!(code = %e.code(), api = self.api, "request failed: {e}{}", skipped_note(skipped))
                 }
                 None => {}
             }

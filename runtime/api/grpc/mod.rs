@@ -96,6 +96,8 @@ async fn serve<T>(
         .await
         .unwrap_or_else(|_| Err(Error::internal("the server hit a bug answering this call (it panicked)")));
     let id = MetadataValue::try_from(cx.id.as_str()).ok();
+    // Only a failure names the id in its message.
+    let failed_id = result.as_ref().err().map(|_| cx.id.clone());
     cx.finish(&result);
     let with_id = |metadata: &mut MetadataMap| {
         if let Some(id) = id {
@@ -109,7 +111,7 @@ async fn serve<T>(
             Ok(response)
         }
         Err(error) => {
-            let mut status: Status = error.into();
+            let mut status = Status::new(error.code().grpc(), error.message_for(failed_id.as_deref().unwrap_or("")));
             with_id(status.metadata_mut());
             Err(status)
         }

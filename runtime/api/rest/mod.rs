@@ -330,7 +330,8 @@ pub(crate) async fn run_call(
         .unwrap_or_else(|_| Err(Error::internal("the server hit a bug answering this request (it panicked)")));
     let id = cx.id.clone();
     cx.finish(&result);
-    (id, result.unwrap_or_else(|e| error_response(&e)))
+    let answer = result.unwrap_or_else(|e| message_response(&e, e.message_for(&id)));
+    (id, answer)
 }
 
 /// How much of an oversized body is read and thrown away before the 413,
@@ -381,7 +382,12 @@ async fn read_body_now(body: Body, headers: &HeaderMap, limit: usize, key: &str)
 
 /// `{"error": message}` with the code's HTTP status.
 pub(crate) fn error_response(error: &Error) -> Response {
-    let body = serde_json::to_vec(&serde_json::json!({ "error": error.message() })).unwrap_or_default();
+    message_response(error, error.message())
+}
+
+/// `{"error": message}` with `error`'s HTTP status.
+fn message_response(error: &Error, message: String) -> Response {
+    let body = serde_json::to_vec(&serde_json::json!({ "error": message })).unwrap_or_default();
     (error.code().http(), [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
