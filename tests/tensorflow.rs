@@ -551,3 +551,80 @@ async fn rest_classify_and_regress_read_the_json_kinds_as_tf_serving_does() {
     let answer = http_post(server.http, "/v1/models/census:classify", r#"{"examples": [{"age": 41}]}"#).await;
     assert!(answer.contains("\"error\"") && answer.contains("age"), "{answer}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_savedmodel_version_switch_under_load_fails_no_request() {
+    let expected = expected();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = dir.path().join("keras_mlp");
+    std::fs::create_dir_all(&base).expect("mkdir");
+    let copy = |version: &str, to: &std::path::Path| {
+        let copied = std::process::Command::new("cp")
+            .arg("-r")
+            .arg(models().join("keras_mlp").join(version))
+            .arg(to)
+            .status()
+            .expect("cp");
+        assert!(copied.success());
+    };
+    copy("1", &base.join("1"));
+    let server = Server::with_config(&model_table("keras_mlp", &base, "tensorflow = { run_threads = 2 }"));
+    let case = expected["keras_mlp"]["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["version"] == 2 && c["inputs"]["features"]["shape"][0] == 1)
+        .expect("a one-row case")
+        .clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut loops = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (mut client, stop, inputs) = (server.predict_client().await, stop.clone(), case["inputs"].clone());
+        loops.spawn(async move {
+            let (mut answered, mut by_two) = (0u64, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let answer = client.predict(request("keras_mlp", None, "", &inputs)).await.expect("no request fails");
+                answered += 1;
+                if answer.into_inner().model_spec.and_then(|s| s.version_choice)
+                    == Some(model_spec::VersionChoice::Version(2))
+                {
+                    by_two += 1;
+                }
+            }
+            (answered, by_two)
+        });
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Published whole: copied aside, then renamed into place.
+    let staged = dir.path().join(".staged");
+    copy("2", &staged);
+    std::fs::rename(&staged, base.join("2")).expect("publish version 2");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let statuses = server.model_status("keras_mlp").await;
+        let two_serves = statuses.iter().any(|s| s.version == 2 && s.state == 30);
+        let one_gone = statuses.iter().all(|s| s.version != 1 || s.state == 50);
+        if two_serves && one_gone {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "version 2 did not take over: {statuses:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut answered, mut by_two) = (0, 0);
+    while let Some(done) = loops.join_next().await {
+        let (a, b) = done.expect("a load loop failed a request");
+        answered += a;
+        by_two += b;
+    }
+    assert!(answered > 20 && by_two > 0, "{answered} answered, {by_two} by version 2");
+    // Version 2 answers as TensorFlow computes it.
+    let answer =
+        server.predict_client().await.predict(request("keras_mlp", None, "", &case["inputs"])).await.expect("v2");
+    assert_equal(&answered_values(&answer.into_inner()), &wanted(&case["outputs"]["output_0"]), "keras_mlp v2");
+}
+
+fn answered_values(answer: &sluice::proto::tensorflow::serving::PredictResponse) -> Vec<Scalar> {
+    answered(&answer.outputs["output_0"])
+}
