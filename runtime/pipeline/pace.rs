@@ -10,6 +10,14 @@
 //! offered, and teaches nothing: the rate stays unknown until the first
 //! overload, and then keeps what the last one measured.
 //!
+//! The service time is the lowest such fastest answer of the last
+//! [`SERVICE_MEMORY`], not an average of them: under a standing queue
+//! even a window's fastest answer waited, and averaging it in would let
+//! the queue feed the estimate that sizes it (more places, longer waits, a
+//! slower "fastest" answer, more places), until the batch queue drops
+//! what it admitted as stale. A lower one is taken at once; a higher one
+//! only once the lowest is older than the memory (the model slowed down).
+//!
 //! From the two, Little's law gives the places that hold at most `bound`
 //! of queueing (`rate × (service + bound)`) and the wait a request
 //! admitted now should expect (`in_use / rate`). Everything here is a
@@ -31,6 +39,10 @@ const FEWEST_COMPLETIONS: u64 = 16;
 /// The longest a window waits for [`FEWEST_COMPLETIONS`].
 const LONGEST_WINDOW: Duration = Duration::from_secs(1);
 
+/// How long the lowest service time measured is kept before a higher one
+/// replaces it.
+pub const SERVICE_MEMORY: Duration = Duration::from_secs(10);
+
 /// The learned service rate and time of one admission.
 #[derive(Debug)]
 pub struct Pace {
@@ -44,9 +56,11 @@ pub struct Pace {
     fastest: AtomicU64,
     /// Requests answered per second while pressed (f64 bits); 0: unknown.
     rate: AtomicU64,
-    /// Nanoseconds an unqueued request takes (the fastest answers while
-    /// pressed, smoothed).
+    /// Nanoseconds an unqueued request takes: the lowest fastest answer
+    /// of a pressed window within [`SERVICE_MEMORY`].
     service: AtomicU64,
+    /// When `service` was measured, in nanoseconds from `epoch`.
+    service_at: AtomicU64,
 }
 
 impl Default for Pace {
@@ -66,6 +80,7 @@ impl Pace {
             fastest: AtomicU64::new(u64::MAX),
             rate: AtomicU64::new(0),
             service: AtomicU64::new(0),
+            service_at: AtomicU64::new(0),
         }
     }
 
@@ -109,8 +124,11 @@ impl Pace {
         let rate = if old > 0.0 { (old + measured) / 2.0 } else { measured };
         self.rate.store(rate.to_bits(), Ordering::Relaxed);
         let old_service = self.service.load(Ordering::Relaxed);
-        let service = if old_service > 0 { old_service / 2 + fastest / 2 } else { fastest };
-        self.service.store(service, Ordering::Relaxed);
+        let age = now_nanos.saturating_sub(self.service_at.load(Ordering::Relaxed));
+        if old_service == 0 || fastest <= old_service || age >= SERVICE_MEMORY.as_nanos() as u64 {
+            self.service.store(fastest, Ordering::Relaxed);
+            self.service_at.store(now_nanos, Ordering::Relaxed);
+        }
     }
 
     /// Requests answered per second while pressed; `None` until the first
@@ -183,6 +201,25 @@ mod tests {
         let expected = pace.expected(100).expect("learned");
         assert!(expected > Duration::from_millis(35) && expected < Duration::from_millis(70), "{expected:?}");
         assert_eq!(pace.expected(0), Some(Duration::from_millis(2)), "never less than the service time");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standing_queue_does_not_inflate_the_service_time_that_sizes_it() {
+        let pace = Pace::new();
+        pace.refused();
+        answer(&pace, 400, Duration::from_millis(200), Duration::from_millis(2), 60, 100).await;
+        assert_eq!(pace.service_time(), Some(Duration::from_millis(2)));
+        // Under a standing queue even the fastest answers waited: 12 ms.
+        for _ in 0..10 {
+            pace.refused();
+            answer(&pace, 100, Duration::from_millis(100), Duration::from_millis(12), 90, 100).await;
+        }
+        assert_eq!(pace.service_time(), Some(Duration::from_millis(2)), "the queue's wait is not service");
+        // Past the memory, the model is taken to have slowed down.
+        tokio::time::advance(SERVICE_MEMORY).await;
+        pace.refused();
+        answer(&pace, 100, Duration::from_millis(100), Duration::from_millis(12), 90, 100).await;
+        assert_eq!(pace.service_time(), Some(Duration::from_millis(12)));
     }
 
     #[tokio::test(start_paused = true)]
