@@ -73,7 +73,6 @@ pub struct Admission {
     /// The quotas a request must fit besides the places: the pipeline's
     /// own, then its team's.
     quotas: Vec<Arc<Quota>>,
-    refusing: Refusing,
 }
 
 /// How long an admission must have been refusing, without a pause, before
@@ -120,12 +119,91 @@ impl Refusing {
 }
 
 /// The places taken, and what their answers teach.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Occupancy {
     used: AtomicUsize,
     pace: Pace,
     /// The places allowed now (learned), for the pace's notion of pressed.
     limit: AtomicUsize,
+    /// The current spell of refusals, this admission's or its queues'.
+    refusing: Refusing,
+    /// How far refusals downstream have narrowed the places.
+    squeeze: Squeeze,
+}
+
+impl Occupancy {
+    fn new(capacity: usize) -> Occupancy {
+        Occupancy {
+            used: AtomicUsize::new(0),
+            pace: Pace::new(),
+            limit: AtomicUsize::new(capacity),
+            refusing: Refusing::new(),
+            squeeze: Squeeze::default(),
+        }
+    }
+}
+
+/// How long a downstream refusal narrows the places for before they widen
+/// again, in microseconds: the places come back a step at a time once no
+/// request admitted here has been refused downstream for this long.
+const WIDEN_AFTER_MICROS: u64 = 100_000;
+
+/// A downstream queue (the batch queue) refusing what this admission let
+/// in means the learned places hold more than the queue serves in time:
+/// each such refusal narrows them by a fifth (at most once per 10 ms, to
+/// a twentieth at least), and they widen by a twentieth of the whole
+/// every 50 ms once none has come for [`WIDEN_AFTER_MICROS`]: additive
+/// increase, multiplicative decrease, as TCP meets a congested link. So
+/// the wire refuses (cheaply, unread) what the queue would otherwise drop
+/// after reading and decoding it.
+#[derive(Debug)]
+struct Squeeze {
+    /// The share of the places allowed, as f64 bits.
+    factor: AtomicU64,
+    /// When it last narrowed and widened, in microseconds (`Refusing`'s
+    /// clock).
+    narrowed_at: AtomicU64,
+    widened_at: AtomicU64,
+}
+
+impl Default for Squeeze {
+    fn default() -> Self {
+        Squeeze {
+            factor: AtomicU64::new(1f64.to_bits()),
+            narrowed_at: AtomicU64::new(0),
+            widened_at: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Squeeze {
+    /// A refusal downstream at `now`.
+    fn narrow(&self, now: u64) {
+        let last = self.narrowed_at.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < 10_000 {
+            return;
+        }
+        self.narrowed_at.store(now.max(1), Ordering::Relaxed);
+        let factor = f64::from_bits(self.factor.load(Ordering::Relaxed));
+        self.factor.store((factor * 0.8).max(0.05).to_bits(), Ordering::Relaxed);
+    }
+
+    /// The share of the places allowed at `now`, widened a step when due.
+    fn factor(&self, now: u64) -> f64 {
+        let factor = f64::from_bits(self.factor.load(Ordering::Relaxed));
+        if factor >= 1.0 {
+            return 1.0;
+        }
+        let quiet = now.saturating_sub(self.narrowed_at.load(Ordering::Relaxed)) >= WIDEN_AFTER_MICROS;
+        let widened = self.widened_at.load(Ordering::Relaxed);
+        if quiet && now.saturating_sub(widened) >= 50_000 {
+            self.widened_at.store(now, Ordering::Relaxed);
+            let wider = (factor + 0.05).min(1.0);
+            self.factor.store(wider.to_bits(), Ordering::Relaxed);
+            return wider;
+        }
+        factor
+    }
 }
 
 /// Proof that a request was admitted; dropping it frees the place (and its
@@ -134,6 +212,9 @@ struct Occupancy {
 pub struct AdmissionPermit {
     occupancy: Arc<Occupancy>,
     admitted: Instant,
+    /// A queue behind the admission refused the request: its end is no
+    /// answer for the pace to learn from.
+    dropped: bool,
     in_flight: Gauge,
     quotas: Vec<Arc<Quota>>,
 }
@@ -144,11 +225,27 @@ impl std::fmt::Debug for Quota {
     }
 }
 
+impl AdmissionPermit {
+    /// A queue behind the admission (the batch queue) refused the
+    /// request: the admission is pressed, its places narrow (`Squeeze`),
+    /// and the refusal counts toward the spell after which the transport
+    /// pushes back, so what the queue would drop is refused unread.
+    pub fn dropped_downstream(&mut self) {
+        self.dropped = true;
+        let occupancy = &self.occupancy;
+        occupancy.refusing.refused();
+        occupancy.pace.refused();
+        occupancy.squeeze.narrow(occupancy.refusing.now());
+    }
+}
+
 impl Drop for AdmissionPermit {
     fn drop(&mut self) {
         let left = self.occupancy.used.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
-        let limit = self.occupancy.limit.load(Ordering::Relaxed);
-        self.occupancy.pace.answered(self.admitted, left, limit);
+        if !self.dropped {
+            let limit = self.occupancy.limit.load(Ordering::Relaxed);
+            self.occupancy.pace.answered(self.admitted, left, limit);
+        }
         self.in_flight.dec();
         for quota in &self.quotas {
             quota.release();
@@ -176,13 +273,12 @@ impl Admission {
             shares,
             limits: limits_of(capacity, &shares),
             max_queue_wait: None,
-            occupancy: Arc::new(Occupancy { limit: AtomicUsize::new(capacity), ..Occupancy::default() }),
+            occupancy: Arc::new(Occupancy::new(capacity)),
             rejected,
             pushed_back: Counter::default(),
             late: Counter::default(),
             in_flight,
             quotas: Vec::new(),
-            refusing: Refusing::new(),
         }
     }
 
@@ -205,7 +301,7 @@ impl Admission {
     /// refusal of this admission: it is pressed, whatever its places say.
     pub fn refuse_late(&self) {
         self.late.inc();
-        self.refusing.refused();
+        self.occupancy.refusing.refused();
         self.occupancy.pace.refused();
     }
 
@@ -220,7 +316,9 @@ impl Admission {
     /// The places now: `capacity`, or fewer once a rate is learned.
     fn places_now(&self) -> usize {
         let Some(bound) = self.max_queue_wait else { return self.capacity };
-        let places = self.occupancy.pace.places(bound, self.capacity);
+        let learned = self.occupancy.pace.places(bound, self.capacity);
+        let factor = self.occupancy.squeeze.factor(self.occupancy.refusing.now());
+        let places = if factor >= 1.0 { learned } else { ((learned as f64 * factor).ceil() as usize).max(1) };
         if self.occupancy.limit.load(Ordering::Relaxed) != places {
             self.occupancy.limit.store(places, Ordering::Relaxed);
         }
@@ -271,6 +369,7 @@ impl Admission {
         Ok(AdmissionPermit {
             occupancy: self.occupancy.clone(),
             admitted: Instant::now(),
+            dropped: false,
             in_flight: self.in_flight.clone(),
             quotas: self.quotas.clone(),
         })
@@ -302,10 +401,12 @@ impl Admission {
     /// transport makes before it reads a request (`api::push_back`): no
     /// message is made.
     pub fn is_full(&self, priority: Priority) -> bool {
-        if self.occupancy.used.load(Ordering::Acquire) < self.limit_now(priority) || !self.refusing.sustained() {
+        if self.occupancy.used.load(Ordering::Acquire) < self.limit_now(priority)
+            || !self.occupancy.refusing.sustained()
+        {
             return false;
         }
-        self.refusing.refused();
+        self.occupancy.refusing.refused();
         self.pushed_back.inc();
         self.occupancy.pace.refused();
         true
@@ -326,7 +427,7 @@ impl Admission {
     /// Counts a refusal at `limit` places and says why.
     fn refused(&self, priority: Priority, limit: usize) -> Error {
         self.rejected.inc();
-        self.refusing.refused();
+        self.occupancy.refusing.refused();
         self.occupancy.pace.refused();
         let places = self.places_now();
         if places < self.capacity {
@@ -538,6 +639,43 @@ mod tests {
         drop(a);
         assert_eq!(gauge.get(), 1);
         assert!(admission.try_admit(Priority::Normal, Deadline::NONE).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_downstream_narrow_the_places_and_quiet_widens_them_again() {
+        let admission =
+            admission(100, &TrafficConfig::default(), &Gauge::default()).bounded_by(Duration::from_secs(10));
+        // Nothing learned: the count bounds, a 10 s wait at any rate.
+        assert_eq!(admission.places_now(), 100);
+        // The batch queue refuses what was let in, three times 11 ms apart.
+        for i in 0..3 {
+            if i > 0 {
+                tokio::time::advance(Duration::from_millis(11)).await;
+            }
+            let mut permit = admission.try_admit(Priority::Normal, Deadline::NONE).expect("admitted");
+            permit.dropped_downstream();
+            drop(permit);
+        }
+        // 100 × 0.8³ = 51.2.
+        assert_eq!(admission.places_now(), 52);
+        // A refusal within 10 ms of the last narrows no further.
+        let mut permit = admission.try_admit(Priority::Normal, Deadline::NONE).expect("admitted");
+        permit.dropped_downstream();
+        drop(permit);
+        assert_eq!(admission.places_now(), 52);
+        // The drops count toward the spell after which the transport pushes
+        // back (once the places are full too).
+        assert!(admission.occupancy.refusing.now() > 0);
+        // Quiet: after 100 ms, a twentieth back every 50 ms.
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(admission.places_now(), 57);
+        tokio::time::advance(Duration::from_millis(50)).await;
+        assert_eq!(admission.places_now(), 62);
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            admission.places_now();
+        }
+        assert_eq!(admission.places_now(), 100, "back to what was learned");
     }
 
     #[tokio::test(start_paused = true)]

@@ -177,14 +177,14 @@ pub struct ValidRequest {
     deadline: Deadline,
     priority: Priority,
     /// Its place in the pipeline's admission, freed once it is answered.
-    _admitted: AdmissionPermit,
+    admitted: AdmissionPermit,
 }
 
 impl ValidRequest {
     /// Runs the request through its pipeline; returns the outputs it asked
     /// for, by name, in signature order unless its filter ordered them.
     pub async fn run(self) -> Result<Vec<(String, Tensor)>> {
-        let ValidRequest { target, inputs, outputs: selected, deadline, priority, _admitted } = self;
+        let ValidRequest { target, inputs, outputs: selected, deadline, priority, admitted: mut admitted } = self;
         let signature = target.signature();
         // Sampled before it runs; the inputs are shared, not copied.
         let log = target.pipeline.model().request_log().as_ref().filter(|log| log.sample()).cloned();
@@ -199,13 +199,19 @@ impl ValidRequest {
                         "while queued or running",
                         target.pipeline.predict(&target.version, signature, inputs, deadline, priority),
                     )
-                    .await?
+                    .await
             }
             Some(key) => {
                 let backend = target.version.loaded().backend();
-                deadline.run("while queued or running", backend.run_other(key, inputs)).await?
+                deadline.run("while queued or running", backend.run_other(key, inputs)).await
             }
         };
+        // A queue behind the admission refused it: the admission let in
+        // more than its queues serve in time.
+        if let Err(Error::QueueFull { .. } | Error::LimitExceeded(_)) = &outputs {
+            admitted.dropped_downstream();
+        }
+        let outputs = outputs?;
         if outputs.len() != signature.outputs.len() {
             return Err(Error::internal(format!(
                 "{target} returned {} outputs, but its signature has {}",
@@ -297,7 +303,7 @@ impl RequestBuilder<'_> {
             outputs: self.outputs,
             deadline: self.deadline,
             priority: self.priority,
-            _admitted: self.admitted,
+            admitted: self.admitted,
         })
     }
 }
