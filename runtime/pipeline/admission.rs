@@ -226,8 +226,8 @@ impl std::fmt::Debug for Quota {
 }
 
 impl AdmissionPermit {
-    /// A queue behind the admission (the batch queue) refused the
-    /// request: the admission is pressed, its places narrow (`Squeeze`),
+    /// The batch queue behind the admission dropped the request as stale:
+    /// the admission is pressed, its places narrow (`Squeeze`),
     /// and the refusal counts toward the spell after which the transport
     /// pushes back, so what the queue would drop is refused unread.
     pub fn dropped_downstream(&mut self) {

@@ -184,7 +184,7 @@ impl ValidRequest {
     /// Runs the request through its pipeline; returns the outputs it asked
     /// for, by name, in signature order unless its filter ordered them.
     pub async fn run(self) -> Result<Vec<(String, Tensor)>> {
-        let ValidRequest { target, inputs, outputs: selected, deadline, priority, admitted: mut admitted } = self;
+        let ValidRequest { target, inputs, outputs: selected, deadline, priority, mut admitted } = self;
         let signature = target.signature();
         // Sampled before it runs; the inputs are shared, not copied.
         let log = target.pipeline.model().request_log().as_ref().filter(|log| log.sample()).cloned();
@@ -206,9 +206,11 @@ impl ValidRequest {
                 deadline.run("while queued or running", backend.run_other(key, inputs)).await
             }
         };
-        // A queue behind the admission refused it: the admission let in
-        // more than its queues serve in time.
-        if let Err(Error::QueueFull { .. } | Error::LimitExceeded(_)) = &outputs {
+        // The batch queue dropped it as stale (waited past its bound under
+        // a standing queue): the admission let in more than the queue
+        // serves in time. (A full batch queue is a burst's, not a sign
+        // the places are too many.)
+        if let Err(Error::LimitExceeded(_)) = &outputs {
             admitted.dropped_downstream();
         }
         let outputs = outputs?;
