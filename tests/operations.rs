@@ -509,3 +509,37 @@ async fn names_clients_invent_add_a_bounded_number_of_metric_series() {
     let unknown = requests(sluice::metrics::UNKNOWN_NAME, "grpc", "NOT_FOUND");
     assert_eq!(metric_value(&text, &unknown), 50.0, "the rest share one series: {unknown}");
 }
+
+#[test]
+fn sluice_bench_progress_lines_add_up_to_the_run_and_leave_the_warm_up_out() {
+    let server = Server::start(&["--model_name", "mlp", "--model_base_path", "examples/models/mlp"]);
+    let (code, stdout, stderr) = run_sluice(&[
+        "bench",
+        "--target",
+        &server.grpc_url(),
+        "--model",
+        "mlp",
+        "--duration",
+        "2s",
+        "--warmup",
+        "1s",
+        "--concurrency",
+        "4",
+        "--log_level",
+        "warn",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("[warm-up] 1.0 s, not counted"), "{stderr}");
+    // `[   1 s]    3509 answered in 1.00 s: …`, then `[end] …`.
+    let answered: Vec<u64> = stderr
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains(" answered in "))
+        .filter_map(|l| l.split(']').nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(answered.len() >= 2, "a line per measured second: {stderr}");
+    let total: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_suffix(' ').unwrap_or(l).split(" requests in ").next()?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no total: {stdout}"));
+    assert_eq!(answered.iter().sum::<u64>(), total, "the lines add up to the run: {stderr}\n{stdout}");
+}

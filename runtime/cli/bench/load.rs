@@ -78,6 +78,9 @@ struct Shared {
     total: Mutex<Recorder>,
     /// Since the last progress line.
     interval: Mutex<Recorder>,
+    /// When the last progress line was printed (the measuring's start
+    /// before the first).
+    last_line: Mutex<Instant>,
 }
 
 impl Shared {
@@ -135,6 +138,7 @@ pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> anyhow::Re
         until: start + plan.warmup + plan.duration,
         total: Mutex::new(Recorder::default()),
         interval: Mutex::new(Recorder::default()),
+        last_line: Mutex::new(start + plan.warmup),
     });
     let progress = plan.progress.then(|| tokio::spawn(progress_lines(shared.clone())));
     match plan.rps {
@@ -143,7 +147,14 @@ pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> anyhow::Re
     }
     if let Some(progress) = progress {
         progress.abort();
-        eprintln!();
+        // The last stretch since the last line: what finished after it
+        // (the run's last partial second, and calls answered after the
+        // end), so the lines add up to the run.
+        let stretch = shared.last_line.lock().map(|at| at.elapsed()).unwrap_or_default();
+        let rest = shared.interval.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
+        if rest.requests() > 0 {
+            progress_line("end", &rest.summary(stretch), stretch);
+        }
     }
     let total = shared.total.lock().map_err(|_| anyhow::anyhow!("a worker panicked"))?.clone();
     Ok(total.summary(plan.duration))
@@ -219,25 +230,39 @@ async fn open_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<LoadClien
     while tasks.join_next().await.is_some() {}
 }
 
+/// A line a second of what was answered in it, counted from the end of
+/// the warm-up (whose calls are not counted), so that the lines and the
+/// final `end` line add up to the run's total.
 async fn progress_lines(shared: Arc<Shared>) {
-    let start = Instant::now();
-    let mut ticker = tokio::time::interval(Duration::from_secs(1));
-    ticker.tick().await;
+    let measure_from = shared.measure_from;
+    if Instant::now() < measure_from {
+        eprintln!("[warm-up] {:.1} s, not counted", (measure_from - Instant::now()).as_secs_f64());
+    }
+    let mut ticker = tokio::time::interval_at((measure_from + Duration::from_secs(1)).into(), Duration::from_secs(1));
     loop {
-        ticker.tick().await;
+        let tick = ticker.tick().await.into_std();
         let interval = match shared.interval.lock() {
             Ok(mut recorder) => std::mem::take(&mut *recorder),
             Err(_) => return,
         };
-        let s = interval.summary(Duration::from_secs(1));
-        let phase = if Instant::now() < shared.measure_from { " (warm-up)" } else { "" };
-        eprint!(
-            "\r[{:>4.0} s{phase}] {:>9.1} req/s  p50 {:>8.3} ms  p99 {:>8.3} ms  errors {:<6}",
-            start.elapsed().as_secs_f64(),
-            s.requests_per_second,
-            s.p50_ms,
-            s.p99_ms,
-            s.requests - s.ok
-        );
+        let stretch = match shared.last_line.lock() {
+            Ok(mut last) => tick.saturating_duration_since(std::mem::replace(&mut *last, tick)),
+            Err(_) => return,
+        };
+        let label = format!("{:>4.0} s", (tick - measure_from).as_secs_f64());
+        progress_line(&label, &interval.summary(stretch), stretch);
     }
+}
+
+/// One progress line: the calls answered over `stretch`.
+fn progress_line(label: &str, s: &Summary, stretch: Duration) {
+    eprintln!(
+        "[{label}] {:>7} answered in {:.2} s: {:>9.1} req/s  p50 {:>8.3} ms  p99 {:>8.3} ms  errors {:<6}",
+        s.requests,
+        stretch.as_secs_f64(),
+        s.requests_per_second,
+        s.p50_ms,
+        s.p99_ms,
+        s.requests - s.ok
+    );
 }
