@@ -726,3 +726,16 @@ async fn a_plugin_that_drops_rows_fails_as_its_own_bad_output() {
     };
     assert_eq!((count("bad_output"), count("ok")), (1.0, 0.0), "{metrics}");
 }
+
+#[test]
+fn plugin_check_input_takes_nan_and_infinities_as_the_rest_api_does() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("nan.json");
+    let row: Vec<String> =
+        ["NaN", "Infinity", "-Infinity"].into_iter().map(String::from).chain((0..61).map(|_| "0.5".into())).collect();
+    std::fs::write(&path, format!("{{\"inputs\": {{\"x\": [[{}]]}}}}", row.join(", "))).expect("write");
+    let (code, stdout, stderr) =
+        run_sluice(&["plugin", "check", "target/plugins/identity.wasm", "--input", path.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("row 0 = [NaN,Infinity,-Infinity,0.5"), "{stdout}");
+}

@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 use crate::models::load_selected;
 use crate::pipeline::stages::plugin::plugin_fits;
 use crate::plugin::{memory_bytes, zeros, Plugin, PluginEngine, PluginLimits, PluginsConfig, World};
-use crate::tensor::json::{row_to_json, tensor_from_json};
+use crate::tensor::json::{tensor_from_json, JsonView};
 use crate::tensor::spec::{check_tensor, Signature, TensorSpec};
 use crate::tensor::{format_shape, NamedTensor, Tensor};
 
@@ -130,11 +130,13 @@ fn describe_specs(specs: &[TensorSpec]) -> String {
 /// Inputs from a JSON file, checked as the server checks a request's
 /// before a plugin sees them: every declared input and no other, dtypes,
 /// ranks and fixed dimensions, and for batched inputs at least one row,
-/// the same in each.
+/// the same in each. Floats may be bare `NaN`, `Infinity`, `-Infinity`.
 fn from_json(path: &PathBuf, specs: &[TensorSpec]) -> Result<Vec<NamedTensor>> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::invalid_argument(format!("{}: {e}", path.display())))?;
-    let body: serde_json::Value = serde_json::from_str(&text)
+    let text = std::fs::read(path).map_err(|e| Error::invalid_argument(format!("{}: {e}", path.display())))?;
+    // Bare NaN, Infinity and -Infinity, as the REST API takes them (and
+    // Python's json.dumps writes them): what production sent can be
+    // replayed here.
+    let body: serde_json::Value = crate::tensor::json::parse(&crate::tensor::json::accept_non_finite(&text))
         .map_err(|e| Error::invalid_argument(format!("{}: not JSON: {e}", path.display())))?;
     let inputs = body.get("inputs").and_then(|v| v.as_object()).ok_or_else(|| {
         Error::invalid_argument(format!("{}: expected {{\"inputs\": {{\"NAME\": […]}}}}", path.display()))
@@ -225,8 +227,12 @@ pub fn run(args: &CheckArgs) -> Result<String> {
     }
     for output in &outputs {
         let t = &output.tensor;
-        let first = if t.shape().is_empty() || t.rows() == 0 { serde_json::Value::Null } else { row_to_json(t, 0) };
-        let mut preview = first.to_string();
+        // As the REST API writes it: NaN and the infinities by name.
+        let mut preview = if t.shape().is_empty() || t.rows() == 0 {
+            "null".to_string()
+        } else {
+            serde_json::to_string(&JsonView::row(t, 0).output(&output.name)).unwrap_or_default()
+        };
         if preview.len() > 200 {
             let mut cut = 200;
             while !preview.is_char_boundary(cut) {
