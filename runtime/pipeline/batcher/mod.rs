@@ -317,10 +317,16 @@ impl Shared {
         }
     }
 
-    /// The longest a request may wait under sustained overload.
+    /// The longest a request may wait under sustained overload; none
+    /// before a batch has run, since the bound allows one batch's run and
+    /// that is not known yet (a burst at start-up waits behind the first
+    /// batches, which is no sign of requests admitted past the bound).
     fn stale_after(&self) -> Duration {
-        let last_run = Duration::from_micros(self.last_run_micros.load(Ordering::Relaxed));
-        self.max_queue_wait + self.batch_timeout() + last_run
+        let last_run = self.last_run_micros.load(Ordering::Relaxed);
+        if last_run == 0 {
+            return Duration::MAX;
+        }
+        self.max_queue_wait + self.batch_timeout() + Duration::from_micros(last_run)
     }
 
     /// The answer of a request that waited `waited`, past `bound`.
