@@ -5,13 +5,17 @@
 //! thread finishes, and queueing beyond that happens in front of the
 //! backend, where it is bounded and visible.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
+use super::inline::InlineRule;
 use super::{Batch, Completion};
 use crate::error::{Error, Result};
+use crate::metrics::ModelMetrics;
 use crate::tensor::Tensor;
 
 /// A batch to run and where its outputs go.
@@ -90,4 +94,27 @@ pub fn submit(jobs: &async_channel::Sender<Job>, batch: Batch, done: Completion)
         }
         Err(async_channel::TrySendError::Closed(job)) => job.reply.send(Err(unloading())),
     }
+}
+
+/// Runs `run` over `batch` on whichever thread called, timed: the
+/// `metrics` count and time it, and `inline` learns what a successful run
+/// of its size cost. A panic in the engine is an INTERNAL error naming
+/// `engine`, not a lost thread.
+pub fn timed_run(
+    metrics: &ModelMetrics,
+    inline: &InlineRule,
+    batch: &Batch,
+    engine: &str,
+    run: impl FnOnce() -> Result<Vec<Tensor>>,
+) -> Result<Vec<Tensor>> {
+    let started = Instant::now();
+    let result = std::panic::catch_unwind(AssertUnwindSafe(run))
+        .unwrap_or_else(|_| Err(Error::internal(format!("{engine} panicked while running the model"))));
+    let seconds = started.elapsed().as_secs_f64();
+    metrics.runs.inc();
+    metrics.seconds.observe(seconds);
+    if result.is_ok() {
+        inline.record(batch.run_elements(), seconds);
+    }
+    result
 }

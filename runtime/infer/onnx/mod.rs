@@ -18,10 +18,9 @@
 pub mod library;
 pub mod optimized;
 
-use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use ort::session::builder::GraphOptimizationLevel;
@@ -297,16 +296,7 @@ impl Runner {
     /// Runs `batch` on `session`, timed: the metrics and the inline rule
     /// learn what it cost.
     fn run(&self, session: &mut Session, batch: &Batch) -> Result<Vec<Tensor>> {
-        let started = Instant::now();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| run_batch(session, batch)))
-            .unwrap_or_else(|_| Err(Error::internal("ONNX Runtime panicked while running the model")));
-        let seconds = started.elapsed().as_secs_f64();
-        self.metrics.runs.inc();
-        self.metrics.seconds.observe(seconds);
-        if result.is_ok() {
-            self.inline.record(batch.run_elements(), seconds);
-        }
-        result
+        worker::timed_run(&self.metrics, &self.inline, batch, "ONNX Runtime", || run_batch(session, batch))
     }
 }
 

@@ -23,10 +23,9 @@ pub mod tensors;
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use prost::Message;
@@ -412,16 +411,7 @@ impl Runner {
     /// Runs `batch`, timed: the metrics and the inline rule learn what it
     /// cost.
     fn run(&self, plan: &Plan, batch: &Batch) -> Result<Vec<Tensor>> {
-        let started = Instant::now();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_batch(plan, batch)))
-            .unwrap_or_else(|_| Err(Error::internal("the TensorFlow backend panicked while running the model")));
-        let seconds = started.elapsed().as_secs_f64();
-        self.metrics.runs.inc();
-        self.metrics.seconds.observe(seconds);
-        if result.is_ok() {
-            self.inline.record(batch.run_elements(), seconds);
-        }
-        result
+        worker::timed_run(&self.metrics, &self.inline, batch, "the TensorFlow backend", || self.run_batch(plan, batch))
     }
 
     fn run_batch(&self, plan: &Plan, batch: &Batch) -> Result<Vec<Tensor>> {
