@@ -442,21 +442,22 @@ impl Error {
     /// says (what the log gets), except a plugin's own words, which stay
     /// in the log under the request's id.
     pub fn message(&self) -> String {
-        match self {
-            Error::Plugin { message, detail: Some(_), .. } => {
-                format!("{message} (what the plugin said is in the server log under this request's id)")
-            }
-            other => other.to_string(),
-        }
+        self.message_logged_under(format_args!("this request's id"))
     }
 
     /// [`Error::message`] for the answer to request `id`: a plugin's own
     /// words are in the log under that id, and the message gives it, so an
     /// author can find them without knowing where the id travels.
     pub fn message_for(&self, id: &str) -> String {
+        self.message_logged_under(format_args!("request id {id}"))
+    }
+
+    /// The client's message, a plugin's own words replaced by where they
+    /// are logged (`under`).
+    fn message_logged_under(&self, under: fmt::Arguments<'_>) -> String {
         match self {
             Error::Plugin { message, detail: Some(_), .. } => {
-                format!("{message} (what the plugin said is in the server log under request id {id})")
+                format!("{message} (what the plugin said is in the server log under {under})")
             }
             other => other.to_string(),
         }

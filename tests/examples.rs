@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use bytes::Bytes;
 use common::*;
 use http::{Method, StatusCode};
@@ -81,29 +79,8 @@ async fn refused(client: &mut PredictionServiceClient<Channel>, request: Classif
 
 #[test]
 fn the_official_client_gets_what_a_tensorflow_savedmodel_of_the_same_weights_answers() {
-    let python = root().join(".cache/tf-venv/bin/python");
-    let savedmodel = root().join(".cache/tf-savedmodels/census/1");
-    assert!(
-        python.exists() && savedmodel.join("saved_model.pb").exists(),
-        "the comparison needs {} and {}: run scripts/setup",
-        python.display(),
-        savedmodel.display()
-    );
     let server = census();
-    let output = Command::new(python)
-        .arg(root().join("tests/tfserving/examples_client.py"))
-        .args(["--grpc", &server.grpc.to_string(), "--rest", &format!("http://{}", server.http)])
-        .args(["--model", "census", "--savedmodel"])
-        .arg(&savedmodel)
-        .env("TF_CPP_MIN_LOG_LEVEL", "2")
-        .output()
-        .expect("run examples_client.py");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("examples_client: 12 cases ok"),
-        "examples_client.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_examples_client(&server, "census", &root().join(".cache/tf-savedmodels/census/1"), None, 12);
 }
 
 #[tokio::test]

@@ -7,10 +7,8 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use common::*;
-use prost::Message;
 use sluice::proto::tensorflow::serving::{
-    model_spec, model_version_status, GetModelMetadataRequest, GetModelStatusRequest, ModelSpec, PredictRequest,
-    SignatureDefMap,
+    model_spec, model_version_status, GetModelStatusRequest, ModelSpec, PredictRequest,
 };
 use sluice::proto::tensorflow::{DataType, TensorProto};
 
@@ -184,16 +182,9 @@ async fn every_dtype_survives_the_round_trip_and_output_filter_selects() {
     assert_eq!(keys, vec!["out_i64", "out_s"]);
 }
 
-fn signature_of(response: &sluice::proto::tensorflow::serving::GetModelMetadataResponse) -> SignatureDefMap {
-    let any = &response.metadata["signature_def"];
-    assert_eq!(any.type_url, "type.googleapis.com/tensorflow.serving.SignatureDefMap");
-    SignatureDefMap::decode(any.value.as_slice()).expect("SignatureDefMap")
-}
-
 #[tokio::test]
 async fn metadata_signature_matches_each_model() {
     let server = Server::examples();
-    let mut client = server.predict_client().await;
     type Io = Vec<(&'static str, DataType, Vec<i64>)>;
     let expected: Vec<(&str, Io, Io)> = vec![
         ("mlp", vec![("x", DataType::DtFloat, vec![-1, 64])], vec![("logits", DataType::DtFloat, vec![-1, 10])]),
@@ -209,15 +200,7 @@ async fn metadata_signature_matches_each_model() {
         ),
     ];
     for (model, inputs, outputs) in expected {
-        let response = client
-            .get_model_metadata(GetModelMetadataRequest {
-                model_spec: spec(model, None),
-                metadata_field: vec!["signature_def".into()],
-            })
-            .await
-            .expect("metadata")
-            .into_inner();
-        let signatures = signature_of(&response);
+        let signatures = server.signature_def_map(model).await;
         let def = &signatures.signature_def["serving_default"];
         assert_eq!(def.method_name, "tensorflow/serving/predict");
         for (map, want) in [(&def.inputs, &inputs), (&def.outputs, &outputs)] {

@@ -15,7 +15,7 @@ use common::fixtures::*;
 use common::*;
 use prost::Message;
 use serde_json::Value;
-use sluice::proto::tensorflow::serving::{model_spec, GetModelMetadataRequest, PredictRequest, SignatureDefMap};
+use sluice::proto::tensorflow::serving::{model_spec, PredictRequest};
 use sluice::proto::tensorflow::{tensor_info, DataType, TensorProto};
 
 fn models() -> PathBuf {
@@ -225,17 +225,8 @@ async fn batched_requests_of_many_clients_get_their_own_rows() {
 async fn metadata_lists_every_signature_as_the_savedmodel_declares_it() {
     let expected = expected();
     let server = server();
-    let mut client = server.predict_client().await;
     for model in ["multi", "keras_mlp", "dtypes"] {
-        let answer = client
-            .get_model_metadata(GetModelMetadataRequest {
-                model_spec: spec(model, None),
-                metadata_field: vec!["signature_def".into()],
-            })
-            .await
-            .expect("metadata")
-            .into_inner();
-        let map = SignatureDefMap::decode(answer.metadata["signature_def"].value.as_slice()).expect("SignatureDefMap");
+        let map = server.signature_def_map(model).await;
         let want = expected[model]["signatures"].as_object().expect("signatures");
         let keys: BTreeMap<&String, ()> = map.signature_def.keys().map(|k| (k, ())).collect();
         assert_eq!(keys.len(), want.len(), "{model}: {keys:?}");
@@ -429,25 +420,9 @@ fn classify_regress_and_multi_inference_run_the_savedmodels_own_signatures() {
     // Python API answers for the same SavedModel.
     let census = root().join(".cache/tf-savedmodels/census");
     let server = Server::with_config(&model_table("census", &census, ""));
-    let output = std::process::Command::new(root().join(".cache/tf-venv/bin/python"))
-        .arg(root().join("tests/tfserving/examples_client.py"))
-        .args(["--grpc", &server.grpc.to_string(), "--rest", &format!("http://{}", server.http)])
-        .args(["--model", "census", "--savedmodel"])
-        .arg(census.join("1"))
-        .args([
-            "--cases",
-            "classify_list,classify_context,regress,multi,error_age_bytes,error_extra_length,error_empty_list,\
-             error_unknown_model",
-        ])
-        .env("TF_CPP_MIN_LOG_LEVEL", "2")
-        .output()
-        .expect("run examples_client.py");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("examples_client: 8 cases ok"),
-        "examples_client.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let cases = "classify_list,classify_context,regress,multi,error_age_bytes,error_extra_length,error_empty_list,\
+                 error_unknown_model";
+    assert_examples_client(&server, "census", &census.join("1"), Some(cases), 8);
 }
 
 #[tokio::test]

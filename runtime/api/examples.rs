@@ -133,9 +133,8 @@ pub enum TaskResult {
 /// A SavedModel served directly without an `examples` config: its own
 /// signatures, which take serialized `tf.Example`s and parse them in the
 /// graph.
-fn graph_signatures(target: &Target) -> Option<&std::collections::BTreeMap<String, SignatureDef>> {
-    let direct = !target.pipeline.has_stages() && target.pipeline.name() == target.version.model();
-    target.version.loaded().backend().signature_defs().filter(|_| direct && target.example_columns().is_none())
+pub fn graph_signatures(target: &Target) -> Option<&std::collections::BTreeMap<String, SignatureDef>> {
+    target.model_signature_defs().filter(|_| target.example_columns().is_none())
 }
 
 /// Runs `batch` through `target` once and answers each of `tasks` (whose
@@ -406,8 +405,7 @@ pub fn answered_spec(target: &Target, signature_name: String) -> ModelSpec {
 /// SavedModel's MetaGraphDef) reports those unchanged, as TF Serving does;
 /// anything else reports [`signatures`].
 pub fn signature_defs(target: &Target) -> Vec<(String, SignatureDef)> {
-    let direct = !target.pipeline.has_stages() && target.pipeline.name() == target.version.model();
-    if let Some(defs) = target.version.loaded().backend().signature_defs().filter(|_| direct) {
+    if let Some(defs) = target.model_signature_defs() {
         return defs.iter().map(|(key, def)| (key.clone(), def.clone())).collect();
     }
     signatures(target)

@@ -188,12 +188,14 @@ impl Squeeze {
         self.factor.store((factor * 0.8).max(0.05).to_bits(), Ordering::Relaxed);
     }
 
-    /// The share of the places allowed at `now`, widened a step when due.
-    fn factor(&self, now: u64) -> f64 {
+    /// The share of the places allowed now (`now` read only when they are
+    /// narrowed: the common case reads no clock), widened a step when due.
+    fn factor(&self, now: impl FnOnce() -> u64) -> f64 {
         let factor = f64::from_bits(self.factor.load(Ordering::Relaxed));
         if factor >= 1.0 {
             return 1.0;
         }
+        let now = now();
         let quiet = now.saturating_sub(self.narrowed_at.load(Ordering::Relaxed)) >= WIDEN_AFTER_MICROS;
         let widened = self.widened_at.load(Ordering::Relaxed);
         if quiet && now.saturating_sub(widened) >= 50_000 {
@@ -317,7 +319,7 @@ impl Admission {
     fn places_now(&self) -> usize {
         let Some(bound) = self.max_queue_wait else { return self.capacity };
         let learned = self.occupancy.pace.places(bound, self.capacity);
-        let factor = self.occupancy.squeeze.factor(self.occupancy.refusing.now());
+        let factor = self.occupancy.squeeze.factor(|| self.occupancy.refusing.now());
         let places = if factor >= 1.0 { learned } else { ((learned as f64 * factor).ceil() as usize).max(1) };
         if self.occupancy.limit.load(Ordering::Relaxed) != places {
             self.occupancy.limit.store(places, Ordering::Relaxed);

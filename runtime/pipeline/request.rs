@@ -42,9 +42,15 @@ pub struct Target {
     other: Option<Arc<str>>,
 }
 
+/// True when requests to `pipeline` reach `version`'s model as they are:
+/// the model served under its own name, with no stage around it.
+fn serves_directly(pipeline: &Pipeline, version: &ServedVersion) -> bool {
+    pipeline.name() == version.model() && !pipeline.has_stages()
+}
+
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.pipeline.name() == self.version.model() && !self.pipeline.has_stages() {
+        if self.serves_model_directly() {
             write!(f, "{}", self.version)
         } else {
             write!(f, "pipeline '{}' ({})", self.pipeline.name(), self.version)
@@ -65,7 +71,7 @@ impl Target {
         let version = pipeline.model().resolve(choice)?;
         let EntryPoint { signature, examples } = pipeline.entry_point(&version)?;
         // A model served directly answers its other signatures too.
-        let direct = !pipeline.has_stages() && pipeline.name() == version.model();
+        let direct = serves_directly(&pipeline, &version);
         if let Some(other) = version.loaded().backend().other_signature(signature_name).filter(|_| direct) {
             let signature = Arc::new(other.clone());
             return Ok(Target { pipeline, version, signature, examples: None, other: Some(Arc::from(signature_name)) });
@@ -97,6 +103,20 @@ impl Target {
             )));
         }
         Ok(Target { pipeline, version, signature, examples, other: None })
+    }
+
+    /// True when the request reaches the model as it is (its own name, no
+    /// stage around it).
+    pub fn serves_model_directly(&self) -> bool {
+        serves_directly(&self.pipeline, &self.version)
+    }
+
+    /// Every signature the model's own file declares (a SavedModel's),
+    /// when the model is served directly.
+    pub fn model_signature_defs(
+        &self,
+    ) -> Option<&std::collections::BTreeMap<String, crate::proto::tensorflow::SignatureDef>> {
+        self.version.loaded().backend().signature_defs().filter(|_| self.serves_model_directly())
     }
 
     /// The same pipeline and version through the model's signature `key`

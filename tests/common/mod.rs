@@ -125,6 +125,19 @@ impl Server {
         ModelServiceClient::connect(self.grpc_url()).await.expect("connect")
     }
 
+    /// GetModelMetadata's `signature_def` of `model`, checked to be packed
+    /// as TF Serving packs it.
+    pub async fn signature_def_map(&self, model: &str) -> sluice::proto::tensorflow::serving::SignatureDefMap {
+        let request = sluice::proto::tensorflow::serving::GetModelMetadataRequest {
+            model_spec: spec(model, None),
+            metadata_field: vec!["signature_def".into()],
+        };
+        let response = self.predict_client().await.get_model_metadata(request).await.expect("metadata").into_inner();
+        let any = &response.metadata["signature_def"];
+        assert_eq!(any.type_url, "type.googleapis.com/tensorflow.serving.SignatureDefMap");
+        prost::Message::decode(any.value.as_slice()).expect("SignatureDefMap")
+    }
+
     /// GetModelStatus of every version of `model`.
     pub async fn model_status(&self, model: &str) -> Vec<ModelVersionStatus> {
         self.model_client()
@@ -503,4 +516,37 @@ pub async fn eventually<T>(what: &str, mut check: impl FnMut() -> Result<T, Stri
             Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
         }
     }
+}
+
+/// Runs TF Serving's official Python client against `server` model `model`
+/// (`tests/tfserving/examples_client.py`: Classify, Regress,
+/// MultiInference and Predict over `tf.Example`s), its answers compared
+/// with the census SavedModel `savedmodel` run in process by TensorFlow;
+/// `cases` picks some of its cases (all when `None`). Asserts that the
+/// `expected` number of cases passed.
+pub fn assert_examples_client(server: &Server, model: &str, savedmodel: &Path, cases: Option<&str>, expected: usize) {
+    let python = fixtures::root().join(".cache/tf-venv/bin/python");
+    assert!(
+        python.exists() && savedmodel.join("saved_model.pb").exists(),
+        "the comparison needs {} and {}: run scripts/setup",
+        python.display(),
+        savedmodel.display()
+    );
+    let mut command = std::process::Command::new(python);
+    command
+        .arg(fixtures::root().join("tests/tfserving/examples_client.py"))
+        .args(["--grpc", &server.grpc.to_string(), "--rest", &format!("http://{}", server.http)])
+        .args(["--model", model, "--savedmodel"])
+        .arg(savedmodel)
+        .env("TF_CPP_MIN_LOG_LEVEL", "2");
+    if let Some(cases) = cases {
+        command.args(["--cases", cases]);
+    }
+    let output = command.output().expect("run examples_client.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains(&format!("examples_client: {expected} cases ok")),
+        "examples_client.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

@@ -53,9 +53,8 @@ pub(super) async fn answer(
     // A SavedModel's own signature parses the examples in its graph, so
     // the kinds come from the JSON, as TF Serving takes them; otherwise
     // from the examples config.
-    let columns = match target.example_columns() {
-        Some(columns) => Some(columns),
-        None if target.version.loaded().backend().signature_defs().is_some() => None,
+    let columns = match crate::api::examples::graph_signatures(&target) {
+        Some(_) => None,
         None => Some(target.examples(task.call())?),
     };
     let Some(Value::Array(rows)) = request.remove("examples") else {
