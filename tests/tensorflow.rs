@@ -603,3 +603,31 @@ async fn a_savedmodel_version_switch_under_load_fails_no_request() {
 fn answered_values(answer: &sluice::proto::tensorflow::serving::PredictResponse) -> Vec<Scalar> {
     answered(&answer.outputs["output_0"])
 }
+
+#[tokio::test]
+async fn a_context_copied_into_every_example_is_bounded_before_it_is_made() {
+    use sluice::proto::tensorflow::serving::{input, ClassificationRequest, ExampleListWithContext, Input};
+    use sluice::tensor::example::{bytes_feature, example, float_feature};
+    let census = root().join(".cache/tf-savedmodels/census");
+    let server =
+        Server::with_config(&format!("[server]\nmax_tensor_bytes = 65536\n{}", model_table("census", &census, "")));
+    let person = example([("age".to_string(), float_feature(vec![40.0]))]).encode_to_vec();
+    // 8 KiB of context, copied in front of each of 64 examples: 512 KiB.
+    let context = example([("note".to_string(), bytes_feature(vec![vec![b'x'; 8192].into()]))]).encode_to_vec();
+    let request = |examples: usize| ClassificationRequest {
+        model_spec: spec("census", None),
+        input: Some(Input {
+            kind: Some(input::Kind::ExampleListWithContext(ExampleListWithContext {
+                examples: vec![person.clone().into(); examples],
+                context: context.clone().into(),
+            })),
+        }),
+    };
+    let mut client = server.predict_client().await;
+    let status = client.classify(request(64)).await.expect_err("over the bound");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("server.max_tensor_bytes"), "{}", status.message());
+    // Within it, the same context is served.
+    let answer = client.classify(request(4)).await.expect("within the bound").into_inner();
+    assert_eq!(answer.result.expect("result").classifications.len(), 4);
+}

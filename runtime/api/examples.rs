@@ -196,6 +196,19 @@ async fn run_in_graph(
     deadline: Deadline,
     priority: Priority,
 ) -> Result<Vec<TaskResult>> {
+    // The context is copied in front of every example: bound what that
+    // makes before making it (a large context times many examples).
+    let context_len = batch.context.map_or(0, |c| c.len());
+    let total = batch.examples.iter().try_fold(0usize, |sum, e| sum.checked_add(e.len())?.checked_add(context_len));
+    let limit = target.pipeline.max_tensor_bytes();
+    if total.is_none_or(|total| total > limit) {
+        return Err(Error::invalid_argument(format!(
+            "{} examples of {} bytes in all, each with the {context_len}-byte context, exceed the {limit} bytes one \
+             tensor may hold (server.max_tensor_bytes)",
+            batch.examples.len(),
+            batch.examples.iter().map(|e| e.len()).sum::<usize>(),
+        )));
+    }
     let serialized: Vec<bytes::Bytes> = batch
         .examples
         .iter()
