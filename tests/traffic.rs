@@ -431,52 +431,102 @@ async fn a_malformed_priority_is_refused_naming_it_everywhere() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_model_version_canary_takes_its_share_of_versionless_requests() {
-    let fixture = Fixture::new(&format!(
-        r#"
-[[models]]
-name = "ab"
-base_path = "{}"
-version_policy = "all"
-version_labels = {{ stable = 2, canary = 1 }}
-canary = {{ label = "canary", percent = 20 }}
-"#,
-        root().join("examples/models/mlp").display()
-    ));
-    let server = fixture.start();
+/// Serves `count` versionless requests to `model` and counts each version
+/// the answers name.
+async fn versions_served(server: &Server, model: &str, count: usize) -> [usize; 3] {
     let mut client = server.predict_client().await;
     let x = values(9, 64);
     let mut served = [0usize; 3];
-    for _ in 0..3000 {
-        let answer = client.predict(predict_request("ab", vec![("x", f32_content(&[1, 64], &x))])).await.expect("ab");
+    for _ in 0..count {
+        let answer = client.predict(predict_request(model, vec![("x", f32_content(&[1, 64], &x))])).await.expect(model);
         let spec = answer.into_inner().model_spec.expect("model_spec");
         match spec.version_choice {
             Some(sluice::proto::tensorflow::serving::model_spec::VersionChoice::Version(v)) => served[v as usize] += 1,
             other => panic!("no version in the answer: {other:?}"),
         }
     }
-    let share = served[1] as f64 / 3000.0 * 100.0;
-    assert!((16.0..=24.0).contains(&share), "version 1 served {share:.1}% of versionless requests, not 20% ± 4");
-    // A request that names a version or a label gets exactly that one.
-    for _ in 0..50 {
-        let mut request = predict_request("ab", vec![("x", f32_content(&[1, 64], &x))]);
-        request.model_spec = spec("ab", Some(2));
-        let answer = client.predict(request).await.expect("ab v2").into_inner();
-        assert_eq!(
-            answer.model_spec.and_then(|s| s.version_choice),
-            Some(sluice::proto::tensorflow::serving::model_spec::VersionChoice::Version(2))
+    served
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_model_version_canary_takes_its_share_of_versionless_requests_and_stable_the_rest() {
+    // Both orders: the canary older than stable, and the usual one, the
+    // canary newer (where "the rest to the highest version" sent
+    // everything to the canary).
+    for (stable, canary) in [(2usize, 1usize), (1, 2)] {
+        let fixture = Fixture::new(&format!(
+            r#"
+[[models]]
+name = "ab"
+base_path = "{}"
+version_policy = "all"
+version_labels = {{ stable = {stable}, canary = {canary} }}
+canary = {{ label = "canary", percent = 20 }}
+"#,
+            root().join("examples/models/mlp").display()
+        ));
+        let server = fixture.start();
+        let served = versions_served(&server, "ab", 3000).await;
+        let share = served[canary] as f64 / 3000.0 * 100.0;
+        assert!(
+            (16.0..=24.0).contains(&share),
+            "canary version {canary} served {share:.1}% of versionless requests, not 20% ± 4 ({served:?})"
         );
+        assert_eq!(served[stable] + served[canary], 3000, "only the two labelled versions serve: {served:?}");
+        // A request that names a version or a label gets exactly that one.
+        let mut client = server.predict_client().await;
+        let x = values(9, 64);
+        for _ in 0..50 {
+            let mut request = predict_request("ab", vec![("x", f32_content(&[1, 64], &x))]);
+            request.model_spec = spec("ab", Some(stable as i64));
+            let answer = client.predict(request).await.expect("ab stable").into_inner();
+            assert_eq!(
+                answer.model_spec.and_then(|s| s.version_choice),
+                Some(sluice::proto::tensorflow::serving::model_spec::VersionChoice::Version(stable as i64))
+            );
+        }
     }
+    // `stable` names another label when the stable one is called otherwise.
+    let fixture = Fixture::new(&format!(
+        r#"
+[[models]]
+name = "ab"
+base_path = "{}"
+version_policy = "all"
+version_labels = {{ current = 1, next = 2 }}
+canary = {{ label = "next", percent = 10, stable = "current" }}
+"#,
+        root().join("examples/models/mlp").display()
+    ));
+    let server = fixture.start();
+    let served = versions_served(&server, "ab", 1000).await;
+    assert!(served[1] > served[2] && served[1] + served[2] == 1000, "{served:?}");
+    // A canary without a stable label is refused, named, at start: the
+    // rest of the traffic must go somewhere said, not to the newest.
+    let no_stable = Fixture::new(&format!(
+        "[[models]]\nname = \"ab\"\nbase_path = \"{}\"\nversion_policy = \"all\"\n\
+         version_labels = {{ canary = 2 }}\ncanary = {{ label = \"canary\", percent = 5 }}\n",
+        root().join("examples/models/mlp").display()
+    ));
+    let text = config_check_fails(&no_stable);
+    assert!(text.contains("canary.stable = \"stable\": not among version_labels [\"canary\"]"), "{text}");
     // A canary label that is not a label is refused, named, at start.
     let bad = Fixture::new(&format!(
         "[[models]]\nname = \"ab\"\nbase_path = \"{}\"\ncanary = {{ label = \"nope\", percent = 5 }}\n",
         root().join("examples/models/mlp").display()
     ));
+    let text = config_check_fails(&bad);
+    assert!(text.contains("canary.label = \"nope\": not among version_labels"), "{text}");
+}
+
+/// `sluice config check` on the fixture's config, which must fail; its
+/// output.
+fn config_check_fails(fixture: &Fixture) -> String {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["config", "check", bad.dir.path().join("sluice.toml").to_str().expect("utf-8")])
+        .args(["config", "check", fixture.dir.path().join("sluice.toml").to_str().expect("utf-8")])
         .output()
         .expect("sluice config check");
     let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(!output.status.success() && text.contains("canary.label = \"nope\": not among version_labels"), "{text}");
+    assert!(!output.status.success(), "config check passed: {text}");
+    text
 }

@@ -96,22 +96,46 @@ impl QuotaConfig {
 }
 
 /// A model version canary: requests that name no version (the latest) go to
-/// the version `label` points at for `percent` of them.
+/// the version `label` points at for `percent` of them, and the rest to the
+/// version `stable` points at. Both are labels so that promotion is one
+/// label move, and so that the rest never follows "the highest version",
+/// which is the canary itself whenever the canary is the newer one.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelCanary {
-    /// A `version_labels` name.
+    /// A `version_labels` name: the canary's version.
     pub label: String,
     /// The percent of versionless requests it gets, in (0, 100).
     pub percent: f64,
+    /// A `version_labels` name: the version the other requests get.
+    #[serde(default = "ModelCanary::default_stable")]
+    pub stable: String,
 }
 
 impl ModelCanary {
+    fn default_stable() -> String {
+        "stable".into()
+    }
+
     /// Checks it against the model's labels; `key` names it in errors.
     pub fn check(&self, key: &str, labels: &BTreeMap<String, i64>) -> Result<(), Invalid> {
+        let known = || labels.keys().map(String::as_str).collect::<Vec<&str>>();
         if !labels.contains_key(&self.label) {
-            let known: Vec<&str> = labels.keys().map(String::as_str).collect();
-            return Err(invalid!("{key}.label = \"{}\": not among version_labels {known:?}", self.label));
+            return Err(invalid!("{key}.label = \"{}\": not among version_labels {:?}", self.label, known()));
+        }
+        if !labels.contains_key(&self.stable) {
+            return Err(invalid!(
+                "{key}.stable = \"{}\": not among version_labels {:?}; the requests the canary does not take go \
+                 to the version this label names (set `stable` to another label to choose it)",
+                self.stable,
+                known()
+            ));
+        }
+        if self.stable == self.label {
+            return Err(invalid!(
+                "{key}.stable = \"{}\": the same label as {key}.label; name the version the other requests get",
+                self.stable
+            ));
         }
         if !(self.percent > 0.0 && self.percent < 100.0) {
             return Err(invalid!("{key}.percent = {}: expected more than 0 and less than 100", self.percent));

@@ -153,13 +153,20 @@ impl ServedModel {
         let available = || table.versions.keys().map(i64::to_string).collect::<Vec<_>>().join(", ");
         match choice {
             VersionChoice::Latest => {
-                // A canary label takes its share of the versionless
-                // requests while its version is available.
-                let canary = self.config.load().canary.as_ref().and_then(|canary| {
-                    let version = table.labels.get(&canary.label)?;
-                    (rand::random::<f64>() * 100.0 < canary.percent).then(|| table.versions.get(version).cloned())?
+                // Under a canary, versionless requests go to the canary
+                // label's version for its share and to the stable label's
+                // for the rest; when the chosen label's version is not
+                // available, the stable one, then the highest available.
+                let config = self.config.load();
+                let labelled = |label: &str| table.labels.get(label).and_then(|v| table.versions.get(v)).cloned();
+                let chosen = config.canary.as_ref().and_then(|canary| {
+                    if rand::random::<f64>() * 100.0 < canary.percent {
+                        labelled(&canary.label).or_else(|| labelled(&canary.stable))
+                    } else {
+                        labelled(&canary.stable)
+                    }
                 });
-                canary.or_else(|| table.versions.values().next_back().cloned()).ok_or_else(|| {
+                chosen.or_else(|| table.versions.values().next_back().cloned()).ok_or_else(|| {
                     Error::unavailable(format!("model '{}' has no version available yet{}", self.name, self.why_none()))
                 })
             }
