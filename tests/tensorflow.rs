@@ -631,3 +631,77 @@ async fn a_context_copied_into_every_example_is_bounded_before_it_is_made() {
     let answer = client.classify(request(4)).await.expect("within the bound").into_inner();
     assert_eq!(answer.result.expect("result").classifications.len(), 4);
 }
+
+/// A version directory of the census SavedModel (its files linked) with a
+/// TF Serving warmup file written by TensorFlow's own Python modules
+/// (`tests/tfserving/make_warmup.py`: Classify, Regress and
+/// MultiInference records; `signature` renames the Classify record's).
+fn census_with_warmup(base: &std::path::Path, onnx: bool, signature: Option<&str>) {
+    let version = base.join("1");
+    std::fs::create_dir_all(&version).expect("mkdir");
+    if onnx {
+        std::fs::copy(root().join("tests/fixtures/models/census/1/model.onnx"), version.join("model.onnx"))
+            .expect("copy");
+    } else {
+        let census = root().join(".cache/tf-savedmodels/census/1");
+        for file in ["saved_model.pb", "variables"] {
+            std::os::unix::fs::symlink(census.join(file), version.join(file)).expect("link");
+        }
+    }
+    let mut command = std::process::Command::new(root().join(".cache/tf-venv/bin/python"));
+    command
+        .arg(root().join("tests/tfserving/make_warmup.py"))
+        .arg(version.join("assets.extra/tf_serving_warmup_requests"));
+    if let Some(signature) = signature {
+        command.args(["--signature", signature]);
+    }
+    let output = command.output().expect("run make_warmup.py");
+    assert!(output.status.success(), "make_warmup.py: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[tokio::test]
+async fn warmup_files_of_classify_regress_and_multi_inference_records_run_as_those_calls_do() {
+    // On the SavedModel's own signatures: each task runs its signature,
+    // so the three records make four runs.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let savedmodel = dir.path().join("census_tf");
+    census_with_warmup(&savedmodel, false, None);
+    // Through an ONNX model's examples table: one run serves every task.
+    let onnx = dir.path().join("census_onnx");
+    census_with_warmup(&onnx, true, None);
+    let examples = "[models.examples]\nfeatures = [ { name = \"age\" }, { name = \"hours\", default = 40.0 }, \
+                    { name = \"extra\", default = [0.0, 0.0, 0.0] }, { name = \"country\", default = 0 } ]\n\
+                    classify = { scores = \"probabilities\" }\nregress = { output = \"value\" }";
+    let config =
+        format!("{}{}", model_table("census_tf", &savedmodel, ""), model_table("census_onnx", &onnx, examples));
+    let server = Server::with_config(&config);
+    // Both versions were warmed up before the server said it was ready.
+    let mut warmed: Vec<String> = server.log().into_iter().filter(|line| line.contains("warmed up")).collect();
+    warmed.sort_by_key(|line| line.contains("census_tf"));
+    assert_eq!(warmed.len(), 2, "{warmed:?}");
+    let file = |base: &std::path::Path| base.join("1/assets.extra/tf_serving_warmup_requests").display().to_string();
+    assert!(warmed[0].contains("census_onnx") && warmed[0].contains("requests=3"), "{warmed:?}");
+    assert!(warmed[0].contains(&file(&onnx)), "{warmed:?}");
+    assert!(warmed[1].contains("census_tf") && warmed[1].contains("requests=4"), "{warmed:?}");
+    assert!(warmed[1].contains(&file(&savedmodel)), "{warmed:?}");
+
+    // A record naming a signature the model lacks fails the version, named.
+    let bad = dir.path().join("census_bad");
+    census_with_warmup(&bad, false, Some("nope"));
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, model_table("census_bad", &bad, "")).expect("config");
+    let (code, _, stderr) = run_sluice(&[
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--rest_api_port",
+        "0",
+        "--model_config_file",
+        config.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("warmup") && stderr.contains("record 0"), "{stderr}");
+    assert!(stderr.contains("No signature was found with the name: \"nope\""), "{stderr}");
+}

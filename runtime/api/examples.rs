@@ -184,8 +184,7 @@ pub async fn run(
 }
 
 /// Classify and Regress on a SavedModel's own signatures, as TF Serving
-/// runs them: the serialized examples (each after the context's bytes, so
-/// its own features win, as a merge of the two messages does) fed as one
+/// runs them: the serialized examples (`ExampleBatch::merged`) fed as one
 /// string tensor to the signature's one input; `classes` / `scores`
 /// (classification) or `outputs` (regression) read back.
 async fn run_in_graph(
@@ -196,31 +195,8 @@ async fn run_in_graph(
     deadline: Deadline,
     priority: Priority,
 ) -> Result<Vec<TaskResult>> {
-    // The context is copied in front of every example: bound what that
-    // makes before making it (a large context times many examples).
-    let context_len = batch.context.map_or(0, |c| c.len());
-    let total = batch.examples.iter().try_fold(0usize, |sum, e| sum.checked_add(e.len())?.checked_add(context_len));
-    let limit = target.pipeline.max_tensor_bytes();
-    if total.is_none_or(|total| total > limit) {
-        return Err(Error::invalid_argument(format!(
-            "{} examples of {} bytes in all, each with the {context_len}-byte context, exceed the {limit} bytes one \
-             tensor may hold (server.max_tensor_bytes)",
-            batch.examples.len(),
-            batch.examples.iter().map(|e| e.len()).sum::<usize>(),
-        )));
-    }
-    let serialized: Vec<bytes::Bytes> = batch
-        .examples
-        .iter()
-        .map(|example| match batch.context {
-            Some(context) => [context.as_ref(), example.as_ref()].concat().into(),
-            None => example.clone(),
-        })
-        .collect();
+    let serialized = batch.merged(target.pipeline.max_tensor_bytes())?;
     let rows = serialized.len();
-    if rows == 0 {
-        return Err(Error::invalid_argument("Input is empty: the example list holds no tf.Example"));
-    }
     let mut results = Vec::with_capacity(tasks.len());
     for (task, key) in tasks.iter().zip(keys) {
         let graph = target.with_signature(key)?;

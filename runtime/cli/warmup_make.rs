@@ -77,7 +77,7 @@ pub async fn make(args: &MakeArgs) -> Result<String> {
     for (index, request) in &chosen {
         let inputs = warmup::fit(request.clone(), version.signature(), max_tensor_bytes)
             .map_err(|e| e.context(format_args!("logged request {index} does not fit {}", args.model.display())))?;
-        checked.push(inputs);
+        checked.push(warmup::WarmupRequest { signature: None, inputs });
     }
     warmup::run(&version, checked, false).await?;
     let records: Vec<Vec<u8>> = chosen

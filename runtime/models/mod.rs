@@ -246,7 +246,8 @@ async fn warm_up(
     let context = |e: Error| e.context(format_args!("warmup of {loaded}"));
     let started = Instant::now();
     let (requests, source) =
-        warmup::requests(loaded, version_dir, &batch_sizes(config), max_tensor_bytes).map_err(context)?;
+        warmup::requests(loaded, version_dir, config.examples.as_ref(), &batch_sizes(config), max_tensor_bytes)
+            .map_err(context)?;
     let count = requests.len();
     // Only the auto batcher plans with the latency curve warmup can seed.
     let learn = config.batching.as_ref().is_some_and(|params| params.mode == BatchingMode::Auto);

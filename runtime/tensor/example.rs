@@ -68,6 +68,38 @@ pub struct ExampleBatch<'a> {
     pub context: Option<&'a Bytes>,
 }
 
+impl ExampleBatch<'_> {
+    /// Each example as one serialized `tf.Example` (after the context's
+    /// bytes, so its own features win, as a merge of the two messages
+    /// does): what a graph that parses examples itself is fed. The context
+    /// is copied in front of every example, so what that makes is bounded
+    /// by `limit` bytes before it is made (a large context times many
+    /// examples).
+    pub fn merged(&self, limit: usize) -> Result<Vec<Bytes>> {
+        let context_len = self.context.map_or(0, |c| c.len());
+        let total = self.examples.iter().try_fold(0usize, |sum, e| sum.checked_add(e.len())?.checked_add(context_len));
+        if total.is_none_or(|total| total > limit) {
+            return Err(Error::invalid_argument(format!(
+                "{} examples of {} bytes in all, each with the {context_len}-byte context, exceed the {limit} bytes \
+                 one tensor may hold (server.max_tensor_bytes)",
+                self.examples.len(),
+                self.examples.iter().map(|e| e.len()).sum::<usize>(),
+            )));
+        }
+        if self.examples.is_empty() {
+            return Err(Error::invalid_argument("Input is empty: the example list holds no tf.Example"));
+        }
+        Ok(self
+            .examples
+            .iter()
+            .map(|example| match self.context {
+                Some(context) => [context.as_ref(), example.as_ref()].concat().into(),
+                None => example.clone(),
+            })
+            .collect())
+    }
+}
+
 /// One feature's values as an example gives them: the kind, and where in
 /// the `tf.train.Feature`'s bytes the lists of that kind start (a message
 /// given twice is merged, so a later list of the same kind adds to the
