@@ -437,6 +437,8 @@ metric_families! {
     /// Connections closed at once because `max_connections` were open.
     connections_refused: Family<PortLabels, Counter> = Family::default(),
         "sluice_connections_refused" => "Connections closed at once because server.max_connections were open";
+    connections_aged: Family<PortLabels, Counter> = Family::default(),
+        "sluice_connections_aged" => "Connections told to go away (GOAWAY) on reaching server.max_connection_age_ms, by port";
     /// Auto batching: the rows a batch waits for now.
     batch_auto_want_rows: Family<ModelLabels, Gauge> = Family::default(),
         "sluice_batch_auto_want_rows" => "Auto batching: the rows a batch of a model version waits for now (1: no waiting)";

@@ -543,3 +543,58 @@ fn sluice_bench_progress_lines_add_up_to_the_run_and_leave_the_warm_up_out() {
         .unwrap_or_else(|| panic!("no total: {stdout}"));
     assert_eq!(answered.iter().sum::<u64>(), total, "the lines add up to the run: {stderr}\n{stdout}");
 }
+
+#[tokio::test]
+async fn connections_are_told_to_go_away_at_their_max_age_and_closed_after_the_grace() {
+    // TF Serving's channel arguments, as a deployment passes them today.
+    let server = Server::start(&[
+        "--model_name",
+        "mlp",
+        "--model_base_path",
+        "examples/models/mlp",
+        "--grpc_channel_arguments",
+        "grpc.max_connection_age_ms=300,grpc.max_connection_age_grace_ms=300",
+    ]);
+    // A client calling on one channel across several ages reconnects each
+    // time and sees no failure: the GOAWAY lets calls in flight finish.
+    let mut client = server.predict_client().await;
+    let x = values(3, 64);
+    let aged = r#"sluice_connections_aged_total{port="grpc"}"#;
+    let mut calls = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server.metric(aged).await < 3.0 {
+        assert!(std::time::Instant::now() < deadline, "no 3 connections aged out within 30 s");
+        client
+            .predict(predict_request("mlp", vec![("x", f32_content(&[1, 64], &x))]))
+            .await
+            .unwrap_or_else(|e| panic!("call {calls} across connection ages failed: {e:?}"));
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // A call that never ends (its body never comes) holds its connection
+    // only until the age and the grace have passed.
+    let stream = tokio::net::TcpStream::connect(server.grpc).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    let connection = tokio::spawn(connection);
+    let (_body_sender, body) = futures::channel::mpsc::channel::<Result<hyper::body::Frame<Bytes>, std::io::Error>>(1);
+    let request = http::Request::post(format!("http://{}/tensorflow.serving.PredictionService/Predict", server.grpc))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::StreamBody::new(body))
+        .expect("request");
+    let call = tokio::spawn(async move { sender.send_request(request).await });
+    let closed = tokio::time::timeout(Duration::from_secs(30), connection).await;
+    assert!(closed.is_ok(), "the connection outlived its age and grace by 30 s");
+    // The call on it is cut, whatever state it was in.
+    let answer = tokio::time::timeout(Duration::from_secs(5), call).await.expect("call ends with its connection");
+    if let Ok(response) = answer.expect("task") {
+        use http_body_util::BodyExt;
+        assert!(response.into_body().collect().await.is_err(), "the body of a cut call ends in an error");
+    }
+}

@@ -225,6 +225,17 @@ impl TfServingFlags {
                         })?;
                         config.server.max_message_bytes = config.server.max_message_bytes.max(bytes);
                     }
+                    "grpc.max_connection_age_ms" | "grpc.max_connection_age_grace_ms" => {
+                        let millis: u64 = value.parse().with_context(|| {
+                            format!("--grpc_channel_arguments: {key}={value}: expected milliseconds")
+                        })?;
+                        // gRPC's INT_MAX means "no limit".
+                        let millis = (millis < i32::MAX as u64).then_some(millis);
+                        match key {
+                            "grpc.max_connection_age_ms" => config.server.max_connection_age_ms = millis,
+                            _ => config.server.max_connection_age_grace_ms = millis,
+                        }
+                    }
                     other => tracing::warn!("--grpc_channel_arguments: {other} has no equivalent in sluice; ignored"),
                 }
             }

@@ -294,6 +294,14 @@ impl Config {
             check_at_most(key, value, MAX_COUNT)?;
         }
         check_between("server.compute_nice", self.server.compute_nice, 0, 19)?;
+        if let Some(age) = self.server.max_connection_age_ms {
+            if age < 100 {
+                return Err(invalid!(
+                    "server.max_connection_age_ms = {age}: expected at least 100 (a connection must live long \
+                     enough to serve); leave it unset for no limit"
+                ));
+            }
+        }
         self.tracing.check()?;
         self.traffic.check()?;
         if let Some(tls) = &self.server.tls {

@@ -86,6 +86,16 @@ pub struct ServerConfig {
     /// How long a client may take to send a REST request's body, in
     /// milliseconds; slower gets 408 and the connection closed.
     pub body_read_timeout_ms: u64,
+    /// The age, in milliseconds (±10 %, so a fleet's connections do not
+    /// all reconnect at once), at which a connection is told to go away
+    /// (HTTP/2 GOAWAY; HTTP/1.1 closed after its current request), as
+    /// gRPC's `grpc.max_connection_age_ms`: long-lived clients reconnect
+    /// and so reach replicas added since. None: connections live on.
+    pub max_connection_age_ms: Option<u64>,
+    /// How long, in milliseconds, calls in flight on a connection told to
+    /// go away for its age get before it is closed (gRPC's
+    /// `grpc.max_connection_age_grace_ms`). None: as long as they take.
+    pub max_connection_age_grace_ms: Option<u64>,
     /// How many nice steps below the network threads the compute threads
     /// run (inference sessions and their pools, pipelined stage workers):
     /// 0 (the default) runs them alike, 19 only when nothing else wants
@@ -133,6 +143,8 @@ impl Default for ServerConfig {
             max_header_bytes: 64 << 10,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
+            max_connection_age_ms: None,
+            max_connection_age_grace_ms: None,
             compute_nice: 0,
             inline_inference_micros: DEFAULT_INLINE_INFERENCE_MICROS,
             grpc_threads: GrpcThreads::PerCore,

@@ -4,10 +4,12 @@
 //! `header_read_timeout_ms` (a slow-loris client is cut off and holds
 //! nothing), at most `max_concurrent_streams` HTTP/2 streams per
 //! connection, and HTTP/2 keep-alive pings that close connections whose
-//! peer is gone. One loop serves every port (gRPC, REST, admin, the Unix
-//! socket), HTTP/1.1 and HTTP/2 alike, in TLS when the port has it (the
-//! handshake, bounded by the same header timeout, on the connection's own
-//! task).
+//! peer is gone. With `max_connection_age_ms`, a connection is told to go
+//! away at that age (as gRPC servers do), so long-lived clients spread to
+//! replicas added since. One loop serves every port (gRPC, REST, admin,
+//! the Unix socket), HTTP/1.1 and HTTP/2 alike, in TLS when the port has
+//! it (the handshake, bounded by the same header timeout, on the
+//! connection's own task).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::GracefulConnection;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -33,9 +35,21 @@ pub struct Limits {
     max_concurrent_streams: u32,
     max_header_bytes: usize,
     header_read_timeout: Duration,
+    max_age: Option<MaxAge>,
     open: Gauge,
     refused: Counter,
     handshake_failures: Counter,
+}
+
+/// How long a connection lives.
+#[derive(Clone)]
+struct MaxAge {
+    /// When it is told to go away (jittered per connection).
+    age: Duration,
+    /// How long its calls then get before it is closed; None: all they take.
+    grace: Option<Duration>,
+    /// Connections told so.
+    aged: Counter,
 }
 
 impl Limits {
@@ -48,6 +62,11 @@ impl Limits {
             max_concurrent_streams: config.max_concurrent_streams,
             max_header_bytes: config.max_header_bytes,
             header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
+            max_age: config.max_connection_age_ms.map(|age| MaxAge {
+                age: Duration::from_millis(age),
+                grace: config.max_connection_age_grace_ms.map(Duration::from_millis),
+                aged: metrics.connections_aged.get_or_create_owned(&crate::metrics::PortLabels { port }),
+            }),
             open: metrics.connections_open.get_or_create_owned(&crate::metrics::PortLabels { port }),
             refused: metrics.connections_refused.get_or_create_owned(&crate::metrics::PortLabels { port }),
             handshake_failures: metrics
@@ -241,7 +260,10 @@ pub async fn accept<L: Listener>(
 pub struct Connections {
     router: Gated,
     builder: Builder<TokioExecutor>,
-    graceful: GracefulShutdown,
+    /// Turned true when the server stops; closed once every connection
+    /// (each holding a receiver) has.
+    stop: watch::Sender<bool>,
+    max_age: Option<MaxAge>,
     open: Gauge,
     tls: Option<Arc<Tls>>,
     handshake_timeout: Duration,
@@ -254,7 +276,8 @@ impl Connections {
         Connections {
             router,
             builder: limits.builder(),
-            graceful: GracefulShutdown::new(),
+            stop: watch::Sender::new(false),
+            max_age: limits.max_age.clone(),
             open: limits.open.clone(),
             tls,
             handshake_timeout: limits.header_read_timeout,
@@ -272,12 +295,12 @@ impl Connections {
         let service = self.router.clone();
         let open = self.open.clone();
         open.inc();
+        let (stop, max_age) = (self.stop.subscribe(), self.max_age.clone());
         let Some(tls) = &self.tls else {
             let connection = self.builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned();
-            let connection = self.graceful.watch(connection);
             tokio::spawn(async move {
                 // Errors here are the client's (reset, garbage, timeouts).
-                if let Err(e) = connection.await {
+                if let Err(e) = serve_until_closed(connection, stop, max_age).await {
                     tracing::debug!("connection closed: {e}");
                 }
                 open.dec();
@@ -286,21 +309,21 @@ impl Connections {
             });
             return;
         };
-        let (acceptor, builder, watcher) = (tls.acceptor(), self.builder.clone(), self.graceful.watcher());
+        let (acceptor, builder) = (tls.acceptor(), self.builder.clone());
         let (timeout, failures) = (self.handshake_timeout, self.handshake_failures.clone());
         tokio::spawn(async move {
             let handshake = Handshake { acceptor, timeout, failures };
             let served = match handshake.run(io).await {
                 Opened::Tls(stream) => {
                     let connection = builder.serve_connection_with_upgrades(TokioIo::new(*stream), service);
-                    watcher.watch(connection.into_owned()).await
+                    serve_until_closed(connection.into_owned(), stop, max_age).await
                 }
                 Opened::Plaintext(io) => {
                     let refuse = hyper::service::service_fn(|request| async move {
                         Ok::<_, std::convert::Infallible>(tls::plaintext_refusal(&request))
                     });
                     let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), refuse);
-                    watcher.watch(connection.into_owned()).await
+                    serve_until_closed(connection.into_owned(), stop, None).await
                 }
                 Opened::Refused => Ok(()),
             };
@@ -316,6 +339,48 @@ impl Connections {
     /// Lets every connection finish what it has (HTTP/2 gets a GOAWAY,
     /// idle HTTP/1.1 connections close); resolves once all have closed.
     pub async fn finish(self) {
-        self.graceful.shutdown().await;
+        self.stop.send_replace(true);
+        self.stop.closed().await;
+    }
+}
+
+/// Serves `connection` until it closes. It is told to go away (HTTP/2
+/// GOAWAY, letting its calls finish; HTTP/1.1 closed after the current
+/// request) when `stop` turns true or, with `max_age`, at its age; an
+/// aged connection still open `grace` after is closed.
+async fn serve_until_closed<C: GracefulConnection>(
+    connection: C,
+    mut stop: watch::Receiver<bool>,
+    max_age: Option<MaxAge>,
+) -> Result<(), C::Error> {
+    let mut connection = std::pin::pin!(connection);
+    // ±10 %, as gRPC's servers jitter it: connections opened together (a
+    // client's restart, a scale-up) do not all go away together.
+    let jittered = max_age.as_ref().map_or(Duration::MAX, |max| max.age.mul_f64(0.9 + 0.2 * rand::random::<f64>()));
+    let age = tokio::time::sleep(jittered);
+    let mut age = std::pin::pin!(age);
+    let grace = tokio::time::sleep(Duration::MAX);
+    let mut grace = std::pin::pin!(grace);
+    let mut going_away = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => return result,
+            _ = stop.wait_for(|&stopping| stopping), if !going_away => {
+                going_away = true;
+                connection.as_mut().graceful_shutdown();
+            }
+            () = &mut age, if !going_away => {
+                going_away = true;
+                connection.as_mut().graceful_shutdown();
+                if let Some(max) = &max_age {
+                    max.aged.inc();
+                    if let Some(after) = max.grace {
+                        grace.as_mut().reset(tokio::time::Instant::now() + after);
+                    }
+                }
+            }
+            // Dropping the connection closes it, calls and all.
+            () = &mut grace => return Ok(()),
+        }
     }
 }
