@@ -87,6 +87,12 @@ pub struct SharedRegistryConfig {
     /// The largest plugin blob read from Redis, in MiB: a larger value is
     /// refused by its length (`STRLEN`) before it is read.
     pub max_blob_mib: u64,
+    /// How long a starting replica waits for a registry that does not
+    /// answer before it serves from its own store, in seconds (it follows
+    /// the registry once it answers). None: it waits as long as it takes,
+    /// so no replica ever serves plugins out of step with the others, at
+    /// the cost of scale-ups and rollouts while Redis is down.
+    pub start_wait_secs: Option<u64>,
 }
 
 impl SharedRegistryConfig {
@@ -109,6 +115,7 @@ impl Default for SharedRegistryConfig {
             reconcile_seconds: 5,
             timeout_ms: 2000,
             max_blob_mib: 256,
+            start_wait_secs: None,
             username: None,
             password_file: None,
             password_env: None,

@@ -334,7 +334,8 @@ async fn load(
         // A replica starts from the plugins every replica shares, and is
         // not ready before it has them.
         if let Some(registry) = &registry {
-            registry.wait_for_shared(|| *stopping.borrow())?;
+            let give_up_after = config.plugins.shared.as_ref().and_then(|shared| shared.start_wait_secs);
+            registry.wait_for_shared(give_up_after.map(Duration::from_secs), || *stopping.borrow())?;
         }
         let team_shares = TeamShares::new(config.plugins.max_calls_per_team);
         let traffic = TrafficRules::new(&config.traffic, &metrics);

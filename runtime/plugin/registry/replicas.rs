@@ -18,16 +18,28 @@ impl PluginRegistry {
     /// Waits until this replica has the shared registry's plugins and
     /// manifests in its store, retrying while Redis does not answer: a new
     /// replica starts with every active plugin, and is not ready before.
+    /// With `give_up_after`, a registry that has not answered by then is
+    /// left to `follow` and the replica starts from its own store.
     /// Blocking.
-    pub fn wait_for_shared(&self, stopping: impl Fn() -> bool) -> Result<()> {
+    pub fn wait_for_shared(&self, give_up_after: Option<Duration>, stopping: impl Fn() -> bool) -> Result<()> {
         if self.shared.is_none() {
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let mut wait = Duration::from_millis(100);
         loop {
             match self.sync() {
                 Ok(_) => {
                     tracing::info!(revision = self.revision(), "plugins in step with the shared registry");
+                    return Ok(());
+                }
+                Err(Error::Unavailable(error)) if give_up_after.is_some_and(|after| started.elapsed() >= after) => {
+                    tracing::error!(
+                        waited_secs = started.elapsed().as_secs(),
+                        "starting from this replica's own plugin store: the shared plugin registry has not \
+                         answered ({error}); its plugins may be out of step with the other replicas' until it \
+                         does (plugins.shared.start_wait_secs)"
+                    );
                     return Ok(());
                 }
                 // Redis not answering: wait for it, not ready meanwhile.
