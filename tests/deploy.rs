@@ -584,6 +584,24 @@ fn adapter_and_hpa_metrics_are_what_the_code_exports() {
             None => panic!("{ADAPTER_RULES}: series {name}: {METRICS} registers no metric {family} (it has {:?})", registered.keys()),
         }
     }
+    // The QPS rule counts every inference API the server counts requests
+    // under (runtime/metrics.rs APIS), and only those: metadata and status
+    // calls stay out.
+    let inference = ["predict", "classify", "regress", "multi_inference", "model_infer"];
+    let apis = rules
+        .split("api=~\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("{ADAPTER_RULES}: no api=~\"…\" matcher"));
+    let mut counted: Vec<&str> = apis.split('|').collect();
+    counted.sort_unstable();
+    let mut wanted = inference.to_vec();
+    wanted.sort_unstable();
+    assert_eq!(counted, wanted, "{ADAPTER_RULES}: the QPS rule's APIs");
+    let metrics_code = read(METRICS);
+    for api in inference {
+        assert!(metrics_code.contains(&format!("    \"{api}\",")), "{METRICS}: APIS lacks {api}");
+    }
     let hpa = read(HPA);
     let used: Vec<&str> = hpa
         .lines()
