@@ -14,6 +14,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+mod tf_serving;
+
+pub use tf_serving::{TfRequestHandle, TfServingMetrics};
+
 /// The most names that resolved to nothing labelled as themselves.
 pub const MAX_UNRESOLVED_NAMES: usize = 100;
 
@@ -222,15 +226,41 @@ pub const ENTRYPOINTS: [&str; 2] = ["grpc", "rest"];
 pub struct RequestHandles {
     ok: Vec<Counter>,
     latency: Vec<Histogram>,
+    tf_serving: Vec<Option<TfRequestHandle>>,
+}
+
+/// The handles of one API through one entry point.
+pub struct RequestHandle<'a> {
+    /// Successful requests.
+    pub ok: &'a Counter,
+    /// Their latency.
+    pub latency: &'a Histogram,
+    /// TF Serving's count and latency, where TF Serving records the API.
+    pub tf_serving: Option<&'a TfRequestHandle>,
+}
+
+impl RequestHandle<'_> {
+    /// A successful request that took `seconds`.
+    pub fn record_ok(&self, seconds: f64) {
+        self.ok.inc();
+        self.latency.observe(seconds);
+        if let Some(tf) = self.tf_serving {
+            tf.record_ok(seconds);
+        }
+    }
 }
 
 impl RequestHandles {
-    /// The OK counter and latency histogram of `api` through `entrypoint`.
-    pub fn get(&self, api: &str, entrypoint: &str) -> Option<(&Counter, &Histogram)> {
+    /// The handles of `api` through `entrypoint`.
+    pub fn get(&self, api: &str, entrypoint: &str) -> Option<RequestHandle<'_>> {
         let a = APIS.iter().position(|&x| x == api)?;
         let e = ENTRYPOINTS.iter().position(|&x| x == entrypoint)?;
         let i = a * ENTRYPOINTS.len() + e;
-        Some((self.ok.get(i)?, self.latency.get(i)?))
+        Some(RequestHandle {
+            ok: self.ok.get(i)?,
+            latency: self.latency.get(i)?,
+            tf_serving: self.tf_serving.get(i)?.as_ref(),
+        })
     }
 }
 
@@ -312,6 +342,8 @@ macro_rules! metric_families {
             /// Names requests asked for that resolved to nothing, as labelled so
             /// far (at most [`MAX_UNRESOLVED_NAMES`]).
             unresolved_names: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
+            /// TF Serving's own families, in a registry of their own.
+            pub tf_serving: TfServingMetrics,
             $($(#[$doc])* pub $field: $ty,)*
         }
 
@@ -323,7 +355,12 @@ macro_rules! metric_families {
                     let $field: $ty = $make;
                     registry.register($name, $help, $field.clone());
                 )*
-                Arc::new(Metrics { registry, unresolved_names: std::sync::Mutex::default(), $($field,)* })
+                Arc::new(Metrics {
+                    registry,
+                    unresolved_names: std::sync::Mutex::default(),
+                    tf_serving: TfServingMetrics::default(),
+                    $($field,)*
+                })
             }
         }
     };
@@ -571,8 +608,10 @@ impl Metrics {
         }
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        with_tf_serving_names(out)
+        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode_registry(&mut out, self.tf_serving.registry());
+        let _ = prometheus_client::encoding::text::encode_eof(&mut out);
+        out
     }
 
     /// The handles of one queue.
@@ -590,14 +629,22 @@ impl Metrics {
             expired: rejection("deadline"),
             cancelled: rejection("cancelled"),
             stale: rejection("stale"),
+            tf_serving_wait: None,
         }
+    }
+
+    /// The handles of a model's batch queue: a queue whose waits are TF
+    /// Serving's batching session queuing latency too.
+    pub fn batch_queue(&self, queue: &str) -> QueueMetrics {
+        QueueMetrics { tf_serving_wait: Some(self.tf_serving.queuing_latency()), ..self.queue(queue) }
     }
 
     /// The request handles of pipeline `pipeline` running model `model`.
     pub fn request_handles(&self, model: &Arc<str>, pipeline: &Arc<str>) -> RequestHandles {
-        let mut handles = RequestHandles { ok: Vec::new(), latency: Vec::new() };
+        let mut handles = RequestHandles { ok: Vec::new(), latency: Vec::new(), tf_serving: Vec::new() };
         for api in APIS {
             for entrypoint in ENTRYPOINTS {
+                handles.tf_serving.push(self.tf_serving.request_handle(model, api, entrypoint));
                 let (model_name, pipeline) = (model.clone(), pipeline.clone());
                 let ok = RequestLabels { model_name, pipeline, api, entrypoint, status: "OK" };
                 handles.ok.push(self.requests.get_or_create_owned(&ok));
@@ -749,6 +796,9 @@ pub struct QueueMetrics {
     /// Answered RESOURCE_EXHAUSTED for waiting longer than the queue's
     /// time bound.
     pub stale: Counter,
+    /// A batch queue's wait in TF Serving's
+    /// `batching_session:queuing_latency` too, in microseconds.
+    pub tf_serving_wait: Option<Histogram>,
 }
 
 /// The metrics of one feature table, resolved once.
@@ -831,59 +881,6 @@ impl BatchPlanMetrics {
             self.curve.get_or_create(&labels).set(seconds);
         }
     }
-}
-
-/// sluice's series that TF Serving users know under another name: the
-/// source family, TF Serving's name, its type, and for histograms the
-/// factor from sluice's unit to TF Serving's (seconds to microseconds).
-const TF_SERVING_NAMES: &[(&str, &str, &str, f64)] = &[
-    ("sluice_serving_request_count_total", ":tensorflow:serving:request_count", "unknown", 1.0),
-    ("sluice_serving_request_latency_seconds", ":tensorflow:serving:request_latency", "histogram", 1e6),
-    ("sluice_batch_rows", ":tensorflow:serving:batching_session:processed_batch_size", "histogram", 1.0),
-    ("sluice_queue_wait_seconds", ":tensorflow:serving:batching_session:queuing_latency", "histogram", 1e6),
-];
-
-/// The exposition with [`TF_SERVING_NAMES`] added, so that dashboards and
-/// alerts built on TF Serving keep working. The series are derived from
-/// sluice's own as a scrape is made, with all of sluice's labels (TF
-/// Serving's `model_name` and `status` among them).
-fn with_tf_serving_names(exposition: String) -> String {
-    let Some(body) = exposition.strip_suffix("# EOF\n") else { return exposition };
-    // One pass over the exposition, each line to the alias of its family.
-    let mut samples = vec![String::new(); TF_SERVING_NAMES.len()];
-    for line in body.lines() {
-        let Some((at, rest)) =
-            TF_SERVING_NAMES.iter().enumerate().find_map(|(at, alias)| Some((at, line.strip_prefix(alias.0)?)))
-        else {
-            continue;
-        };
-        let (_, name, kind, scale) = TF_SERVING_NAMES[at];
-        let scaled = |v: &str| v.parse::<f64>().map_or_else(|_| v.to_string(), |x| format!("{}", x * scale));
-        let (series, value) = rest.rsplit_once(' ').unwrap_or((rest, "0"));
-        let sample = match kind {
-            "histogram" if series.starts_with("_bucket") => {
-                // The bucket bound in TF Serving's unit.
-                let series = match series.split_once("le=\"").and_then(|(h, t)| Some((h, t.split_once('"')?))) {
-                    Some((head, (bound, after))) if bound != "+Inf" => format!("{head}le=\"{}\"{after}", scaled(bound)),
-                    _ => series.to_string(),
-                };
-                format!("{name}{series} {value}")
-            }
-            "histogram" if series.starts_with("_sum") => format!("{name}{series} {}", scaled(value)),
-            "histogram" if series.starts_with("_count") => format!("{name}{series} {value}"),
-            "unknown" if series.starts_with('{') || series.is_empty() => format!("{name}{series} {value}"),
-            _ => continue,
-        };
-        samples[at].push_str(&sample);
-        samples[at].push('\n');
-    }
-    let mut out = String::with_capacity(exposition.len() + samples.iter().map(String::len).sum::<usize>() + 512);
-    out.push_str(body);
-    for (&(source, name, kind, _), samples) in TF_SERVING_NAMES.iter().zip(&samples) {
-        out.push_str(&format!("# HELP {name} TF Serving's name for {source}.\n# TYPE {name} {kind}\n{samples}"));
-    }
-    out.push_str("# EOF\n");
-    out
 }
 
 #[cfg(test)]

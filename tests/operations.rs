@@ -173,14 +173,17 @@ batching = { max_batch_size = 4096, batch_timeout_micros = 0 }
     expect(&requests("cnn", "grpc", "OK"), 1.0 + answered as f64);
     expect(&requests("cnn", "grpc", "RESOURCE_EXHAUSTED"), refused as f64);
     expect(r#"sluice_rejections_total{queue="cnn/admission",reason="queue_full"}"#, refused as f64);
+    // Latency is of the successful requests only (as TF Serving's).
     expect(
         r#"sluice_serving_request_latency_seconds_count{model_name="mlp",pipeline="mlp",api="predict",entrypoint="grpc"}"#,
-        8.0,
+        5.0,
     );
     expect(
         r#"sluice_serving_request_latency_seconds_count{model_name="mlp",pipeline="mlp",api="predict",entrypoint="rest"}"#,
-        6.0,
+        4.0,
     );
+    expect(r#":tensorflow:serving:request_count{model_name="mlp",status="OK"}"#, 9.0);
+    expect(r#":tensorflow:serving:request_count{model_name="mlp",status="INVALID_ARGUMENT"}"#, 5.0);
     // Only the requests that passed validation reached the model: 5 gRPC
     // and 4 REST runs of the MLP, one run per request without batching.
     expect(r#"sluice_model_runs_total{model="mlp",version="2"}"#, 9.0);

@@ -231,24 +231,58 @@ async fn tf_servings_command_line_and_config_files_start_sluice_unchanged() {
     let over_unix = unix.predict(request()).await.expect("predict over the Unix socket").into_inner();
     assert_eq!(f32_values(&over_unix.outputs["logits"]), f32_values(&over_tcp.outputs["logits"]));
 
+    // A request TF Serving refuses, over gRPC, and one over REST.
+    let mut bad = request();
+    bad.inputs.insert("nope".into(), f32_content(&[1, 1], &[0.0]));
+    server.predict_client().await.predict(bad).await.expect_err("an input the model lacks");
+    let body = format!("{{\"instances\": [{:?}]}}", x);
+    let answer = http_post(server.http, "/v1/models/mlp/labels/stable:predict", &body).await;
+    assert!(answer.contains("predictions"), "{answer}");
+
     // Metrics on the path the monitoring config names.
     let scraped = http_get(server.http, "/monitoring/tf").await;
     assert!(scraped.contains("sluice_serving_request_count"), "{scraped}");
-    // TF Serving's own metric names, so its dashboards keep working.
-    let series = |family: &str| {
-        scraped
+    // TF Serving's own families, as its exporter writes them: the series a
+    // dashboard or alert written for TF Serving selects exist with these
+    // exact label sets (a Prometheus selector matches them all).
+    let sample = |selector: &str| -> f64 {
+        let line = scraped
             .lines()
-            .find(|l| {
-                l.starts_with(&format!("{family}{{"))
-                    && [r#"model_name="mlp""#, r#"api="predict""#, r#"entrypoint="grpc""#]
-                        .iter()
-                        .all(|label| l.contains(label))
-            })
-            .unwrap_or_else(|| panic!("no {family} for mlp predict over gRPC in {scraped}"))
+            .find(|line| line.starts_with(selector) && line[selector.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no series {selector} in {scraped}"));
+        line[selector.len()..].trim().parse().expect("a number")
     };
-    let count = series(":tensorflow:serving:request_count");
-    assert!(count.contains(r#"status="OK""#) && count.ends_with(" 2"), "{count}");
-    let latency_count = series(":tensorflow:serving:request_latency_count");
-    assert!(latency_count.ends_with(" 2"), "{latency_count}");
+    assert_eq!(sample(r#":tensorflow:serving:request_count{model_name="mlp",status="OK"}"#), 3.0);
+    assert_eq!(sample(r#":tensorflow:serving:request_count{model_name="mlp",status="INVALID_ARGUMENT"}"#), 1.0);
+    // Latency of successful calls only, TF Serving's API and entry point
+    // names, in microseconds.
+    let grpc = r#"{model_name="mlp",API="Predict",entrypoint="GRPC"}"#;
+    assert_eq!(sample(&format!(":tensorflow:serving:request_latency_count{grpc}")), 2.0);
+    let rest = r#"{model_name="mlp",API="predict",entrypoint="REST"}"#;
+    assert_eq!(sample(&format!(":tensorflow:serving:request_latency_count{rest}")), 1.0);
+    let micros = sample(&format!(":tensorflow:serving:request_latency_sum{grpc}"));
+    assert!(micros > 1.0 && micros < 60e6, "two calls took {micros} µs in all");
+    let buckets = scraped
+        .lines()
+        .filter(|line| {
+            line.starts_with(":tensorflow:serving:request_latency_bucket{") && line.contains(&grpc[1..grpc.len() - 1])
+        })
+        .count();
+    assert_eq!(buckets, 34, "TF Serving's 33 bounds and +Inf");
+    // Every wait in a batch queue, as sluice's own batch queues count them.
+    let batch_waits: f64 = scraped
+        .lines()
+        .filter(|line| line.starts_with("sluice_queue_wait_seconds_count{queue=\"mlp/") && line.contains("/batch\"}"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let tf_waits = sample(r#":tensorflow:serving:batching_session:queuing_latency_count{thread_pool_name=""}"#);
+    assert_eq!(tf_waits, batch_waits, "batch queue waits under TF Serving's name and sluice's");
+    // Loads and warmups by the version's directory, as TensorFlow's loader
+    // and TF Serving's warmup label them.
+    let version_dir = root().join("examples/models/mlp/1").display().to_string();
+    let path = format!("model_path=\"{version_dir}\"");
+    assert_eq!(sample(&format!(":tensorflow:cc:saved_model:load_attempt_count{{{path},status=\"success\"}}")), 1.0);
+    assert!(sample(&format!(":tensorflow:cc:saved_model:load_latency{{{path}}}")) > 0.0);
+    assert_eq!(sample(&format!(":tensorflow:serving:model_warmup_latency_count{{{path},status=\"OK\"}}")), 1.0);
     assert!(scraped.ends_with("# EOF\n"), "the exposition still ends with # EOF");
 }

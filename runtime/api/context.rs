@@ -247,13 +247,14 @@ impl RequestContext {
         // The common case, a request that reached its pipeline: handles
         // resolved when the pipeline was built, no label lookup.
         let target = self.target.as_ref();
+        // Latency is of successful requests only, as TF Serving records
+        // it: refusals answered in microseconds would pull the quantiles
+        // down exactly when the server is overloaded. Failures are counted
+        // by code.
         let handles = target.and_then(|t| t.pipeline.request_handles().get(self.api, self.entrypoint));
-        if let Some((ok, latency)) = handles {
-            latency.observe(elapsed);
-            if result.is_ok() {
-                ok.inc();
-                return;
-            }
+        if let (Some(handle), Ok(_)) = (&handles, result) {
+            handle.record_ok(elapsed);
+            return;
         }
         let code = match result {
             Ok(_) => "OK",
@@ -271,7 +272,8 @@ impl RequestContext {
         let labels =
             RequestLabels { model_name: model, pipeline, api: self.api, entrypoint: self.entrypoint, status: code };
         self.metrics.requests.get_or_create(&labels).inc();
-        if handles.is_none() {
+        self.metrics.tf_serving.record_failure(&labels.model_name, self.api, self.entrypoint, code);
+        if handles.is_none() && result.is_ok() {
             let latency = LatencyLabels {
                 model_name: labels.model_name,
                 pipeline: labels.pipeline,

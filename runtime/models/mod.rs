@@ -196,10 +196,37 @@ pub fn load_version(
     let label = format!("model '{}' version {version}", config.name);
     let started = Instant::now();
     let dir = file.parent().unwrap_or(Path::new("."));
-    let (backend, cache): (Arc<dyn Backend>, _) = if file.file_name().is_some_and(|n| n == SAVED_MODEL_FILE) {
+    let loaded = load_backend(config, version, file, dir, &label, settings, metrics);
+    // TensorFlow's loader counts each attempt by the version's directory.
+    let model_path = dir.display().to_string();
+    metrics.tf_serving.record_load(&model_path, loaded.is_ok(), started.elapsed().as_secs_f64());
+    let (backend, cache) = loaded?;
+    let loaded = ModelVersion::new(config.name.clone(), version, backend);
+    let load_seconds = started.elapsed().as_secs_f64();
+    metrics.lifecycle(&config.name).load_seconds.observe(load_seconds);
+    metrics.optimized_model_cache.get_or_create(&crate::metrics::OutcomeLabels { outcome: cache }).inc();
+    tracing::info!(model = %config.name, version, elapsed_ms = load_seconds * 1e3, optimized_model_cache = cache, "loaded");
+    if settings.warmup {
+        runtime.block_on(warm_up(&loaded, config, Some(dir), settings.max_tensor_bytes, metrics))?;
+    }
+    Ok(loaded)
+}
+
+/// The backend of the version in `file` (a SavedModel's `saved_model.pb`
+/// or a `model.onnx`), and what the optimised-graph cache did.
+fn load_backend(
+    config: &ModelConfig,
+    version: i64,
+    file: &Path,
+    dir: &Path,
+    label: &str,
+    settings: &LoadSettings,
+    metrics: &Metrics,
+) -> Result<(Arc<dyn Backend>, &'static str)> {
+    Ok(if file.file_name().is_some_and(|n| n == SAVED_MODEL_FILE) {
         let backend = TensorflowBackend::load(
             dir,
-            &label,
+            label,
             &config.tensorflow,
             settings.tensorflow_library.as_deref(),
             metrics.model(&config.name, version),
@@ -209,7 +236,7 @@ pub fn load_version(
     } else {
         let backend = OnnxBackend::load(
             file,
-            &label,
+            label,
             &config.onnx,
             settings.library.as_deref(),
             metrics.model(&config.name, version),
@@ -222,16 +249,7 @@ pub fn load_version(
             None => "off",
         };
         (Arc::new(backend), cache)
-    };
-    let loaded = ModelVersion::new(config.name.clone(), version, backend);
-    let load_seconds = started.elapsed().as_secs_f64();
-    metrics.lifecycle(&config.name).load_seconds.observe(load_seconds);
-    metrics.optimized_model_cache.get_or_create(&crate::metrics::OutcomeLabels { outcome: cache }).inc();
-    tracing::info!(model = %config.name, version, elapsed_ms = load_seconds * 1e3, optimized_model_cache = cache, "loaded");
-    if settings.warmup {
-        runtime.block_on(warm_up(&loaded, config, Some(dir), settings.max_tensor_bytes, metrics))?;
-    }
-    Ok(loaded)
+    })
 }
 
 /// Runs `loaded`'s warmup requests (its directory's TF Serving warmup
@@ -251,7 +269,13 @@ async fn warm_up(
     let count = requests.len();
     // Only the auto batcher plans with the latency curve warmup can seed.
     let learn = config.batching.as_ref().is_some_and(|params| params.mode == BatchingMode::Auto);
-    warmup::run(loaded, requests, learn).await.map_err(context)?;
+    let warmed = warmup::run(loaded, requests, learn).await;
+    if let Some(dir) = version_dir {
+        // TF Serving's status words: "OK", or the error.
+        let status = warmed.as_ref().map_or_else(|e| e.to_string(), |()| "OK".to_string());
+        metrics.tf_serving.record_warmup(&dir.display().to_string(), status, started.elapsed().as_secs_f64());
+    }
+    warmed.map_err(context)?;
     metrics.lifecycle(&config.name).warmup_seconds.observe(started.elapsed().as_secs_f64());
     tracing::info!(
         model = %config.name,

@@ -52,7 +52,7 @@ impl InferenceStage {
                 threads,
                 config.max_queue_wait(),
                 format!("the batch queue of model '{model}' version {number}"),
-                metrics.queue(&format!("{model}/{number}/batch")),
+                metrics.batch_queue(&format!("{model}/{number}/batch")),
                 metrics.model(model, number),
                 metrics.batch_plan(model, number),
             )

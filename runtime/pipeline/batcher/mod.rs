@@ -401,6 +401,9 @@ impl Shared {
                 continue;
             }
             queue_metrics.wait.observe(waited.as_secs_f64());
+            if let Some(tf_serving) = &queue_metrics.tf_serving_wait {
+                tf_serving.observe(waited.as_secs_f64() * 1e6);
+            }
             due = match (due, entry.deadline.instant()) {
                 (Some(None), Some(at)) => Some(Some(at)),
                 (Some(Some(latest)), Some(at)) => Some(Some(latest.max(at))),
