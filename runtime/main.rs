@@ -28,6 +28,8 @@ struct Cli {
     log_format: String,
 }
 
+// Parsed once at start-up: the variants' sizes cost nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve models over TF Serving's gRPC API.
@@ -216,6 +218,10 @@ fn main() -> ExitCode {
     // A server's config is read before its log starts, as it says whether
     // traces are exported; what reading it logs goes to a plain log.
     let (command, server_config) = match cli.command {
+        Command::Serve(args) if args.version => {
+            println!("sluice {} (TF Serving's gRPC and REST APIs)", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
         Command::Serve(args) => {
             let early = tracing_subscriber::fmt().with_writer(std::io::stderr).finish();
             match tracing::subscriber::with_default(early, || args.into_config()) {

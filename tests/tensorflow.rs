@@ -705,3 +705,69 @@ async fn warmup_files_of_classify_regress_and_multi_inference_records_run_as_tho
     assert!(stderr.contains("warmup") && stderr.contains("record 0"), "{stderr}");
     assert!(stderr.contains("No signature was found with the name: \"nope\""), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_savedmodel_whose_variables_arrive_after_its_graph_loads_on_a_retry() {
+    // TF Serving's failure mode with object storage: saved_model.pb lands
+    // first, variables/ later. The first load fails; saved_model.pb never
+    // changes again, so only a retry on a timer brings the version in.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = dir.path().join("m");
+    std::fs::create_dir_all(&base).expect("mkdir");
+    let cp = |from: &std::path::Path, to: &std::path::Path| {
+        let copied = std::process::Command::new("cp").arg("-r").arg(from).arg(to).status();
+        assert!(copied.expect("cp").success(), "cp {} {}", from.display(), to.display());
+    };
+    cp(&models().join("keras_mlp/1"), &base.join("1"));
+    let config = dir.path().join("sluice.toml");
+    let lifecycle =
+        "[lifecycle]\nfile_system_poll_wait_seconds = 1\nmax_load_retries = 3\nload_retry_interval_ms = 200\n";
+    std::fs::write(&config, format!("{lifecycle}{}", model_table("m", &base, ""))).expect("config");
+    let server = Server::start(&["--model_config_file", config.to_str().expect("utf-8")]);
+    // Version 2 is published without its variables.
+    let staged = dir.path().join("staged");
+    std::fs::create_dir_all(&staged).expect("mkdir");
+    let source = models().join("keras_mlp/2");
+    for entry in std::fs::read_dir(&source).expect("read the SavedModel") {
+        let entry = entry.expect("entry");
+        if entry.file_name() != "variables" {
+            cp(&entry.path(), &staged);
+        }
+    }
+    std::fs::rename(&staged, base.join("2")).expect("publish version 2");
+    let retrying = server.wait_for_log("to be tried again").await;
+    assert!(retrying.contains("version 2"), "{retrying}");
+    cp(&source.join("variables"), &base.join("2"));
+    let case = expected()["keras_mlp"]["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|case| case["version"] == 2)
+        .expect("a version 2 case")
+        .clone();
+    let client = server.predict_client().await;
+    let answer = eventually_async(|| {
+        let mut client = client.clone();
+        let request = request("m", Some(2), "", &case["inputs"]);
+        async move { client.predict(request).await.map_err(|e| e.to_string()) }
+    })
+    .await;
+    let got = answered(&answer.into_inner().outputs["output_0"]);
+    assert_close_to(&got, &wanted(&case["outputs"]["output_0"]), 1e-5, 1e-6, "version 2 after the retry");
+}
+
+/// Polls `call` until it answers Ok, for 30 s.
+async fn eventually_async<T, F, Fut>(mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match call().await {
+            Ok(value) => return value,
+            Err(last) if std::time::Instant::now() >= deadline => panic!("waited 30 s; last: {last}"),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+}

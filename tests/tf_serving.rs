@@ -204,7 +204,38 @@ async fn tf_servings_command_line_and_config_files_start_sluice_unchanged() {
         "--file_system_poll_wait_seconds=1",
         "--model_config_file_poll_wait_seconds=0",
         "--enable_batching=true",
+        // Every other flag of TF Serving's main.cc: those sluice implements
+        // and those it accepts without effect, named in one warning.
+        "--allow_version_labels_for_unavailable_models=false",
+        "--max_num_load_retries=3",
+        "--load_retry_interval_micros=30000000",
+        "--num_request_iterations_for_warmup=2",
+        "--flush_filesystem_caches=true",
+        "--enable_grpc_healthcheck_service",
+        "--enable_signature_method_name_check=false",
+        "--enable_per_model_batching_parameters=false",
+        "--enable_profiler=true",
+        "--grpc_max_threads=8",
+        "--mixed_precision=",
+        "--num_tflite_interpreters_per_pool=1",
+        "--num_tflite_pools=1",
+        "--num_unload_threads=0",
+        "--per_process_gpu_memory_fraction=0",
+        "--platform_config_file=",
+        "--prefer_tflite_model=false",
+        "--remove_unused_fields_from_bundle_metagraph=true",
+        "--rest_api_enable_cors_support=false",
+        "--skip_initialize_tpu=true",
+        "--tensorflow_session_config_file=",
+        "--thread_pool_factory_config_file=",
+        "--use_alts_credentials=false",
+        "--xla_cpu_compilation_enabled=false",
+        "--xla_gpu_compilation_enabled=false",
     ]);
+    let warned = server.wait_for_log("TF Serving flags with no effect in sluice").await;
+    for flag in ["--grpc_max_threads=8", "--use_alts_credentials=false", "--enable_signature_method_name_check=false"] {
+        assert!(warned.contains(flag), "{flag} is named: {warned}");
+    }
     let x = values(3, 64);
     let request = || {
         let mut request = predict_request("mlp", vec![("x", f32_content(&[1, 64], &x))]);

@@ -738,3 +738,51 @@ async fn optimised_graphs_are_made_once_per_model_file_and_reused_after_a_restar
     third.predict_client().await.predict(mlp_request(21)).await.expect("predict after a damaged cache");
     assert!(!damaged.exists() || std::fs::read(&damaged).expect("read") != b"not a graph");
 }
+
+#[tokio::test]
+async fn with_tf_servings_flag_a_new_label_may_name_a_version_not_yet_available() {
+    let config = tempfile::NamedTempFile::new().expect("temp file");
+    let mlp = root().join("examples/models/mlp");
+    std::fs::write(
+        config.path(),
+        format!(
+            "model_config_list {{ config {{ name: \"mlp\" base_path: \"{}\" model_platform: \"tensorflow\" \
+             model_version_policy {{ all {{}} }} version_labels {{ key: \"stable\" value: 1 }} }} }}\n",
+            mlp.display()
+        ),
+    )
+    .expect("write config");
+    let server = Server::start(&[
+        "--model_config_file",
+        config.path().to_str().expect("utf-8"),
+        "--allow_version_labels_for_unavailable_models",
+    ]);
+    let mut models = server.model_client().await;
+    wait_for_states(&server, "mlp", &[(1, "AVAILABLE"), (2, "AVAILABLE")]).await;
+    // A new label on version 7, which is not there: accepted.
+    let labels = [("stable", 1), ("next", 7)];
+    models
+        .handle_reload_config_request(reload_request(vec![model_config("mlp", &mlp, &[1, 2], &labels)]))
+        .await
+        .expect("a new label may wait for its version");
+    // Requests through it are refused, naming why, until version 7 serves.
+    let mut request = mlp_request(3);
+    request.model_spec = Some(sluice::proto::tensorflow::serving::ModelSpec {
+        name: "mlp".into(),
+        signature_name: String::new(),
+        version_choice: Some(sluice::proto::tensorflow::serving::model_spec::VersionChoice::VersionLabel(
+            "next".into(),
+        )),
+    });
+    let refused = server.predict_client().await.predict(request).await.expect_err("version 7 is not there");
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    assert!(refused.message().contains("points at version 7, which is not available"), "{}", refused.message());
+    // Moving a label the model already has onto such a version is still
+    // refused: it would take serving traffic away.
+    let err = models
+        .handle_reload_config_request(reload_request(vec![model_config("mlp", &mlp, &[1, 2], &[("stable", 7)])]))
+        .await
+        .expect_err("stable must keep naming an available version");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    server.predict_client().await.predict(mlp_request(2)).await.expect("still serving");
+}

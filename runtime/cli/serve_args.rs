@@ -129,8 +129,15 @@ pub struct ServeArgs {
     #[arg(long = "trace_sampling_ratio", env = "SLUICE_TRACE_SAMPLING_RATIO")]
     trace_sampling_ratio: Option<f64>,
 
+    /// Print sluice's version and exit (TF Serving's `--version`).
+    #[arg(long = "version")]
+    pub version: bool,
+
     #[command(flatten)]
     tf_serving: TfServingFlags,
+
+    #[command(flatten)]
+    tf_serving_without_effect: TfServingFlagsWithoutEffect,
 }
 
 /// The other flags TF Serving's own test harness passes to every server it
@@ -198,6 +205,39 @@ pub struct TfServingFlags {
     #[arg(long = "num_load_threads")]
     num_load_threads: Option<usize>,
 
+    /// A label may name a version not AVAILABLE yet when the model has no
+    /// such label so far (`lifecycle.allow_version_labels_for_unavailable_models`).
+    #[arg(long = "allow_version_labels_for_unavailable_models", num_args = 0..=1, default_missing_value = "true")]
+    allow_version_labels_for_unavailable_models: Option<bool>,
+
+    /// Times a version whose load failed is tried again while polling,
+    /// besides when its file changes (`lifecycle.max_load_retries`, default 5).
+    #[arg(long = "max_num_load_retries")]
+    max_num_load_retries: Option<u32>,
+
+    /// Microseconds between those tries (`lifecycle.load_retry_interval_ms`;
+    /// default one minute; at least 10 ms).
+    #[arg(long = "load_retry_interval_micros")]
+    load_retry_interval_micros: Option<u64>,
+
+    /// How often each warmup request runs (`lifecycle.warmup_iterations`;
+    /// 0 keeps the default, 1).
+    #[arg(long = "num_request_iterations_for_warmup")]
+    num_request_iterations_for_warmup: Option<usize>,
+
+    /// Predict answers carry numbers packed in tensor_content
+    /// (`server.output_encoding = "tensor_content"`).
+    #[arg(long = "enable_serialization_as_tensor_content", num_args = 0..=1, default_missing_value = "true")]
+    enable_serialization_as_tensor_content: Option<bool>,
+
+    /// Accepted: sluice keeps no file system caches to flush after loading.
+    #[arg(long = "flush_filesystem_caches", num_args = 0..=1, default_missing_value = "true")]
+    flush_filesystem_caches: Option<bool>,
+
+    /// Accepted: the standard gRPC health service is always on.
+    #[arg(long = "enable_grpc_healthcheck_service", num_args = 0..=1, default_missing_value = "true")]
+    enable_grpc_healthcheck_service: Option<bool>,
+
     /// TF Serving's MonitoringConfig (text format):
     /// `prometheus_config { enable: true path: "/monitoring/prometheus/metrics" }`;
     /// the metrics then answer on that path too.
@@ -255,6 +295,21 @@ impl TfServingFlags {
         if let Some(threads) = self.num_load_threads.filter(|&n| n > 0) {
             config.lifecycle.max_concurrent_loads = threads;
         }
+        set(
+            &mut config.lifecycle.allow_version_labels_for_unavailable_models,
+            self.allow_version_labels_for_unavailable_models,
+        );
+        set(&mut config.lifecycle.max_load_retries, self.max_num_load_retries);
+        if let Some(micros) = self.load_retry_interval_micros {
+            // TensorFlow retries at once for 0; a poll's pace is the floor here.
+            config.lifecycle.load_retry_interval_ms = micros.div_ceil(1000).max(10);
+        }
+        if let Some(iterations) = self.num_request_iterations_for_warmup.filter(|&n| n > 0) {
+            config.lifecycle.warmup_iterations = iterations;
+        }
+        if self.enable_serialization_as_tensor_content == Some(true) {
+            config.server.output_encoding = OutputEncoding::TensorContent;
+        }
         if let Some(path) = &self.monitoring_config_file {
             config.server.metrics_path = prometheus_path(path)?;
         }
@@ -264,6 +319,58 @@ impl TfServingFlags {
         Ok(())
     }
 }
+
+/// TF Serving's flags that have no equivalent in sluice (TensorFlow's own
+/// runtime, TPUs, TFLite, its thread pools): accepted, so that a TF
+/// Serving command line starts sluice unchanged, and named in one warning
+/// when given. docs/CONFIG.md says why each has no effect.
+macro_rules! flags_without_effect {
+    ($($field:ident),* $(,)?) => {
+        /// TF Serving's flags without an effect here.
+        #[derive(Args)]
+        pub struct TfServingFlagsWithoutEffect {
+            $(
+                #[arg(long = stringify!($field), hide = true, num_args = 0..=1, default_missing_value = "true")]
+                $field: Option<String>,
+            )*
+        }
+
+        impl TfServingFlagsWithoutEffect {
+            /// `--name=value` of each one given.
+            fn given(&self) -> Vec<String> {
+                let mut given = Vec::new();
+                $(
+                    if let Some(value) = &self.$field {
+                        given.push(format!("--{}={value}", stringify!($field)));
+                    }
+                )*
+                given
+            }
+        }
+    };
+}
+
+flags_without_effect!(
+    enable_signature_method_name_check,
+    enable_per_model_batching_parameters,
+    enable_profiler,
+    grpc_max_threads,
+    mixed_precision,
+    num_tflite_interpreters_per_pool,
+    num_tflite_pools,
+    num_unload_threads,
+    per_process_gpu_memory_fraction,
+    platform_config_file,
+    prefer_tflite_model,
+    remove_unused_fields_from_bundle_metagraph,
+    rest_api_enable_cors_support,
+    skip_initialize_tpu,
+    tensorflow_session_config_file,
+    thread_pool_factory_config_file,
+    use_alts_credentials,
+    xla_cpu_compilation_enabled,
+    xla_gpu_compilation_enabled,
+);
 
 /// A flag given overrides what the config file set.
 fn set<T>(slot: &mut T, flag: Option<T>) {
@@ -316,6 +423,13 @@ impl ServeArgs {
         set(&mut config.tracing.otlp_endpoint, self.otlp_endpoint.map(Some));
         set(&mut config.tracing.sampling_ratio, self.trace_sampling_ratio);
         self.tf_serving.apply(&mut config)?;
+        let without_effect = self.tf_serving_without_effect.given();
+        if !without_effect.is_empty() {
+            tracing::warn!(
+                "TF Serving flags with no effect in sluice, accepted and ignored: {} (docs/CONFIG.md says why)",
+                without_effect.join(" ")
+            );
+        }
         let defaults = config.lifecycle.model_defaults.clone();
         for model in &mut config.models {
             defaults.apply(model);

@@ -79,7 +79,7 @@ pub async fn make(args: &MakeArgs) -> Result<String> {
             .map_err(|e| e.context(format_args!("logged request {index} does not fit {}", args.model.display())))?;
         checked.push(warmup::WarmupRequest { signature: None, inputs });
     }
-    warmup::run(&version, checked, false).await?;
+    warmup::run(&version, checked, 1, false).await?;
     let records: Vec<Vec<u8>> = chosen
         .into_iter()
         .map(|(_, request)| {

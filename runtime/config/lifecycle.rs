@@ -29,6 +29,25 @@ pub struct LifecycleConfig {
     /// Serving's `--enable_model_warmup`): its warmup file when it has
     /// one, otherwise zeros at each batch size the model runs.
     pub warmup: bool,
+    /// How often each warmup request runs (TF Serving's
+    /// `--num_request_iterations_for_warmup`; default 1).
+    pub warmup_iterations: usize,
+    /// While polling, a version whose load failed is tried again this many
+    /// times, `load_retry_interval_ms` apart, besides whenever its model
+    /// file changes (TF Serving's `--max_num_load_retries`, default 5): a
+    /// version read before all its files had arrived (a SavedModel's
+    /// `variables/` still uploading) loads once they have. At start-up
+    /// and in a config reload a failure is reported at once instead.
+    pub max_load_retries: u32,
+    /// Milliseconds between those tries (TF Serving's
+    /// `--load_retry_interval_micros`, default one minute).
+    pub load_retry_interval_ms: u64,
+    /// A label may name a version that is not AVAILABLE yet, when the
+    /// model has no such label so far (TF Serving's
+    /// `--allow_version_labels_for_unavailable_models`): a label can be
+    /// set up before its version loads. Requests through it are refused,
+    /// naming the version's state, until it does.
+    pub allow_version_labels_for_unavailable_models: bool,
     /// Optimise each model's graph once, off the serving path (a
     /// low-priority thread), and keep it on disk, one per model file,
     /// ONNX Runtime version and provider: a version loaded once before
@@ -68,6 +87,10 @@ impl Default for LifecycleConfig {
             model_config_file_poll_wait_seconds: 0,
             max_concurrent_loads: 1,
             warmup: true,
+            warmup_iterations: 1,
+            max_load_retries: 5,
+            load_retry_interval_ms: 60_000,
+            allow_version_labels_for_unavailable_models: false,
             cache_optimized_models: true,
             optimized_model_cache_dir: None,
             model_config_file: None,

@@ -284,6 +284,14 @@ impl Config {
             ));
         }
         check_at_most("lifecycle.max_concurrent_loads", self.lifecycle.max_concurrent_loads, MAX_THREADS)?;
+        check_between("lifecycle.warmup_iterations", self.lifecycle.warmup_iterations, 1, 1000)?;
+        check_at_most("lifecycle.max_load_retries", self.lifecycle.max_load_retries as usize, 1000)?;
+        if self.lifecycle.load_retry_interval_ms < 10 {
+            return Err(invalid!(
+                "lifecycle.load_retry_interval_ms = {}: expected at least 10",
+                self.lifecycle.load_retry_interval_ms
+            ));
+        }
         for (key, value) in [
             ("server.max_connections", self.server.max_connections),
             ("server.max_concurrent_streams", self.server.max_concurrent_streams as usize),

@@ -103,6 +103,8 @@ pub struct LoadSettings {
     pub tensorflow_library: Option<PathBuf>,
     /// Run warmup requests before the version serves.
     pub warmup: bool,
+    /// How often each warmup request runs.
+    pub warmup_iterations: usize,
     /// The largest tensor a warmup request may hold.
     pub max_tensor_bytes: usize,
     /// Where optimised graphs are cached, when they are.
@@ -168,7 +170,7 @@ impl Loader {
         tracing::info!(model = %config.name, version, "upstream version connected");
         if self.settings.warmup {
             // Through the upstreams, which also opens the connections.
-            warm_up(&loaded, config, None, self.settings.max_tensor_bytes, &self.metrics).await?;
+            warm_up(&loaded, config, None, &self.settings, &self.metrics).await?;
         }
         Ok(loaded)
     }
@@ -207,7 +209,7 @@ pub fn load_version(
     metrics.optimized_model_cache.get_or_create(&crate::metrics::OutcomeLabels { outcome: cache }).inc();
     tracing::info!(model = %config.name, version, elapsed_ms = load_seconds * 1e3, optimized_model_cache = cache, "loaded");
     if settings.warmup {
-        runtime.block_on(warm_up(&loaded, config, Some(dir), settings.max_tensor_bytes, metrics))?;
+        runtime.block_on(warm_up(&loaded, config, Some(dir), settings, metrics))?;
     }
     Ok(loaded)
 }
@@ -258,9 +260,10 @@ async fn warm_up(
     loaded: &ModelVersion,
     config: &ModelConfig,
     version_dir: Option<&Path>,
-    max_tensor_bytes: usize,
+    settings: &LoadSettings,
     metrics: &Metrics,
 ) -> Result<()> {
+    let (max_tensor_bytes, iterations) = (settings.max_tensor_bytes, settings.warmup_iterations);
     let context = |e: Error| e.context(format_args!("warmup of {loaded}"));
     let started = Instant::now();
     let (requests, source) =
@@ -269,7 +272,7 @@ async fn warm_up(
     let count = requests.len();
     // Only the auto batcher plans with the latency curve warmup can seed.
     let learn = config.batching.as_ref().is_some_and(|params| params.mode == BatchingMode::Auto);
-    let warmed = warmup::run(loaded, requests, learn).await;
+    let warmed = warmup::run(loaded, requests, iterations, learn).await;
     if let Some(dir) = version_dir {
         // TF Serving's status words: "OK", or the error.
         let status = warmed.as_ref().map_or_else(|e| e.to_string(), |()| "OK".to_string());
@@ -345,6 +348,7 @@ pub async fn load_selected(
         library: library.map(Path::to_path_buf),
         tensorflow_library: None,
         warmup: true,
+        warmup_iterations: 1,
         max_tensor_bytes: defaults.server.max_tensor_bytes,
         optimized_model_cache: defaults.lifecycle.optimized_model_cache(),
         inline_budget: std::time::Duration::from_micros(defaults.server.inline_inference_micros),

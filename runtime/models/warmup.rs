@@ -89,17 +89,17 @@ pub fn requests(
 /// second shows what serving costs.
 const RUNS_TO_LEARN: usize = 2;
 
-/// Runs each request through `version`; the first failure fails it. With
-/// `learn` (the auto batcher plans with the curve), each batched request
-/// of the main signature runs twice and the faster time seeds the
-/// version's latency curve.
-pub async fn run(version: &ModelVersion, requests: Vec<WarmupRequest>, learn: bool) -> Result<()> {
+/// Runs each request through `version` `iterations` times; the first
+/// failure fails it. With `learn` (the auto batcher plans with the curve),
+/// each batched request of the main signature runs at least twice and the
+/// faster time seeds the version's latency curve.
+pub async fn run(version: &ModelVersion, requests: Vec<WarmupRequest>, iterations: usize, learn: bool) -> Result<()> {
     let learn = learn && version.signature().is_batched();
     for (i, request) in requests.into_iter().enumerate() {
         let failed = |e: Error| e.context(format_args!("warmup request {i} failed"));
         let Some(key) = request.signature else {
             let rows = request.inputs.first().map_or(1, Tensor::rows);
-            for _ in 0..if learn { RUNS_TO_LEARN } else { 1 } {
+            for _ in 0..if learn { iterations.max(RUNS_TO_LEARN) } else { iterations } {
                 let started = std::time::Instant::now();
                 version.backend().run(Batch::single(request.inputs.clone())).await.map_err(failed)?;
                 if learn {
@@ -108,7 +108,9 @@ pub async fn run(version: &ModelVersion, requests: Vec<WarmupRequest>, learn: bo
             }
             continue;
         };
-        version.backend().run_other(&key, request.inputs).await.map_err(failed)?;
+        for _ in 0..iterations {
+            version.backend().run_other(&key, request.inputs.clone()).await.map_err(failed)?;
+        }
     }
     Ok(())
 }

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::inference::InferenceStage;
 use super::served::{ServedModel, ServedVersion};
@@ -30,8 +30,26 @@ use crate::models::{place_of, LoadSettings, Loader, ModelVersion, Source};
 const DRAIN_POLL: Duration = Duration::from_millis(10);
 
 /// What identifies a model file's content cheaply: a failed version is
-/// tried again only once its file changes.
+/// tried again whenever its file changes.
 type FileStamp = (Option<SystemTime>, u64);
+
+/// A version whose load failed: the file it failed on, and when it is
+/// tried again on the same file (`lifecycle.max_load_retries`, as TF
+/// Serving retries: a SavedModel whose `variables/` were still arriving
+/// loads on a later try, though `saved_model.pb` has not changed).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Failure {
+    stamp: FileStamp,
+    retries_left: u32,
+    retry_at: Instant,
+}
+
+/// How failed loads are tried again.
+#[derive(Debug, Clone, Copy)]
+struct RetryPolicy {
+    retries: u32,
+    interval: Duration,
+}
 
 /// Loads, publishes, drains and unloads versions.
 pub struct ModelManager {
@@ -41,8 +59,11 @@ pub struct ModelManager {
     /// One reconcile or reload at a time: each reads the table, loads,
     /// and writes it back.
     changing: tokio::sync::Mutex<()>,
-    /// Versions whose load failed, by model, and the file they failed on.
-    failed: Mutex<BTreeMap<(String, i64), FileStamp>>,
+    /// Versions whose load failed, by model.
+    failed: Mutex<BTreeMap<(String, i64), Failure>>,
+    retry: RetryPolicy,
+    /// `lifecycle.allow_version_labels_for_unavailable_models`.
+    labels_may_wait: bool,
 }
 
 impl ModelManager {
@@ -59,6 +80,11 @@ impl ModelManager {
             drain_timeout,
             changing: tokio::sync::Mutex::new(()),
             failed: Mutex::new(BTreeMap::new()),
+            retry: RetryPolicy {
+                retries: lifecycle.max_load_retries,
+                interval: Duration::from_millis(lifecycle.load_retry_interval_ms),
+            },
+            labels_may_wait: lifecycle.allow_version_labels_for_unavailable_models,
         }
     }
 
@@ -101,7 +127,8 @@ impl ModelManager {
             }
             let stamp = stamp(source);
             let key = (config.name.clone(), version);
-            if !strict && self.failed_before(&key) == Some(stamp) {
+            let before = self.failed_before(&key).filter(|failure| failure.stamp == stamp);
+            if !strict && before.is_some_and(|failure| failure.retries_left == 0 || Instant::now() < failure.retry_at) {
                 complete = false;
                 continue;
             }
@@ -110,9 +137,25 @@ impl ModelManager {
                     self.failed.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
                 }
                 Err(error) => {
-                    tracing::error!(model = %config.name, version, "version not loaded: {error}");
+                    // A try again on the same file spends one retry; a
+                    // changed file starts the count afresh.
+                    let retries_left =
+                        before.map_or(self.retry.retries, |failure| failure.retries_left.saturating_sub(1));
+                    let retry_at = Instant::now() + self.retry.interval;
+                    if retries_left > 0 && !strict {
+                        tracing::error!(
+                            model = %config.name,
+                            version,
+                            retries_left,
+                            retry_in_ms = self.retry.interval.as_millis() as u64,
+                            "version not loaded, to be tried again: {error}"
+                        );
+                    } else {
+                        tracing::error!(model = %config.name, version, "version not loaded: {error}");
+                    }
                     model.status().fail(version, error.clone());
-                    self.failed.lock().unwrap_or_else(PoisonError::into_inner).insert(key, stamp);
+                    let failure = Failure { stamp, retries_left, retry_at };
+                    self.failed.lock().unwrap_or_else(PoisonError::into_inner).insert(key, failure);
                     if strict {
                         return Err(error);
                     }
@@ -120,7 +163,7 @@ impl ModelManager {
                 }
             }
         }
-        check_labels(model, &config.version_labels, strict)?;
+        check_labels(model, &config.version_labels, strict, self.labels_may_wait)?;
         model.set_labels(config.version_labels.clone());
         if !complete {
             // Availability first: what serves keeps serving until every
@@ -133,7 +176,7 @@ impl ModelManager {
         Ok(())
     }
 
-    fn failed_before(&self, key: &(String, i64)) -> Option<FileStamp> {
+    fn failed_before(&self, key: &(String, i64)) -> Option<Failure> {
         self.failed.lock().unwrap_or_else(PoisonError::into_inner).get(key).copied()
     }
 
@@ -207,14 +250,21 @@ async fn drain(served: &Arc<ServedVersion>, timeout: Duration) {
 }
 
 /// Labels must name versions that serve (TF Serving refuses a label on a
-/// version that is not AVAILABLE). While polling, a label whose version
-/// left is kept and refused per request, with the reason.
-fn check_labels(model: &ServedModel, labels: &BTreeMap<String, i64>, strict: bool) -> Result<()> {
+/// version that is not AVAILABLE), except, with `may_wait`, a label the
+/// model does not have yet (TF Serving's
+/// `--allow_version_labels_for_unavailable_models`). While polling, a
+/// label whose version left is kept and refused per request, with the
+/// reason.
+fn check_labels(model: &ServedModel, labels: &BTreeMap<String, i64>, strict: bool, may_wait: bool) -> Result<()> {
     if !strict {
         return Ok(());
     }
-    let serving: BTreeSet<i64> = model.table().versions.keys().copied().collect();
+    let table = model.table();
+    let serving: BTreeSet<i64> = table.versions.keys().copied().collect();
     for (label, version) in labels {
+        if may_wait && !table.labels.contains_key(label) {
+            continue;
+        }
         if !serving.contains(version) {
             let list: Vec<String> = serving.iter().map(i64::to_string).collect();
             let state = model.status().get(*version).map_or("never seen in the repository", |s| s.state.name());

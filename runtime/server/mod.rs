@@ -300,6 +300,7 @@ async fn load(
         library: config.onnxruntime.library.clone(),
         tensorflow_library: config.tensorflow.library.clone(),
         warmup: config.lifecycle.warmup,
+        warmup_iterations: config.lifecycle.warmup_iterations,
         max_tensor_bytes: config.server.max_tensor_bytes,
         optimized_model_cache: config.lifecycle.optimized_model_cache(),
         inline_budget: Duration::from_micros(config.server.inline_inference_micros),
