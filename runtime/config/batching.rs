@@ -64,12 +64,20 @@ impl Default for BatchingParameters {
 }
 
 /// The keys of TF Serving's BatchingParameters that sluice reads.
-const KEYS: &[&str] =
-    &["max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads", "allowed_batch_sizes"];
+const KEYS: &[&str] = &[
+    "max_batch_size",
+    "batch_timeout_micros",
+    "max_enqueued_batches",
+    "num_batch_threads",
+    "allowed_batch_sizes",
+    "max_execution_batch_size",
+    "enable_large_batch_splitting",
+    "pad_variable_length_inputs",
+];
 
 /// Keys TF Serving knows that change nothing here, accepted so its files
-/// load as they are.
-const IGNORED_KEYS: &[&str] = &["thread_pool_name", "pad_variable_length_inputs", "enable_large_batch_splitting"];
+/// load as they are: a thread pool's name is only a label.
+const IGNORED_KEYS: &[&str] = &["thread_pool_name"];
 
 /// Fixed mode's wait when none is given, as TF Serving's default.
 const DEFAULT_TIMEOUT_MICROS: u64 = 1000;
@@ -171,9 +179,18 @@ impl BatchingParameters {
     /// allowed_batch_sizes: 8
     /// allowed_batch_sizes: 32
     /// ```
+    ///
+    /// Of TF Serving's newer keys, `max_execution_batch_size` (the largest
+    /// batch run, with `enable_large_batch_splitting`) is the batch size
+    /// here, where larger requests are always split; a `false`
+    /// `enable_large_batch_splitting` and `pad_variable_length_inputs:
+    /// true` are named in a warning, since sluice always splits and never
+    /// pads (requests whose other dimensions differ run in batches of
+    /// their own).
     pub fn from_text_format(text: &str) -> Result<BatchingParameters, Invalid> {
         let mut params = BatchingParameters::default();
         let mut allowed = Vec::new();
+        let mut max_execution_batch_size = None;
         let mut tokens = Tokens::new(text);
         while let Some((line, key)) = tokens.next_token()? {
             let Token::Ident(key) = key else {
@@ -202,10 +219,31 @@ impl BatchingParameters {
                 "max_enqueued_batches" => params.max_enqueued_batches = number("a positive integer")? as usize,
                 "num_batch_threads" => params.num_batch_threads = number("an integer >= 0")? as usize,
                 "allowed_batch_sizes" => allowed.push(number("a positive integer")? as usize),
+                "max_execution_batch_size" => max_execution_batch_size = Some(number("a positive integer")? as usize),
+                "enable_large_batch_splitting" | "pad_variable_length_inputs" => {
+                    let on = match value.as_str() {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => return Err(invalid!("line {line}: {key} = {value:?}: expected true or false")),
+                    };
+                    if on == (key == "pad_variable_length_inputs") {
+                        tracing::warn!(
+                            "batching parameters line {line}: {key}: {value} has no effect in sluice: larger \
+                             requests are always split into batches of max_batch_size, and requests whose \
+                             other dimensions differ run in batches of their own, unpadded"
+                        );
+                    }
+                }
                 _ => unreachable!("key checked against KEYS above"),
             }
         }
         params.allowed_batch_sizes = allowed;
+        if let Some(size) = max_execution_batch_size {
+            // TF Serving's max_batch_size is then the largest request it
+            // splits; here requests of any size are split, into batches
+            // of at most this.
+            params.max_batch_size = size;
+        }
         Ok(params)
     }
 }
@@ -352,6 +390,18 @@ mod tests {
         assert_eq!(params.padded_size(1), 16);
         assert_eq!(params.padded_size(17), 32);
         assert_eq!(params.padded_size(64), 64);
+    }
+
+    #[test]
+    fn tf_servings_newer_keys_are_read() {
+        let text = "max_batch_size { value: 512 }\nenable_large_batch_splitting { value: true }\n\
+                    max_execution_batch_size { value: 64 }\nallowed_batch_sizes: 32\nallowed_batch_sizes: 64\n\
+                    pad_variable_length_inputs: true\n";
+        let params = BatchingParameters::from_text_format(text).unwrap();
+        assert_eq!(params.max_batch_size, 64, "the largest batch run");
+        assert!(params.check("batching").is_ok());
+        let err = BatchingParameters::from_text_format("pad_variable_length_inputs: maybe").unwrap_err();
+        assert!(err.0.contains("pad_variable_length_inputs = \"maybe\": expected true or false"), "{err}");
     }
 
     #[test]
