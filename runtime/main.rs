@@ -76,6 +76,9 @@ enum ConfigCommand {
         /// The TOML file (`--model_config_file`).
         file: PathBuf,
     },
+    /// Turn TF Serving's text config files (models.config, batching and
+    /// monitoring files) into one sluice TOML file, printed.
+    Convert(sluice::cli::config_convert::ConvertArgs),
 }
 
 #[derive(Subcommand)]
@@ -306,6 +309,10 @@ fn main() -> ExitCode {
             }
             Command::Warmup(WarmupCommand::Make(args)) => {
                 println!("{}", sluice::cli::warmup_make::make(&args).await?);
+                Ok(())
+            }
+            Command::Config(ConfigCommand::Convert(args)) => {
+                print!("{}", sluice::cli::config_convert::convert(&args)?);
                 Ok(())
             }
             Command::Config(ConfigCommand::Check { file }) => {

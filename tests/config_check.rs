@@ -65,3 +65,69 @@ fn the_shipped_configs_pass_and_what_they_serve_is_listed() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("pipeline '"), "{stdout}");
 }
+
+#[test]
+fn tf_servings_config_files_convert_to_toml_that_serves_the_same() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let models = dir.path().join("models.config");
+    std::fs::write(
+        &models,
+        format!(
+            "model_config_list {{\n  config {{\n    name: \"mlp\"\n    base_path: \"{}\"\n    model_platform: \"tensorflow\"\n    \
+             model_version_policy {{ specific {{ versions: 1 versions: 2 }} }}\n    version_labels {{ key: \"stable\" value: 1 }}\n    \
+             logging_config {{ log_collector_config {{ type: \"\" filename_prefix: \"logs/mlp\" }} sampling_config {{ sampling_rate: 0.25 }} }}\n  }}\n  \
+             config {{ name: \"cnn\" base_path: \"{}\" model_platform: \"tensorflow\" }}\n}}\n",
+            root.join("examples/models/mlp").display(),
+            root.join("examples/models/cnn").display()
+        ),
+    )
+    .expect("write models.config");
+    let batching = dir.path().join("batching.config");
+    std::fs::write(&batching, "max_batch_size { value: 32 }\nbatch_timeout_micros { value: 500 }\nallowed_batch_sizes: 8\nallowed_batch_sizes: 32\n")
+        .expect("write batching.config");
+    let monitoring = dir.path().join("monitoring.config");
+    std::fs::write(&monitoring, "prometheus_config { enable: true, path: \"/monitoring/prometheus/metrics\" }\n")
+        .expect("write");
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["config", "convert", "--model_config_file"])
+        .arg(&models)
+        .arg("--batching_parameters_file")
+        .arg(&batching)
+        .arg("--monitoring_config_file")
+        .arg(&monitoring)
+        .output()
+        .expect("run sluice config convert");
+    let toml = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for wanted in [
+        "metrics_path = \"/monitoring/prometheus/metrics\"",
+        "specific = [1, 2]",
+        "stable = 1",
+        "sampling_rate = 0.25",
+        &format!("filename_prefix = \"{}\"", dir.path().canonicalize().expect("dir").join("logs/mlp").display()),
+        "allowed_batch_sizes = [8, 32]",
+        "batch_timeout_micros = 500",
+    ] {
+        assert!(toml.contains(wanted), "{wanted} missing from:\n{toml}");
+    }
+    let converted = dir.path().join("sluice.toml");
+    std::fs::write(&converted, &toml).expect("write the TOML");
+    // The same models, versions and labels as TF Serving's file says, and
+    // the batching TF Serving would apply under --enable_batching.
+    let summary = |file: &Path| {
+        let output = check(file);
+        assert!(output.status.success(), "{}: {}", file.display(), String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|l| l.starts_with("model "))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let original = summary(&models);
+    let after = summary(&converted);
+    assert_eq!(original.len(), 2, "{original:?}");
+    for (before, after) in original.iter().zip(&after) {
+        assert_eq!(format!("{before}; batching up to 32 rows"), *after);
+    }
+}

@@ -9,6 +9,7 @@
 
 pub mod bench;
 pub mod config_check;
+pub mod config_convert;
 pub mod features_load;
 pub mod plugin_check;
 pub mod plugin_new;
