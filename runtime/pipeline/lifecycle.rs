@@ -14,6 +14,7 @@
 //! version in place. One change runs at a time.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -25,6 +26,10 @@ use crate::metrics::Metrics;
 use crate::models::repository;
 use crate::models::status::VersionState;
 use crate::models::{place_of, LoadSettings, Loader, ModelVersion, Source};
+
+/// How long listing a model's base path may take: past it the poll gives
+/// up on that path until the listing returns.
+const LISTING_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How often a withdrawn version is checked for requests still on it.
 const DRAIN_POLL: Duration = Duration::from_millis(10);
@@ -64,6 +69,8 @@ pub struct ModelManager {
     retry: RetryPolicy,
     /// `lifecycle.allow_version_labels_for_unavailable_models`.
     labels_may_wait: bool,
+    /// Base paths being listed now.
+    listing: Arc<Mutex<BTreeSet<PathBuf>>>,
 }
 
 impl ModelManager {
@@ -85,6 +92,7 @@ impl ModelManager {
                 interval: Duration::from_millis(lifecycle.load_retry_interval_ms),
             },
             labels_may_wait: lifecycle.allow_version_labels_for_unavailable_models,
+            listing: Arc::default(),
         }
     }
 
@@ -106,7 +114,7 @@ impl ModelManager {
     pub(super) async fn reconcile(&self, model: &Arc<ServedModel>, strict: bool) -> Result<()> {
         let config = model.config();
         let context = |e: Error| e.context(format_args!("model '{}'", config.name));
-        let found = match discover(model, &config).await {
+        let found = match self.discover(model, &config).await {
             Ok(found) => found,
             Err(error) if !strict => {
                 tracing::warn!(model = %config.name, "repository poll failed: {error}");
@@ -294,9 +302,42 @@ fn stamp(source: &Source) -> FileStamp {
 
 /// The versions `model` could serve now: its repository's, or what its
 /// upstreams serve.
-async fn discover(model: &ServedModel, config: &ModelConfig) -> Result<BTreeMap<i64, Source>> {
-    Ok(match model.upstream() {
-        Some(fleet) => fleet.versions().await?.into_iter().map(|v| (v, Source::Upstream(fleet.clone()))).collect(),
-        None => repository::discover(&config.base_path)?.into_iter().map(|(v, file)| (v, Source::File(file))).collect(),
-    })
+impl ModelManager {
+    /// The versions `model` offers: its upstreams', or its base path's.
+    async fn discover(&self, model: &ServedModel, config: &ModelConfig) -> Result<BTreeMap<i64, Source>> {
+        Ok(match model.upstream() {
+            Some(fleet) => fleet.versions().await?.into_iter().map(|v| (v, Source::Upstream(fleet.clone()))).collect(),
+            None => self.list(&config.base_path).await?.into_iter().map(|(v, file)| (v, Source::File(file))).collect(),
+        })
+    }
+
+    /// Lists `base_path` on a blocking thread, for at most
+    /// [`LISTING_TIMEOUT`]: a hung network mount holds that thread, not a
+    /// runtime's, and while it does, later polls of the same path are
+    /// skipped rather than stacking more threads on it.
+    async fn list(&self, base_path: &Path) -> Result<BTreeMap<i64, PathBuf>> {
+        let path = base_path.to_path_buf();
+        if !self.listing.lock().unwrap_or_else(PoisonError::into_inner).insert(path.clone()) {
+            return Err(Error::unavailable(format!(
+                "the last listing of {} has not returned (a hung network mount?); serving goes on with the \
+                 versions loaded",
+                path.display()
+            )));
+        }
+        let listing = self.listing.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let found = repository::discover(&path);
+            listing.lock().unwrap_or_else(PoisonError::into_inner).remove(&path);
+            found
+        });
+        match tokio::time::timeout(LISTING_TIMEOUT, task).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(_)) => Err(Error::internal("listing the model repository panicked")),
+            Err(_) => Err(Error::unavailable(format!(
+                "listing {} took more than {} s (a hung network mount?); serving goes on with the versions loaded",
+                base_path.display(),
+                LISTING_TIMEOUT.as_secs()
+            ))),
+        }
+    }
 }
