@@ -810,3 +810,153 @@ fn the_image_holds_what_its_configs_name() {
         }
     }
 }
+
+#[test]
+fn alert_rules_use_only_series_the_code_exports() {
+    const RULES: &str = "deploy/k8s/base/prometheus-rules.yaml";
+    const RUNBOOKS: &str = "docs/RUNBOOKS.md";
+    const METRICS_DOC: &str = "docs/METRICS.md";
+    const TF_SERVING_METRICS: &str = "runtime/metrics/tf_serving.rs";
+
+    /// Every whole `sluice_[a-z_]+` name in `text` (not the tail of a
+    /// longer identifier).
+    fn series_names(text: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("sluice_") {
+            let inside = rest[..at].chars().last().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
+            let tail = &rest[at..];
+            let end = tail.find(|c: char| !(c.is_ascii_lowercase() || c == '_')).unwrap_or(tail.len());
+            if !inside {
+                names.push(tail[..end].to_string());
+            }
+            rest = &tail[end..];
+        }
+        names
+    }
+
+    /// A heading's anchor as GitHub makes it: lower case, spaces to `-`,
+    /// punctuation other than `-` and `_` dropped.
+    fn anchor(heading: &str) -> String {
+        heading
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                '-' | '_' => Some(c),
+                c if c.is_alphanumeric() => Some(c.to_ascii_lowercase()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    // The `expr:` of every rule: one line, or a `|`/`>` block of the lines
+    // indented deeper than the key.
+    let rules = read(RULES);
+    let mut exprs: Vec<String> = Vec::new();
+    let mut block: Option<usize> = None;
+    for line in rules.lines() {
+        if let Some(key_indent) = block {
+            if line.trim().is_empty() || indent(line) > key_indent {
+                let expr = exprs.last_mut().expect("a block follows its key");
+                expr.push_str(line.trim());
+                expr.push('\n');
+                continue;
+            }
+            block = None;
+        }
+        let Some(line) = code(line) else { continue };
+        if let Some(value) = yaml_value(line, "expr") {
+            if value.starts_with('|') || value.starts_with('>') {
+                block = Some(indent(line));
+                exprs.push(String::new());
+            } else {
+                exprs.push(value.to_string());
+            }
+        }
+    }
+    let alerts = rules.lines().filter_map(code).filter(|l| yaml_value(l, "alert").is_some()).count();
+    assert!(alerts >= 12, "{RULES}: expected the alerts of docs/RELIABILITY.md's failure modes, found {alerts}");
+    assert_eq!(exprs.len(), alerts, "{RULES}: {alerts} alerts but {} `expr:` values", exprs.len());
+    for expr in &exprs {
+        assert!(!expr.trim().is_empty(), "{RULES}: an empty `expr:`");
+    }
+
+    // Each sluice_* series is a registered family, of the kind its suffix
+    // implies (prometheus-client writes a counter's samples with `_total`,
+    // a histogram's as `_bucket`, `_sum` and `_count`).
+    let registered = registered_metrics();
+    let mut checked = 0;
+    for expr in &exprs {
+        for name in series_names(expr) {
+            let (family, kind) = if let Some(family) = name.strip_suffix("_total") {
+                (family, "Counter")
+            } else if let Some(family) = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)) {
+                (family, "Histogram")
+            } else {
+                (name.as_str(), "Gauge")
+            };
+            match registered.get(family) {
+                Some(actual) => assert_eq!(
+                    actual, kind,
+                    "{RULES}: series {name} implies a {kind} named {family}, but {METRICS} registers {family} as a {actual}"
+                ),
+                None => panic!(
+                    "{RULES}: series {name}: {METRICS} registers no metric {family} (it has {:?})",
+                    registered.keys()
+                ),
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= alerts, "{RULES}: only {checked} sluice_* series found in {alerts} alerts' expressions");
+
+    // Every alert links a heading of the runbooks.
+    let mut headings = Vec::new();
+    let mut fenced = false;
+    for line in read(RUNBOOKS).lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            headings.push(anchor(line.trim_start_matches('#').trim()));
+        }
+    }
+    assert!(!headings.is_empty(), "{RUNBOOKS}: no headings found");
+    let urls: Vec<&str> =
+        rules.lines().filter_map(|l| l.trim_start().strip_prefix("runbook_url:")).map(unquote).collect();
+    assert_eq!(urls.len(), alerts, "{RULES}: every alert needs a runbook_url ({alerts} alerts, {} urls)", urls.len());
+    for url in urls {
+        let (page, fragment) =
+            url.split_once('#').unwrap_or_else(|| panic!("{RULES}: runbook_url {url} names no section (#anchor)"));
+        assert!(page.ends_with(RUNBOOKS), "{RULES}: runbook_url {url} does not point at {RUNBOOKS}");
+        assert!(
+            headings.iter().any(|h| h == fragment),
+            "{RULES}: runbook_url {url}: {RUNBOOKS} has no heading with anchor #{fragment} (it has {headings:?})"
+        );
+    }
+
+    // The reference lists every family, under the name its samples carry.
+    let doc = read(METRICS_DOC);
+    let documented = series_names(&doc);
+    for (family, kind) in &registered {
+        let exposed = match kind.as_str() {
+            "Counter" => format!("{family}_total"),
+            "Histogram" => format!("{family}_bucket"),
+            _ => family.clone(),
+        };
+        assert!(
+            documented.contains(&exposed),
+            "{METRICS_DOC}: {METRICS} registers the {kind} {family}, exported as {exposed}, which is not listed"
+        );
+    }
+    let tf_code = read(TF_SERVING_METRICS);
+    let tf_code = tf_code.split("#[cfg(test)]").next().unwrap_or("");
+    let tf_names: Vec<&str> =
+        tf_code.split("\":tensorflow:").skip(1).filter_map(|rest| rest.split('"').next()).collect();
+    assert!(tf_names.len() >= 5, "{TF_SERVING_METRICS}: found only {} TF Serving families", tf_names.len());
+    for name in tf_names {
+        assert!(
+            doc.contains(&format!("`:tensorflow:{name}")),
+            "{METRICS_DOC}: TF Serving's family :tensorflow:{name} ({TF_SERVING_METRICS}) is not listed"
+        );
+    }
+}

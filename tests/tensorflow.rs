@@ -771,3 +771,47 @@ where
         }
     }
 }
+
+#[test]
+fn config_check_reads_a_savedmodel_as_a_load_would_without_starting_tensorflow() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let check = |name: &str, text: String| {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, text).expect("config");
+        run_sluice(&["config", "check", path.to_str().expect("utf-8")])
+    };
+    let table = |model: &str, keys: &str| model_table(model, &models().join(model), keys);
+    // Served as is: the signatures each version serves are listed.
+    let (code, stdout, stderr) =
+        check("ok", format!("{}{}", table("keras_mlp", "version_policy = \"all\""), table("multi", "")));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("model 'keras_mlp': versions 1, 2; SavedModel signatures serve, serving_default"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("model 'multi': versions 1; SavedModel signatures scaled, serving_default, total"),
+        "{stdout}"
+    );
+    // What would fail the load is named before a deploy.
+    let (code, _, stderr) = check("resource", table("resource", ""));
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr
+            .contains("model 'resource' version 1: signature 'serving_default': output 'handle' has dtype DT_RESOURCE"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = check("tags", table("vocab", "tensorflow = { tags = [\"serve\", \"gpu\"] }"));
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("no MetaGraph has exactly the tags {\"gpu\", \"serve\"}"), "{stderr}");
+    assert!(stderr.contains("it has {\"serve\"}"), "{stderr}");
+    let (code, _, stderr) = check(
+        "library",
+        format!("[tensorflow]\nlibrary = \"/nonexistent/libtensorflow_cc.so.2\"\n{}", table("vocab", "")),
+    );
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("TensorFlow's library") && stderr.contains("/nonexistent/libtensorflow_cc.so.2"),
+        "{stderr}"
+    );
+}

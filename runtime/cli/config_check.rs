@@ -9,6 +9,7 @@
 //! The server makes the same checks while loading; this runs them in a
 //! second, before a deploy, and reports what would be served.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -19,7 +20,7 @@ use crate::feature;
 use crate::invalid;
 use crate::metrics::Metrics;
 use crate::models::load_selected;
-use crate::models::repository;
+use crate::models::repository::{self, SAVED_MODEL_FILE};
 use crate::pipeline::stages::plugin::plugin_fits;
 use crate::plugin::{Plugin, PluginEngine, World};
 use crate::tensor::example::ExampleColumns;
@@ -199,8 +200,25 @@ pub fn check_files(config: &Config) -> Result<Summary, Invalid> {
                 ));
             }
         }
+        // A SavedModel is read as TensorFlow would load it (its tags, its
+        // signatures' dtypes) and the library looked for, without
+        // starting TensorFlow.
+        let mut saved_model_signatures = BTreeSet::new();
+        for (version, file) in &chosen {
+            if file.file_name().is_some_and(|name| name == SAVED_MODEL_FILE) {
+                let dir = file.parent().unwrap_or(Path::new("."));
+                let library = config.tensorflow.library.as_deref();
+                let served = crate::infer::tensorflow::inspect::check(dir, &model.tensorflow.tags, library)
+                    .map_err(|e| invalid!("model '{}' version {version}: {}", model.name, e.message()))?;
+                saved_model_signatures.extend(served);
+            }
+        }
         let versions: Vec<String> = chosen.keys().map(i64::to_string).collect();
         let mut line = format!("model '{}': versions {}", model.name, versions.join(", "));
+        if !saved_model_signatures.is_empty() {
+            let keys: Vec<&str> = saved_model_signatures.iter().map(String::as_str).collect();
+            let _ = write!(line, "; SavedModel signatures {}", keys.join(", "));
+        }
         if !model.version_labels.is_empty() {
             let labels: Vec<String> = model.version_labels.iter().map(|(l, v)| format!("{l}={v}")).collect();
             let _ = write!(line, "; labels {}", labels.join(", "));

@@ -68,16 +68,22 @@ pub fn api(explicit: Option<&Path>) -> Result<&'static Api> {
     API.get_or_init(|| load(explicit)).as_ref().map_err(Error::clone)
 }
 
-fn load(explicit: Option<&Path>) -> Result<Api> {
-    let searched = candidates(explicit);
-    let Some(path) = searched.iter().find(|p| p.is_file()) else {
-        let list: Vec<String> = searched.iter().map(|p| format!("  {}", p.display())).collect();
-        return Err(Error::unavailable(format!(
+/// The error of a SavedModel version when no candidate exists: where it
+/// looked and how to get the library.
+pub fn missing(explicit: Option<&Path>) -> Error {
+    let list: Vec<String> = candidates(explicit).iter().map(|p| format!("  {}", p.display())).collect();
+    Error::unavailable(format!(
             "this version is a TensorFlow SavedModel, and TensorFlow's library ({WHEEL_LIBRARY} from the \
              tensorflow-cpu wheel, or {C_LIBRARY}) was not found; looked in:\n{}\n\
              run scripts/setup to install it (pip install tensorflow-cpu into .cache/tf-venv), or pass --tensorflow_library PATH (or set {LIBRARY_ENV})",
             list.join("\n")
-        )));
+    ))
+}
+
+fn load(explicit: Option<&Path>) -> Result<Api> {
+    let searched = candidates(explicit);
+    let Some(path) = searched.iter().find(|p| p.is_file()) else {
+        return Err(missing(explicit));
     };
     let path = path.canonicalize().unwrap_or_else(|_| path.clone());
     // SAFETY: loading runs the library's initialisers; TensorFlow's are

@@ -18,6 +18,7 @@
 //! does, read from the MetaGraphDef.
 
 pub mod ffi;
+pub mod inspect;
 pub mod library;
 pub mod tensors;
 
