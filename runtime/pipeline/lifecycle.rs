@@ -69,8 +69,8 @@ pub struct ModelManager {
     retry: RetryPolicy,
     /// `lifecycle.allow_version_labels_for_unavailable_models`.
     labels_may_wait: bool,
-    /// Base paths being listed now.
-    listing: Arc<Mutex<BTreeSet<PathBuf>>>,
+    /// Base paths being listed now, and since when.
+    listing: Arc<Mutex<BTreeMap<PathBuf, Instant>>>,
 }
 
 impl ModelManager {
@@ -317,12 +317,24 @@ impl ModelManager {
     /// skipped rather than stacking more threads on it.
     async fn list(&self, base_path: &Path) -> Result<BTreeMap<i64, PathBuf>> {
         let path = base_path.to_path_buf();
-        if !self.listing.lock().unwrap_or_else(PoisonError::into_inner).insert(path.clone()) {
-            return Err(Error::unavailable(format!(
-                "the last listing of {} has not returned (a hung network mount?); serving goes on with the \
-                 versions loaded",
-                path.display()
-            )));
+        {
+            let mut listing = self.listing.lock().unwrap_or_else(PoisonError::into_inner);
+            // Models sharing a base path list it at once at start-up: only
+            // a listing older than the bound is a hung one.
+            match listing.get(&path) {
+                Some(started) if started.elapsed() >= LISTING_TIMEOUT => {
+                    return Err(Error::unavailable(format!(
+                        "a listing of {} started {} s ago has not returned (a hung network mount?); serving \
+                         goes on with the versions loaded",
+                        path.display(),
+                        started.elapsed().as_secs()
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    listing.insert(path.clone(), Instant::now());
+                }
+            }
         }
         let listing = self.listing.clone();
         let task = tokio::task::spawn_blocking(move || {
