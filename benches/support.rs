@@ -80,11 +80,12 @@ pub fn sluice(config: &Path, extra: &[&str]) -> ServerProcess {
 }
 
 /// The same with the `sluice` binary at `binary` (another build, for a
-/// before-and-after in one run).
+/// before-and-after in one run). At the default log level, as a
+/// deployment runs it: what logging costs under load is in the figures.
 pub fn sluice_binary(binary: &Path, config: &Path, extra: &[&str]) -> ServerProcess {
     let mut command = Command::new(binary);
     command
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0", "--log_level", "warn"])
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0"])
         .args(extra)
         .arg("--model_config_file")
         .arg(config);

@@ -148,16 +148,29 @@ logging = {{ filename_prefix = "{}", sampling_rate = 0.25 }}
     for seed in 0..400 {
         client.predict(mlp_request(seed, 1)).await.expect("predict");
     }
+    // Every sampled record was queued before its answer went out; the log
+    // has drained once the files hold as many records as the writer
+    // counted, the same at two reads 100 ms apart.
+    let records_on_disk = || -> usize {
+        let files = sluice::pipeline::request_log::log_files(&prefix).expect("log files");
+        files
+            .iter()
+            .map(|f| sluice::models::tfrecord::records(&std::fs::read(f).expect("read")).expect("TFRecord").len())
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut last = None;
+    let count = loop {
+        let counted = server.metric(WRITTEN).await;
+        let seen = (counted, records_on_disk());
+        if counted > 0.0 && seen.1 as f64 == counted && last == Some(seen) {
+            break counted;
+        }
+        assert!(std::time::Instant::now() < deadline, "the log did not settle: {seen:?}");
+        last = Some(seen);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     // 100 expected; 4 standard deviations (8.7 each) either way.
-    let written = eventually("the sampled records written", || {
-        std::thread::sleep(Duration::from_millis(200));
-        let files = std::fs::read_dir(dir.path().join("logs")).map_err(|e| e.to_string())?;
-        let bytes: u64 = files.filter_map(|f| f.ok()?.metadata().ok()).map(|m| m.len()).sum();
-        Ok::<u64, String>(bytes)
-    })
-    .await;
-    assert!(written > 0);
-    let count = server.metric(WRITTEN).await;
     assert!((65.0..=135.0).contains(&count), "{count} of 400 requests logged at a rate of 0.25");
 }
 
@@ -498,8 +511,13 @@ async fn a_config_reload_turns_the_request_log_on_moves_it_and_turns_it_off() {
     server.wait_for_metric(WRITTEN, 2.0).await;
     models.handle_reload_config_request(reload(None)).await.expect("reload without a log");
     client.predict(mlp_request(4, 1)).await.expect("predict");
-    // Long enough for a record, had it been sampled, to be written.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A third log and one more request: the writer writes in order, so
+    // once that request's record is written, a record of the one before
+    // would have been too, had it been logged.
+    let third = dir.path().join("c/mlp");
+    models.handle_reload_config_request(reload(Some(&third))).await.expect("reload with a third log");
+    client.predict(mlp_request(5, 1)).await.expect("predict");
+    server.wait_for_metric(WRITTEN, 3.0).await;
     let count = |prefix: &Path| -> usize {
         let files = sluice::pipeline::request_log::log_files(prefix).expect("log files");
         files
@@ -507,6 +525,9 @@ async fn a_config_reload_turns_the_request_log_on_moves_it_and_turns_it_off() {
             .map(|f| sluice::models::tfrecord::records(&std::fs::read(f).expect("read")).expect("TFRecord").len())
             .sum()
     };
-    assert_eq!((count(&first), count(&second)), (1, 1), "each log holds the requests of its time");
-    assert_eq!(server.metric(WRITTEN).await, 2.0, "nothing logged once the log is off");
+    assert_eq!(
+        (count(&first), count(&second), count(&third)),
+        (1, 1, 1),
+        "each log holds the requests of its time, and none the request made while the log was off"
+    );
 }

@@ -242,6 +242,16 @@ fn served_name(pki: &Pki, addr: SocketAddr) -> String {
         .unwrap_or_else(|| panic!("no subject in curl's output: {stderr}"))
 }
 
+/// `sluice_tls_reloads_total{outcome="refused"}`, read over TLS.
+fn refused_reloads(pki: &Pki, addr: SocketAddr) -> f64 {
+    let (code, metrics, stderr) = curl(&["--cacert", &pki.arg("ca.pem"), &https(addr, "/metrics")]);
+    assert_eq!(code, 0, "{stderr}");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("sluice_tls_reloads_total{outcome=\"refused\"} "))
+        .map_or(0.0, |value| value.trim().parse().expect("a number"))
+}
+
 #[test]
 fn certificates_rotate_on_disk_with_no_failed_request() {
     let pki = Pki::new();
@@ -277,7 +287,12 @@ fn certificates_rotate_on_disk_with_no_failed_request() {
     // A half-done rotation (the new certificate, the old key) is refused
     // and the current pair keeps serving; the whole pair is taken.
     std::fs::copy(pki.path("server-b.pem"), &cert).expect("rotate the certificate");
-    std::thread::sleep(Duration::from_millis(2500));
+    // Once the server has seen the half-done pair and refused it:
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while refused_reloads(&pki, server.http) < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "the half-done rotation was not refused in 20 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(served_name(&pki, server.http), "server-a", "a key that does not match is not served");
     std::fs::copy(pki.path("server-b.key"), &key).expect("rotate the key");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

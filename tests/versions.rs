@@ -786,3 +786,63 @@ async fn with_tf_servings_flag_a_new_label_may_name_a_version_not_yet_available(
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     server.predict_client().await.predict(mlp_request(2)).await.expect("still serving");
 }
+
+#[tokio::test]
+async fn a_reload_that_fails_on_a_new_model_leaves_every_kept_model_as_it_was() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mlp = root().join("examples/models/mlp");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugins dir");
+    let config = dir.path().join("sluice.toml");
+    let admin = format!(
+        "[plugins]\ndir = \"{}\"\n[admin]\nenabled = true\n[[admin.tokens]]\nid = \"ops\"\nrole = \"admin\"\nsha256 = \"{}\"\n",
+        plugins.display(),
+        sha256_hex(OPS.as_bytes())
+    );
+    let mlp_table = |label: i64| {
+        format!(
+            "[[models]]\nname = \"mlp\"\nbase_path = \"{}\"\nversion_policy = \"all\"\nversion_labels = {{ stable = {label} }}\n",
+            mlp.display()
+        )
+    };
+    std::fs::write(&config, format!("{admin}{}", mlp_table(1))).expect("write config");
+    let server = Server::start(&["--model_config_file", config.to_str().expect("utf-8")]);
+    wait_for_states(&server, "mlp", &[(1, "AVAILABLE"), (2, "AVAILABLE")]).await;
+    // The kept model's label moves, and a new model comes whose examples
+    // table fills an input the model does not have: its pipeline cannot
+    // be built, after the kept model would have changed.
+    let census = format!(
+        "[[models]]\nname = \"census\"\nbase_path = \"{}\"\n[models.examples]\nfeatures = [ {{ name = \"age\", input = \"no_such_input\" }} ]\n",
+        root().join("tests/fixtures/models/census").display()
+    );
+    let body = format!("{}{census}", mlp_table(2));
+    let mut client = RestClient::new(&server.http.to_string()).expect("client");
+    let authorization = format!("Bearer {OPS}");
+    let headers = [("authorization", authorization.as_str())];
+    let response =
+        client.call(Method::POST, "/admin/v1/models/config", &headers, Bytes::from(body)).await.expect("call");
+    assert_eq!(response.status, StatusCode::BAD_REQUEST, "{}", response.text());
+    assert!(response.text().contains("examples"), "{}", response.text());
+    // Nothing changed: `stable` still names version 1, census is not served.
+    let mut request = mlp_request(4);
+    request.model_spec = Some(sluice::proto::tensorflow::serving::ModelSpec {
+        name: "mlp".into(),
+        signature_name: String::new(),
+        version_choice: Some(sluice::proto::tensorflow::serving::model_spec::VersionChoice::VersionLabel(
+            "stable".into(),
+        )),
+    });
+    let answer = server.predict_client().await.predict(request).await.expect("stable").into_inner();
+    assert_eq!(
+        answer.model_spec.and_then(|s| s.version_choice),
+        Some(sluice::proto::tensorflow::serving::model_spec::VersionChoice::Version(1)),
+        "the label the failed reload would have moved"
+    );
+    let err = server
+        .model_client()
+        .await
+        .get_model_status(GetModelStatusRequest { model_spec: spec("census", None) })
+        .await
+        .expect_err("census was not added");
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+}

@@ -209,12 +209,19 @@ impl RequestContext {
         let _in_request = self.span.enter();
         let elapsed = self.started.elapsed().as_secs_f64();
         if let Err(e) = result {
-            // Refusals are worth a line, a few a second: under overload
-            // every refusal writing one would spend the core the serving
+            // Expected outcomes of load (refusals, deadlines that passed,
+            // callers that left) are worth a line, a few a second: under
+            // overload each writing one would spend the core the serving
             // needs. Metrics count them all. Other failures (a plugin's
             // error, a bad request) are each a line: they carry what an
             // author needs, and they do not come in floods the server makes.
-            let refusal = matches!(e.code(), crate::error::Code::ResourceExhausted | crate::error::Code::Unavailable);
+            let refusal = matches!(
+                e.code(),
+                crate::error::Code::ResourceExhausted
+                    | crate::error::Code::Unavailable
+                    | crate::error::Code::DeadlineExceeded
+                    | crate::error::Code::Cancelled
+            );
             // A plugin's failure is its author's to fix: a warning, with
             // the plugin's own words, a bounded number a second.
             let plugin = matches!(e, Error::Plugin { .. });

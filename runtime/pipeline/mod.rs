@@ -714,7 +714,11 @@ impl Endpoints {
                 outcome.removed.push(name.clone());
             }
         }
-        let mut added = BTreeMap::new();
+        // Everything fallible first, while nothing served has changed: the
+        // new models loaded and their pipelines built, so a new model
+        // whose pipeline cannot be built fails the reload before any kept
+        // model changed.
+        let mut added: Vec<(Arc<ServedModel>, Arc<Pipeline>)> = Vec::new();
         for config in &mut configs {
             match current.get(&config.name) {
                 Some(model) => {
@@ -733,31 +737,53 @@ impl Endpoints {
                     outcome.kept.push(config.name.clone());
                 }
                 None => {
-                    let model = ServedModel::new(config.clone(), self.metrics.clone())?;
-                    self.manager.reconcile(&model, true).await?;
-                    added.insert(config.name.clone(), (model, config.clone()));
+                    let built = async {
+                        let model = ServedModel::new(config.clone(), self.metrics.clone())?;
+                        self.manager.reconcile(&model, true).await.inspect_err(|_| self.discard(&model))?;
+                        let pipeline = Pipeline::direct(
+                            model.clone(),
+                            config,
+                            &self.traffic,
+                            &self.metrics,
+                            self.max_tensor_bytes,
+                        )
+                        .inspect_err(|_| self.discard(&model))?;
+                        Ok::<_, Error>((model, pipeline))
+                    };
+                    match built.await {
+                        Ok(built) => added.push(built),
+                        Err(error) => {
+                            added.iter().for_each(|(model, _)| self.discard(model));
+                            return Err(error);
+                        }
+                    }
                     outcome.added.push(config.name.clone());
                 }
             }
         }
+        // Then the kept models, each in turn; a failure puts back every
+        // one changed so far, and drops the new ones.
+        let mut changed: Vec<(&Arc<ServedModel>, Arc<ModelConfig>)> = Vec::new();
         for config in configs.iter().filter(|c| current.contains_key(&c.name)) {
             let model = &current[&config.name];
-            let previous = model.config();
-            model.set_config(config.clone())?;
-            if let Err(error) = self.manager.reconcile(model, true).await {
-                if let Err(e) = model.set_config(ModelConfig::clone(&previous)) {
-                    tracing::error!(model = %config.name, error = %e, "cannot restore the request log after a failed reload");
+            changed.push((model, model.config()));
+            let applied = match model.set_config(config.clone()) {
+                Ok(()) => self.manager.reconcile(model, true).await,
+                Err(error) => Err(error),
+            };
+            if let Err(error) = applied {
+                for (model, previous) in changed.into_iter().rev() {
+                    self.restore(model, previous).await;
                 }
+                added.iter().for_each(|(model, _)| self.discard(model));
                 return Err(error);
             }
         }
         let mut models = BTreeMap::clone(&current);
         let mut pipelines = BTreeMap::clone(&self.pipelines.load());
-        for (name, (model, config)) in added {
-            pipelines.insert(
-                name.clone(),
-                Pipeline::direct(model.clone(), &config, &self.traffic, &self.metrics, self.max_tensor_bytes)?,
-            );
+        for (model, pipeline) in added {
+            let name = model.name().to_string();
+            pipelines.insert(name.clone(), pipeline);
             models.insert(name, model);
         }
         for name in &outcome.removed {
@@ -772,6 +798,24 @@ impl Endpoints {
         self.models.store(Arc::new(models));
         tracing::info!(added = ?outcome.added, removed = ?outcome.removed, kept = ?outcome.kept, "model config reloaded");
         Ok(outcome)
+    }
+
+    /// Unloads a model a failed reload loaded but never served.
+    fn discard(&self, model: &Arc<ServedModel>) {
+        for version in model.versions() {
+            self.manager.retire(model, version.version());
+        }
+    }
+
+    /// Puts a kept model back as it was before a failed reload: its
+    /// config, and its versions and labels as that config wants them.
+    async fn restore(&self, model: &Arc<ServedModel>, previous: Arc<ModelConfig>) {
+        if let Err(error) = model.set_config(ModelConfig::clone(&previous)) {
+            tracing::error!(model = model.name(), %error, "cannot restore the request log after a failed reload");
+        }
+        if let Err(error) = self.manager.reconcile(model, false).await {
+            tracing::error!(model = model.name(), %error, "restoring the versions after a failed reload");
+        }
     }
 }
 

@@ -1,5 +1,9 @@
 //! A real `redis-server` for tests: on a free port, no persistence, killed
 //! when dropped, and killable and restartable on the same port mid-test.
+//! A port is free only until someone takes it, so each start checks that
+//! the server answering is the child just started (its `process_id`), and
+//! a start whose child died (the port was taken meanwhile) tries another
+//! port.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -16,10 +20,16 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts one on a free port and waits until it answers PING.
     pub fn start() -> RedisServer {
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
-        let mut server = RedisServer { child: None, port };
-        server.restart();
-        server
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+            let mut server = RedisServer { child: None, port };
+            match server.try_start() {
+                Ok(()) => return server,
+                Err(why) => last = why,
+            }
+        }
+        panic!("redis-server did not start on any of 5 free ports; last: {last}");
     }
 
     /// Starts one serving only TLS on a free port with the certificate
@@ -75,6 +85,14 @@ impl RedisServer {
 
     /// Starts it again on the same port, empty, and waits until it answers.
     pub fn restart(&mut self) {
+        if let Err(why) = self.try_start() {
+            panic!("redis-server did not restart on port {}: {why}", self.port);
+        }
+    }
+
+    /// Starts the child on `self.port` and waits until it, not another
+    /// process on that port, answers.
+    fn try_start(&mut self) -> Result<(), String> {
         self.kill();
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -82,12 +100,29 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is not installed: run scripts/setup");
+        let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while self.command(&[b"PING"]).as_deref() != Some("+PONG\r\n") {
-            assert!(Instant::now() < deadline, "redis-server on port {} did not answer PING in 20 s", self.port);
+        loop {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return Err(format!("it exited ({status}): port {} was taken", self.port));
+            }
+            if self.command(&[b"PING"]).as_deref() == Some("+PONG\r\n") {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("it did not answer PING on port {} in 20 s", self.port));
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
+        let info = self.command(&[b"INFO", b"server"]).unwrap_or_default();
+        let answering = info.lines().find_map(|line| line.strip_prefix("process_id:")).map(str::trim);
+        if answering != Some(pid.to_string().as_str()) {
+            self.kill();
+            return Err(format!("port {} is answered by process {answering:?}, not this test's {pid}", self.port));
+        }
+        Ok(())
     }
 
     /// Sends one command and returns the raw reply (None when it does not
