@@ -196,6 +196,18 @@ fn mutual_tls_serves_official_clients_with_certificates_and_refuses_the_rest() {
     // Every refusal was counted, and the server still serves.
     assert!(metric(&pki, server.http, "sluice_tls_handshake_failures_total{port=\"grpc\"}") >= 3.0);
     assert!(metric(&pki, server.http, "sluice_tls_handshake_failures_total{port=\"http\"}") >= 2.0);
+    // And logged, with who and why.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut lines = Vec::new();
+    let failed = loop {
+        lines.extend(server.log());
+        if let Some(line) = lines.iter().find(|l| l.contains("TLS handshake failed")) {
+            break line.clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "no failed handshake logged: {lines:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(failed.contains("127.0.0.1:"), "the peer is named: {failed}");
     let again = tf_client(server.grpc, &ca, Some((&cert, &key)));
     assert_eq!(again["ok"], true, "{again}");
 }
@@ -242,16 +254,6 @@ fn served_name(pki: &Pki, addr: SocketAddr) -> String {
         .unwrap_or_else(|| panic!("no subject in curl's output: {stderr}"))
 }
 
-/// `sluice_tls_reloads_total{outcome="refused"}`, read over TLS.
-fn refused_reloads(pki: &Pki, addr: SocketAddr) -> f64 {
-    let (code, metrics, stderr) = curl(&["--cacert", &pki.arg("ca.pem"), &https(addr, "/metrics")]);
-    assert_eq!(code, 0, "{stderr}");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("sluice_tls_reloads_total{outcome=\"refused\"} "))
-        .map_or(0.0, |value| value.trim().parse().expect("a number"))
-}
-
 #[test]
 fn certificates_rotate_on_disk_with_no_failed_request() {
     let pki = Pki::new();
@@ -289,7 +291,7 @@ fn certificates_rotate_on_disk_with_no_failed_request() {
     std::fs::copy(pki.path("server-b.pem"), &cert).expect("rotate the certificate");
     // Once the server has seen the half-done pair and refused it:
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while refused_reloads(&pki, server.http) < 1.0 {
+    while metric(&pki, server.http, r#"sluice_tls_reloads_total{outcome="refused"}"#) < 1.0 {
         assert!(std::time::Instant::now() < deadline, "the half-done rotation was not refused in 20 s");
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -180,7 +180,7 @@ impl PluginsConfig {
 
 /// What one call of a plugin may use.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(try_from = "PluginLimitsKeys")]
 pub struct PluginLimits {
     /// Wall time per call, in milliseconds.
     pub timeout_ms: u64,
@@ -226,5 +226,67 @@ impl std::fmt::Display for InstancePolicy {
 impl Default for PluginLimits {
     fn default() -> Self {
         PluginLimits { timeout_ms: 50, memory_mib: 64, fuel: None, instances: InstancePolicy::Reset }
+    }
+}
+
+/// The keys a `[plugins.limits.NAME]` table may hold: today's, and the
+/// names earlier releases used, accepted with a warning for at least one
+/// release (CHANGELOG.md) so a config written for them still starts.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PluginLimitsKeys {
+    timeout_ms: Option<u64>,
+    memory_mib: Option<u64>,
+    fuel: Option<u64>,
+    instances: Option<InstancePolicy>,
+    /// Before 0.1.0's `instances`: true is `instances = "reuse"`, false
+    /// (a new instance per call) `instances = "fresh"`.
+    reuse_instance: Option<bool>,
+}
+
+impl TryFrom<PluginLimitsKeys> for PluginLimits {
+    type Error = String;
+
+    fn try_from(keys: PluginLimitsKeys) -> Result<Self, String> {
+        let defaults = PluginLimits::default();
+        let instances = match (keys.instances, keys.reuse_instance) {
+            (Some(_), Some(_)) => {
+                return Err("reuse_instance and instances are both set: reuse_instance is the old name of \
+                            instances; keep instances only"
+                    .into())
+            }
+            (None, Some(reuse)) => {
+                let policy = if reuse { InstancePolicy::Reuse } else { InstancePolicy::Fresh };
+                tracing::warn!(
+                    "plugins.limits: reuse_instance = {reuse} is deprecated; it reads as instances = \"{policy}\" \
+                     (write that instead: the old name will be refused in a later release)"
+                );
+                policy
+            }
+            (instances, None) => instances.unwrap_or(defaults.instances),
+        };
+        Ok(PluginLimits {
+            timeout_ms: keys.timeout_ms.unwrap_or(defaults.timeout_ms),
+            memory_mib: keys.memory_mib.unwrap_or(defaults.memory_mib),
+            fuel: keys.fuel.or(defaults.fuel),
+            instances,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_old_reuse_instance_key_reads_as_instances() {
+        let old: PluginLimits = toml::from_str("reuse_instance = true\ntimeout_ms = 20").unwrap();
+        assert_eq!(old, PluginLimits { timeout_ms: 20, instances: InstancePolicy::Reuse, ..PluginLimits::default() });
+        let fresh: PluginLimits = toml::from_str("reuse_instance = false").unwrap();
+        assert_eq!(fresh.instances, InstancePolicy::Fresh);
+        let both = toml::from_str::<PluginLimits>("reuse_instance = true\ninstances = \"reset\"").unwrap_err();
+        assert!(both.to_string().contains("reuse_instance and instances are both set"), "{both}");
+        let unknown = toml::from_str::<PluginLimits>("timeout = 3").unwrap_err();
+        assert!(unknown.to_string().contains("unknown field `timeout`"), "{unknown}");
     }
 }

@@ -94,10 +94,45 @@ impl Limits {
     }
 }
 
+/// A connection's other end, for log lines.
+pub trait Peer {
+    /// Its address, as a log line gives it.
+    fn peer(&self) -> String;
+}
+
+impl Peer for tokio::net::TcpStream {
+    fn peer(&self) -> String {
+        self.peer_addr().map_or_else(|_| "an unknown address".to_string(), |addr| addr.to_string())
+    }
+}
+
+impl Peer for tokio::net::UnixStream {
+    fn peer(&self) -> String {
+        "the Unix socket".to_string()
+    }
+}
+
+/// Failed TLS handshakes logged a second, at WARN: enough to see who
+/// fails and why, bounded so a scanner cannot flood the log.
+static HANDSHAKE_FAILURE_LINES: crate::api::context::LineBudget = crate::api::context::LineBudget::new(5);
+
+/// Logs a failed handshake with the peer and the reason, within the
+/// budget; the metric counts them all.
+fn log_handshake_failure(peer: &str, why: &dyn std::fmt::Display) {
+    if let Some(skipped) = HANDSHAKE_FAILURE_LINES.take() {
+        let skipped = if skipped == 0 {
+            String::new()
+        } else {
+            format!(" ({skipped} before it not logged: at most 5 lines a second; sluice_tls_handshake_failures_total counts every one)")
+        };
+        tracing::warn!(peer, "TLS handshake failed: {why}{skipped}");
+    }
+}
+
 /// Something connections are accepted from.
 pub trait Listener: Send + 'static {
     /// A connection.
-    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    type Io: AsyncRead + AsyncWrite + Peer + Unpin + Send + 'static;
     /// The next connection; errors are logged and the loop goes on.
     fn accept(&mut self) -> impl Future<Output = std::io::Result<Self::Io>> + Send;
 }
@@ -172,20 +207,27 @@ impl Handshake {
     /// handshake in time).
     async fn run<I>(self, mut io: I) -> Opened<I>
     where
-        I: AsyncRead + AsyncWrite + Unpin,
+        I: AsyncRead + AsyncWrite + Peer + Unpin,
     {
+        let peer = io.peer();
         // The opening bytes tell TLS from a plaintext client.
         let mut first = vec![0u8; 64];
         let opened = tokio::time::timeout(self.timeout, tokio::io::AsyncReadExt::read(&mut io, &mut first)).await;
         let Ok(Ok(n @ 1..)) = opened else {
             self.failures.inc();
+            let why = match opened {
+                Err(_) => format!("nothing sent within {} ms", self.timeout.as_millis()),
+                Ok(Err(e)) => format!("reading the first bytes failed: {e}"),
+                Ok(Ok(_)) => "the connection closed before sending anything".to_string(),
+            };
+            log_handshake_failure(&peer, &why);
             return Opened::Refused;
         };
         first.truncate(n);
         let io = tls::Prefixed::new(first.clone(), io);
         if !tls::is_tls(&first) {
             self.failures.inc();
-            tracing::debug!("a plaintext client on a TLS port, refused");
+            log_handshake_failure(&peer, &"a plaintext client on a TLS port (answered that the port serves TLS)");
             return Opened::Plaintext(io);
         }
         match tokio::time::timeout(self.timeout, self.acceptor.accept(io).into_fallible()).await {
@@ -194,13 +236,13 @@ impl Handshake {
             // request is read, and given the time to read the alert.
             Ok(Err((e, io))) => {
                 self.failures.inc();
-                tracing::debug!("TLS handshake refused: {e}");
+                log_handshake_failure(&peer, &e);
                 linger(io).await;
                 Opened::Refused
             }
             Err(_) => {
                 self.failures.inc();
-                tracing::debug!("TLS handshake not done within {} ms", self.timeout.as_millis());
+                log_handshake_failure(&peer, &format!("not done within {} ms", self.timeout.as_millis()));
                 Opened::Refused
             }
         }
@@ -289,7 +331,7 @@ impl Connections {
     /// place and calls `closed`.
     pub fn serve<I>(&self, io: I, place: Place, closed: impl FnOnce() + Send + 'static)
     where
-        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        I: AsyncRead + AsyncWrite + Peer + Unpin + Send + 'static,
     {
         // Called by hyper as each stream arrives (push_back.rs).
         let service = self.router.clone();
