@@ -46,7 +46,7 @@ fn cases() -> Vec<Case> {
             what: "unknown model",
             request: predict_request("nope", vec![("x", x_ok.clone())]),
             code: Code::NotFound,
-            says: vec!["model 'nope'", "mlp", "cnn"],
+            says: vec!["model 'nope' is not served"],
         },
         Case {
             what: "unknown version",
@@ -321,4 +321,28 @@ async fn a_message_over_the_size_limit_is_refused_and_the_server_keeps_serving()
     assert!(status.message().contains("65536"), "{}", status.message());
     assert!(status.message().contains("server.max_message_bytes"), "{}", status.message());
     assert_still_serving(&mut client, "oversized message").await;
+}
+
+#[tokio::test]
+async fn an_unknown_model_is_refused_without_the_served_names_unless_the_operator_lists_them() {
+    let models = |server_keys: &str| {
+        format!(
+            "[server]\n{server_keys}\n[[models]]\nname = \"secret-ranker\"\nbase_path = \"$ROOT/examples/models/mlp\"\n"
+        )
+    };
+    // As TF Serving: the names served are not told to whoever asks.
+    let server = Server::with_config(&models(""));
+    let mut client = server.predict_client().await;
+    let mut request = good_mlp();
+    request.model_spec = spec("nope", None);
+    let err = client.predict(request.clone()).await.expect_err("unknown model");
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert!(err.message().contains("model 'nope' is not served"), "{}", err.message());
+    assert!(!err.message().contains("secret-ranker"), "the served names leak: {}", err.message());
+    let rest = http_post(server.http, "/v1/models/nope:predict", "{\"instances\": [[1]]}").await;
+    assert!(rest.contains("is not served") && !rest.contains("secret-ranker"), "{rest}");
+    // Listed where the operator asks for it (a development server).
+    let listing = Server::with_config(&models("list_models_in_errors = true"));
+    let err = listing.predict_client().await.predict(request).await.expect_err("unknown model");
+    assert!(err.message().contains("served: [secret-ranker]"), "{}", err.message());
 }

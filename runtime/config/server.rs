@@ -121,6 +121,10 @@ pub struct ServerConfig {
     /// TLS on the gRPC, REST and admin ports (not the Unix socket); off
     /// when absent.
     pub tls: Option<TlsConfig>,
+    /// A request for a model or pipeline that is not served is told the
+    /// names that are (handy in development; off by default, as TF
+    /// Serving, since the names may say more than a caller should know).
+    pub list_models_in_errors: bool,
 }
 
 impl Default for ServerConfig {
@@ -150,6 +154,7 @@ impl Default for ServerConfig {
             grpc_threads: GrpcThreads::PerCore,
             push_back: true,
             tls: None,
+            list_models_in_errors: false,
         }
     }
 }

@@ -548,6 +548,9 @@ pub struct Endpoints {
     metrics: Arc<Metrics>,
     max_tensor_bytes: usize,
     traffic: Arc<TrafficRules>,
+    /// `server.list_models_in_errors`: a request for a name not served is
+    /// told the names that are.
+    list_models_in_errors: bool,
 }
 
 /// What a config reload changed.
@@ -626,6 +629,7 @@ impl Endpoints {
             metrics,
             max_tensor_bytes: cx.max_tensor_bytes,
             traffic: cx.traffic.clone(),
+            list_models_in_errors: config.server.list_models_in_errors,
         })
     }
 
@@ -641,6 +645,12 @@ impl Endpoints {
         }
         let pipelines = self.pipelines.load();
         pipelines.get(name).cloned().ok_or_else(|| {
+            // As TF Serving, the names served are not told to whoever asks
+            // (they may say more than a caller should know), unless the
+            // operator chose to.
+            if !self.list_models_in_errors {
+                return Error::not_found(format!("model '{name}' is not served"));
+            }
             let names: Vec<&str> = pipelines.keys().map(String::as_str).collect();
             Error::not_found(format!("model '{name}' is not served; served: [{}]", names.join(", ")))
         })
