@@ -131,3 +131,29 @@ fn tf_servings_config_files_convert_to_toml_that_serves_the_same() {
         assert_eq!(format!("{before}; batching up to 32 rows"), *after);
     }
 }
+
+#[test]
+fn the_summary_names_each_models_cache_quota_and_canary() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("sluice.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[models]]\nname = \"ab\"\nbase_path = \"{}\"\nversion_policy = \"all\"\n\
+             version_labels = {{ stable = 1, canary = 2 }}\ncanary = {{ label = \"canary\", percent = 5 }}\n\
+             cache = {{ max_mib = 16, ttl_secs = 60 }}\nquota = {{ requests_per_second = 100, max_in_flight = 8 }}\n",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/models/mlp").display()
+        ),
+    )
+    .expect("write");
+    let output = check(&file);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for wanted in [
+        "response cache 16 MiB for 60 s",
+        "quota 100 req/s (burst 100), 8 in flight",
+        "canary: 5% to label 'canary', the rest to 'stable'",
+    ] {
+        assert!(stdout.contains(wanted), "{wanted} missing from: {stdout}");
+    }
+}

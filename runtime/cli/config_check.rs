@@ -226,6 +226,26 @@ pub fn check_files(config: &Config) -> Result<Summary, Invalid> {
         if let Some(batching) = &model.batching {
             let _ = write!(line, "; batching up to {} rows", batching.max_batch_size);
         }
+        if let Some(cache) = &model.cache {
+            let _ = write!(line, "; response cache {} MiB for {} s", cache.max_mib, cache.ttl_secs);
+        }
+        if let Some(quota) = &model.quota {
+            let mut parts = Vec::new();
+            if let Some(rate) = quota.requests_per_second {
+                parts.push(format!("{rate} req/s (burst {})", quota.burst_or_default().unwrap_or(rate)));
+            }
+            if let Some(in_flight) = quota.max_in_flight {
+                parts.push(format!("{in_flight} in flight"));
+            }
+            let _ = write!(line, "; quota {}", parts.join(", "));
+        }
+        if let Some(canary) = &model.canary {
+            let _ = write!(
+                line,
+                "; canary: {}% to label '{}', the rest to '{}'",
+                canary.percent, canary.label, canary.stable
+            );
+        }
         lines.push(line);
     }
     if let Some(dir) = &config.plugins.dir {
