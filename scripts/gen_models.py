@@ -271,6 +271,27 @@ def tfjson():
     return make_model(graph)
 
 
+def zipmap():
+    """probabilities = ZipMap(x): a classifier's probabilities as one
+    {class: probability} map per row, as skl2onnx and onnxmltools write
+    classifiers by default; sluice refuses it, naming the converter option
+    that writes a tensor instead."""
+    maps = helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+    )
+    graph = helper.make_graph(
+        [helper.make_node("ZipMap", ["x"], ["probabilities"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2])],
+        "zipmap",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_value_info("probabilities", maps)],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("ai.onnx.ml", 1)]
+    )
+    model.ir_version = IR_VERSION
+    return model
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     examples = os.path.join(root, "examples", "models")
@@ -288,6 +309,7 @@ def main():
     save(anyrank(), fixtures, "anyrank", 1, check=False)
     save(tfjson(), fixtures, "tfjson", 1)
     save(census(7), fixtures, "census", 1)
+    save(zipmap(), fixtures, "zipmap", 1)
     return 0
 
 

@@ -262,8 +262,21 @@ fn register_execution_provider(
 fn signature_of(session: &Session) -> Result<Signature> {
     let spec = |role: &str, outlet: &ort::value::Outlet| -> Result<TensorSpec> {
         let ValueType::Tensor { ty, shape, .. } = outlet.dtype() else {
+            // skl2onnx and onnxmltools write a classifier's probabilities
+            // as a ZipMap (a sequence of maps, class to probability) by
+            // default; the same converters write a tensor when asked.
+            let zipmap =
+                matches!(outlet.dtype(), ValueType::Sequence(inner) if matches!(**inner, ValueType::Map { .. }));
+            let hint = if zipmap {
+                ": it is a ZipMap (a classifier's probabilities as one map per row, the default of skl2onnx and \
+                 onnxmltools); convert with it off to get a [batch, classes] float tensor: skl2onnx's \
+                 convert_sklearn(model, options={id(model): {'zipmap': False}}), onnxmltools' \
+                 convert_lightgbm / convert_xgboost(model, zipmap=False)"
+            } else {
+                ""
+            };
             return Err(Error::invalid_argument(format!(
-                "model {role} '{}' is a {}, and sluice serves tensors only",
+                "model {role} '{}' is a {}, and sluice serves tensors only{hint}",
                 outlet.name(),
                 outlet.dtype()
             )));
