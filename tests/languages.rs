@@ -348,3 +348,27 @@ async fn a_compile_over_its_cpu_budget_is_refused_naming_the_key() {
     let mut client = server.predict_client().await;
     client.predict(scale_request("scored", 1, 1)).await.expect("the pipeline serves on");
 }
+
+#[tokio::test]
+async fn making_an_instance_has_its_own_budget_and_running_out_of_it_is_named() {
+    // A Python runtime takes milliseconds to start in its instance, more
+    // than 1 ms: the pipeline is left out, named, and the rest serves.
+    let config = format!(
+        "[plugins]\ndir = \"{}\"\ncache_dir = \"{}\"\ninstantiate_timeout_ms = 1\n{}\n\
+         [[pipelines]]\nname = \"scale_py\"\nmodel = \"mlp\"\npreprocess = {{ plugin = \"scale_py\" }}\n",
+        root().join("target/plugins").display(),
+        compile_cache(),
+        example_model_table("mlp"),
+    );
+    plugin_file("scale_py");
+    let server = Server::with_config_within(&config, COLD_START);
+    let err = server.predict_client().await.predict(scale_request("scale_py", 1, 1)).await.expect_err("left out");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("plugins.instantiate_timeout_ms = 1 ms"), "{}", err.message());
+    server
+        .predict_client()
+        .await
+        .predict(predict_request("mlp", vec![("x", f32_content(&[1, 64], &values(1, 64)))]))
+        .await
+        .expect("the model serves");
+}

@@ -739,3 +739,35 @@ fn plugin_check_input_takes_nan_and_infinities_as_the_rest_api_does() {
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("row 0 = [NaN,Infinity,-Infinity,0.5"), "{stdout}");
 }
+
+#[test]
+fn plugin_check_keeps_compiled_code_for_the_next_check_unless_told_not_to() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let cached = |cache: &std::path::Path| -> usize {
+        std::fs::read_dir(cache)
+            .map(|entries| entries.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "cwasm")).count())
+            .unwrap_or(0)
+    };
+    let check = |extra: &[&str]| {
+        let mut args = vec!["plugin", "check", "target/plugins/identity.wasm"];
+        args.extend_from_slice(extra);
+        let (code, stdout, stderr) = run_sluice(&args);
+        assert_eq!(code, Some(0), "{stdout}{stderr}");
+        stdout
+    };
+    let cache_arg = cache.to_str().expect("utf-8");
+    check(&["--cache_dir", cache_arg, "--no_cache"]);
+    assert_eq!(cached(&cache), 0, "--no_cache keeps nothing");
+    let first = check(&["--cache_dir", cache_arg]);
+    assert_eq!(cached(&cache), 1, "a passed check keeps the compiled plugin");
+    let second = check(&["--cache_dir", cache_arg]);
+    assert_eq!(cached(&cache), 1, "the same bytes, the same entry");
+    // The same report either way, but for the load time.
+    let without_time = |out: &str| out.lines().skip(1).map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(without_time(&first).len(), without_time(&second).len(), "{first}\n{second}");
+    // The directory is the server's kind: owner-only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&cache).expect("cache dir").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "mode {mode:o}");
+}

@@ -55,6 +55,23 @@ pub struct CheckArgs {
     /// The pipeline of `--config` the plugin is for.
     #[arg(long, requires = "config")]
     pub pipeline: Option<String>,
+    /// Where compiled plugins are kept between checks, keyed by the
+    /// component's hash and the engine's settings as the server keys them
+    /// (owner-only). Default: `$XDG_CACHE_HOME/sluice/plugin-check` (or
+    /// `~/.cache/…`); a plugin checked before starts at once.
+    #[arg(long = "cache_dir")]
+    pub cache_dir: Option<PathBuf>,
+    /// Compile every time; keep nothing.
+    #[arg(long = "no_cache")]
+    pub no_cache: bool,
+}
+
+/// Where compiled plugins are kept between checks, unless told otherwise.
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(base.join("sluice").join("plugin-check"))
 }
 
 /// Where the plugin will run: the model it must fit, and, for a
@@ -169,8 +186,15 @@ const STEADY_CALLS: u32 = 5;
 
 /// Runs the check and returns the report to print.
 pub fn run(args: &CheckArgs) -> Result<String> {
-    let config = PluginsConfig { fuel: args.fuel.is_some(), max_instances: 4, ..PluginsConfig::default() };
+    let cache_dir = if args.no_cache { None } else { args.cache_dir.clone().or_else(default_cache_dir) };
+    if let Some(parent) = cache_dir.as_deref().and_then(std::path::Path::parent) {
+        // The cache directory itself is made owner-only by the engine.
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::invalid_argument(format!("cannot make {}: {e}", parent.display())))?;
+    }
+    let config = PluginsConfig { fuel: args.fuel.is_some(), max_instances: 4, cache_dir, ..PluginsConfig::default() };
     let engine = Arc::new(PluginEngine::new(&config)?);
+    let loading = std::time::Instant::now();
     let limits = PluginLimits {
         timeout_ms: args.timeout_ms,
         memory_mib: args.memory_mib,
@@ -187,9 +211,17 @@ pub fn run(args: &CheckArgs) -> Result<String> {
             plugin = Plugin::load_file(&engine, &args.file, limits.clone(), None)?;
         }
     }
+    let loaded_in = loading.elapsed();
     let d = plugin.description();
     let mut out = String::new();
-    let _ = writeln!(out, "{} ({}), sha256 {}", plugin.label(), plugin.world(), plugin.sha256());
+    let _ = writeln!(
+        out,
+        "{} ({}), sha256 {}, loaded in {:.2} s",
+        plugin.label(),
+        plugin.world(),
+        plugin.sha256(),
+        loaded_in.as_secs_f64()
+    );
     let _ = writeln!(out, "inputs:\n{}\noutputs:\n{}", describe_specs(&d.inputs), describe_specs(&d.outputs));
     let (inputs, source) = match (&args.input, &d.sample) {
         (Some(path), _) => (from_json(path, &d.inputs)?, format!("{}", path.display())),
@@ -243,5 +275,7 @@ pub fn run(args: &CheckArgs) -> Result<String> {
         }
         let _ = writeln!(out, "  {} {} {}: row 0 = {preview}", output.name, t.dtype(), format_shape(t.shape()));
     }
+    // Passed: the next check of the same bytes loads its compiled code.
+    plugin.accepted();
     Ok(out)
 }

@@ -45,6 +45,11 @@ pub struct PluginsConfig {
     /// (Python: ~9 on this machine): CPU time, so a busy server does not
     /// refuse what an idle one accepts.
     pub compile_cpu_seconds: u64,
+    /// Milliseconds making one instance may take: instantiation and the
+    /// warm-up run on the plugin's sample, apart from each call's
+    /// `timeout_ms` (a language runtime's start-up is slower than its
+    /// calls, and slower still on a busy machine).
+    pub instantiate_timeout_ms: u64,
     /// MiB of compiled plugins kept in `cache_dir` (a compiled Python
     /// plugin is ~35 MiB); the least recently written go first.
     pub cache_max_mib: u64,
@@ -138,6 +143,7 @@ impl Default for PluginsConfig {
             max_code_mib: 16,
             max_modules: 32,
             compile_cpu_seconds: 60,
+            instantiate_timeout_ms: 5000,
             cache_max_mib: 1024,
             limits: BTreeMap::new(),
             expose_plugin_errors: false,
@@ -150,8 +156,9 @@ impl PluginsConfig {
     /// The compile limits are in range: each at least 1, and no more than
     /// what still bounds the work an upload can cause.
     pub fn check_compile_limits(&self) -> std::result::Result<(), super::Invalid> {
-        let ranges: [(&str, u64, u64); 5] = [
+        let ranges: [(&str, u64, u64); 6] = [
             ("max_functions", self.max_functions, 1_000_000),
+            ("instantiate_timeout_ms", self.instantiate_timeout_ms, 600_000),
             ("max_code_mib", self.max_code_mib, 256),
             ("max_modules", self.max_modules, 256),
             ("compile_cpu_seconds", self.compile_cpu_seconds, 3600),

@@ -39,6 +39,8 @@ pub struct PluginEngine {
     linker: Linker<HostState>,
     cache_dir: Option<PathBuf>,
     fuel: bool,
+    /// `plugins.instantiate_timeout_ms`.
+    instantiate_timeout: std::time::Duration,
     /// `[plugins] expose_plugin_errors`: a plugin's own words go to the
     /// client too.
     expose_errors: bool,
@@ -135,6 +137,7 @@ impl PluginEngine {
             linker,
             cache_dir: config.cache_dir.clone(),
             fuel: config.fuel,
+            instantiate_timeout: std::time::Duration::from_millis(config.instantiate_timeout_ms),
             expose_errors: config.expose_plugin_errors,
             limits: CompileLimits::from(config),
             compiling: Arc::new(AtomicBool::new(false)),
@@ -192,6 +195,11 @@ impl PluginEngine {
     /// Whether fuel is metered.
     pub fn fuel(&self) -> bool {
         self.fuel
+    }
+
+    /// How long making one instance may take (`plugins.instantiate_timeout_ms`).
+    pub fn instantiate_timeout(&self) -> std::time::Duration {
+        self.instantiate_timeout
     }
 
     /// Compiles a component, or loads it from the cache when these bytes

@@ -235,14 +235,14 @@ impl Instances {
         let bytes = (self.limits.memory_mib as usize) << 20;
         let mut store = Store::new(self.engine.engine(), HostState::new(self.label.clone(), bytes));
         store.limiter(|state| &mut state.limiter);
-        // Instantiation runs no guest code for these components, but arm
-        // the store anyway: nothing may run unbounded.
-        self.arm(&mut store)?;
+        // Making an instance has a budget of its own, apart from the
+        // calls': a language runtime's start-up is slower than its calls.
+        self.arm_for_setup(&mut store)?;
         let (instance, memories) = memory::collect(|| match &self.pre {
             Pre::Preprocessor(pre) => pre.instantiate(&mut store).map(Instance::Preprocessor),
             Pre::Postprocessor(pre) => pre.instantiate(&mut store).map(Instance::Postprocessor),
         });
-        let instance = instance?;
+        let instance = instance.map_err(|e| self.setup_error("instantiating it", e))?;
         let mut live =
             Live { store, instance, frozen: None, resources: 0, _permit: permit, idle_since: Instant::now() };
         if policy != InstancePolicy::Reset {
@@ -254,14 +254,15 @@ impl Instances {
         // call (caches, a grown heap) is then in the image, not redone, or
         // grown again, on every call.
         // Its own time budget: making the instance already spent some.
-        self.arm(&mut live.store)?;
+        self.arm_for_setup(&mut live.store)?;
         live.store.data_mut().start_call();
         let warmed = live.instance.run(&mut live.store, &self.warm_up);
         live.store.data().discard_output();
         if let Err(trap) = warmed {
             // The instance cannot be entered again; without a warm-up the
             // image would miss what the first call sets up.
-            self.fall_back_to_fresh(&format!("its warm-up run on its sample trapped: {trap}"));
+            let why = self.setup_error("its warm-up run on its sample", trap);
+            self.fall_back_to_fresh(&format!("{why:#}"));
             return self.create(InstancePolicy::Fresh);
         }
         match Frozen::freeze(memories, self.engine.keep_resident()) {
@@ -279,6 +280,30 @@ impl Instances {
             }
         }
         Ok(live)
+    }
+
+    /// Sets the store's time limit for making an instance
+    /// (`plugins.instantiate_timeout_ms`), with the call's fuel.
+    fn arm_for_setup(&self, store: &mut Store<HostState>) -> wasmtime::Result<()> {
+        self.arm(store)?;
+        let budget = self.engine.instantiate_timeout();
+        store.set_epoch_deadline((budget.as_millis() as u64).div_ceil(engine::TICK.as_millis() as u64).max(1));
+        store.data_mut().deadline = std::time::Instant::now().checked_add(budget);
+        Ok(())
+    }
+
+    /// An error of making an instance, the budget named when it ran out.
+    fn setup_error(&self, step: &str, error: wasmtime::Error) -> wasmtime::Error {
+        let out_of_time = matches!(error.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt))
+            || error.downcast_ref::<super::state::BlockedPastDeadline>().is_some();
+        if out_of_time {
+            return wasmtime::Error::msg(format!(
+                "{step} took longer than making an instance may (plugins.instantiate_timeout_ms = {} ms; a busy \
+                 machine or a large language runtime may need more)",
+                self.engine.instantiate_timeout().as_millis()
+            ));
+        }
+        error.context(format!("{step} failed"))
     }
 
     /// Sets the store's time limit (and fuel) for one call.
