@@ -771,3 +771,12 @@ fn plugin_check_keeps_compiled_code_for_the_next_check_unless_told_not_to() {
     let mode = std::fs::metadata(&cache).expect("cache dir").permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "mode {mode:o}");
 }
+
+#[test]
+fn a_sample_that_runs_but_answers_wrong_is_named_as_such() {
+    let (code, stdout, stderr) = run_sluice(&["plugin", "check", "target/plugins/mistake_sampled_drops_rows.wasm"]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("its sample ran, but its outputs do not match what it declares"), "{stderr}");
+    assert!(stderr.contains("returned 1 rows in 'x' for a request of 2"), "{stderr}");
+    assert!(!stderr.contains("its sample failed"), "{stderr}");
+}

@@ -167,7 +167,16 @@ impl Plugin {
             tracing::debug!(plugin = %plugin.label, "no instance made ahead of the first call: {e:#}");
         }
         if let Some(sample) = plugin.description.sample.clone() {
-            plugin.call(sample).map_err(|e| e.context("its sample failed"))?;
+            plugin.call(sample).map_err(|e| {
+                // The sample ran; what it returned is what does not fit.
+                let step = match &e {
+                    Error::Plugin { fault: PluginFault::BadOutput, .. } => {
+                        "its sample ran, but its outputs do not match what it declares"
+                    }
+                    _ => "its sample failed",
+                };
+                e.context(step)
+            })?;
         }
         Ok(plugin)
     }

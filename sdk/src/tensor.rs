@@ -78,7 +78,7 @@ impl TensorSpec {
             return Some(format!("tensor '{}' where '{}' was expected", tensor.name, self.name));
         }
         if tensor.dtype != self.dtype {
-            return Some(format!("'{}' is {:?}, but {:?} was declared", self.name, tensor.dtype, self.dtype));
+            return Some(format!("'{}' is {}, but {} was declared", self.name, tensor.dtype, self.dtype));
         }
         let fits = tensor.shape.len() == self.shape.len()
             && tensor.shape.iter().zip(&self.shape).all(|(&got, &want)| want < 0 || got == want);
@@ -224,7 +224,7 @@ impl Tensor {
         if self.dtype == dtype {
             Ok(())
         } else {
-            Err(PluginError::invalid_input(format!("'{}' is {:?}, but {:?} is needed", self.name, self.dtype, dtype)))
+            Err(PluginError::invalid_input(format!("'{}' is {}, but {} is needed", self.name, self.dtype, dtype)))
         }
     }
 
@@ -307,6 +307,11 @@ mod tests {
         let spec = TensorSpec::new("x", DType::F32, &[-1, 2]);
         assert_eq!(spec.mismatch(&t), None);
         assert!(TensorSpec::new("x", DType::F32, &[-1, 3]).mismatch(&t).is_some());
+        // Dtypes are named as the server names them, in every message.
+        let wrong = TensorSpec::new("x", DType::F64, &[-1, 2]).mismatch(&t).unwrap();
+        assert_eq!(wrong, "'x' is DT_FLOAT, but DT_DOUBLE was declared");
+        let err = t.values::<i32>().unwrap_err();
+        assert!(format!("{err:?}").contains("'x' is DT_FLOAT, but DT_INT32 is needed"), "{err:?}");
     }
 
     #[test]

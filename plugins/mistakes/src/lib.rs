@@ -35,7 +35,15 @@ impl Guest for Mistakes {
             version: "0.0.1".into(),
             inputs: vec![TensorSpec { name: "raw".into(), dtype: Dtype::F32, shape: vec![-1, 64] }],
             outputs: vec![TensorSpec { name: name.into(), dtype, shape: vec![-1, width] }],
-            sample: None,
+            sample: cfg!(feature = "sampled-drops-rows").then(|| {
+                vec![Tensor {
+                    name: "raw".into(),
+                    dtype: Dtype::F32,
+                    shape: vec![2, 64],
+                    data: vec![0u8; 2 * 64 * 4],
+                    strings: Vec::new(),
+                }]
+            }),
         }
     }
 
