@@ -780,3 +780,48 @@ fn a_sample_that_runs_but_answers_wrong_is_named_as_such() {
     assert!(stderr.contains("returned 1 rows in 'x' for a request of 2"), "{stderr}");
     assert!(!stderr.contains("its sample failed"), "{stderr}");
 }
+
+#[test]
+fn config_check_checks_the_uploaded_version_the_server_would_start_with() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    let store = plugins.join("store");
+    std::fs::create_dir_all(store.join("blobs")).expect("blobs");
+    std::fs::create_dir_all(store.join("manifests")).expect("manifests");
+    // Version 0, the file, is scale; the upload activated in the store is
+    // identity, which is what the server starts with.
+    std::fs::copy(root().join("target/plugins/scale.wasm"), plugins.join("pre.wasm")).expect("copy");
+    let upload = std::fs::read(root().join("target/plugins/identity.wasm")).expect("identity");
+    let sha = sluice::plugin::store::sha256_hex(&upload);
+    std::fs::write(store.join("blobs").join(format!("{sha}.wasm")), &upload).expect("blob");
+    let manifest = serde_json::json!({
+        "name": "pre", "team": null, "active": 1, "history": [0],
+        "versions": [{ "version": 1, "sha256": sha, "size": upload.len(), "declared": "identity",
+                       "uploaded_at": 0, "uploaded_by": "ops" }]
+    });
+    std::fs::write(store.join("manifests/pre.json"), manifest.to_string()).expect("manifest");
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[plugins]\ndir = \"{}\"\n[[models]]\nname = \"mlp\"\nbase_path = \"{}\"\n\
+             [[pipelines]]\nname = \"p\"\nmodel = \"mlp\"\npreprocess = {{ plugin = \"pre\" }}\n",
+            plugins.display(),
+            root().join("examples/models/mlp").display()
+        ),
+    )
+    .expect("config");
+    let (code, stdout, stderr) = run_sluice(&["config", "check", config.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("uploaded version 1, active in the store"), "{stdout}");
+    assert!(stdout.contains(&sha[..12]), "the upload's hash, not the file's: {stdout}");
+    // A damaged blob is named.
+    std::fs::write(
+        store.join("blobs").join(format!("{sha}.wasm")),
+        std::fs::read(plugins.join("pre.wasm")).expect("scale"),
+    )
+    .expect("damage");
+    let (code, _, stderr) = run_sluice(&["config", "check", config.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("does not hash to its name") && stderr.contains("uploaded version 1"), "{stderr}");
+}

@@ -137,9 +137,26 @@ fn check_plugins(config: &Config) -> Result<Vec<String>, Invalid> {
     let mut lines = Vec::new();
     for (pipeline, role, name) in needed {
         let key = format!("pipeline '{}' {} plugin '{name}'", pipeline.name, role.key());
-        let path = config.plugins.path_of(name).map_err(|e| invalid!("{key}: {}", e.message()))?;
+        let file = config.plugins.path_of(name).map_err(|e| invalid!("{key}: {}", e.message()))?;
+        // What the server would start with: an upload activated in the
+        // store, else the file (version 0).
+        let uploaded = match &config.plugins.dir {
+            Some(dir) => crate::plugin::registry::active_upload(dir, name).map_err(|e| invalid!("{key}: {e}"))?,
+            None => None,
+        };
+        let (path, which) = match &uploaded {
+            Some((version, blob)) => (blob.clone(), format!("uploaded version {version}, active in the store")),
+            None => (file, "version 0, the file".to_string()),
+        };
         let plugin = Plugin::load_file(&engine, &path, config.plugins.limits_of(name), None)
-            .map_err(|e| invalid!("{key}: {e}"))?;
+            .map_err(|e| invalid!("{key} ({which}): {e}"))?;
+        if uploaded.is_some() && path.file_stem().and_then(|s| s.to_str()) != Some(plugin.sha256()) {
+            return Err(invalid!(
+                "{key} ({which}): {} does not hash to its name (sha256 {}): the stored blob is damaged",
+                path.display(),
+                plugin.sha256()
+            ));
+        }
         let model = loaded
             .get(&pipeline.model)
             .ok_or_else(|| invalid!("{key}: model '{}' is not configured", pipeline.model))?;
@@ -149,8 +166,13 @@ fn check_plugins(config: &Config) -> Result<Vec<String>, Invalid> {
         };
         plugin_fits(&plugin, world, model).map_err(|e| invalid!("{key} ({}): {}", plugin.label(), e.message()))?;
         let versions: Vec<String> = model.iter().map(|v| v.version().to_string()).collect();
+        let shared = if config.plugins.shared.is_some() {
+            "; with [plugins.shared] the shared registry's active version serves"
+        } else {
+            ""
+        };
         lines.push(format!(
-            "{key}: {} (sha256 {}) fits model '{}' versions {}",
+            "{key}: {} (sha256 {}, {which}{shared}) fits model '{}' versions {}",
             plugin.label(),
             &plugin.sha256()[..12],
             pipeline.model,

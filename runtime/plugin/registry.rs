@@ -39,6 +39,7 @@ use serde::Serialize;
 
 use self::storage::read_manifest;
 
+pub use self::storage::active_upload;
 pub use super::manifest::{CanaryVersion, Manifest, StoredVersion};
 use super::shared::SharedRegistry;
 use super::store::{remove_stale_temporaries, write_atomically};

@@ -97,3 +97,25 @@ pub(super) fn read_manifest(path: &Path) -> Result<Manifest> {
     }
     Ok(manifest)
 }
+
+/// The version of plugin `name` that a server with `[plugins] dir =
+/// plugins_dir` would start with from its own store, when one was uploaded
+/// and activated: its number and its blob. `None`: no upload is active, so
+/// `NAME.wasm` (version 0) serves. Read without opening the registry
+/// (`sluice config check`); with `[plugins.shared]` the shared registry
+/// decides at start instead.
+pub fn active_upload(plugins_dir: &Path, name: &str) -> Result<Option<(u32, PathBuf)>> {
+    let store = plugins_dir.join("store");
+    let path = store.join("manifests").join(format!("{name}.json"));
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let manifest = read_manifest(&path).map_err(|e| e.context(format_args!("{}", path.display())))?;
+    let Some(active) = manifest.active.filter(|&v| v != FILE_VERSION) else { return Ok(None) };
+    let stored = manifest
+        .versions
+        .iter()
+        .find(|v| v.version == active)
+        .ok_or_else(|| Error::internal(format!("{}: active version {active} is not stored", path.display())))?;
+    Ok(Some((active, store.join("blobs").join(format!("{}.wasm", stored.sha256)))))
+}
