@@ -151,9 +151,25 @@ async fn upload_activate_rollback_and_restart_keep_the_chosen_version() {
         "{log}"
     );
     assert!(log.contains("ml-ci"), "the audit log names the token id: {log}");
+    // The first activation replaced version 0, the file, not nothing.
+    let first_activation = log
+        .lines()
+        .find(|l| l.contains("plugin activate") && l.contains("version=1"))
+        .unwrap_or_else(|| panic!("no activation of version 1 in {log}"));
+    assert!(first_activation.contains("previous=0"), "{first_activation}");
     for secret in [ML, WEB, OPS] {
         assert!(!log.contains(secret), "a token appeared in the log");
     }
+    // A refused upload is counted as an upload, and none of its calls as
+    // the serving plugin's.
+    let (status, _) =
+        admin(&server, Method::PUT, "/admin/v1/plugins/features", Some(ML), plugin_bytes("mistake_sampled_drops_rows"))
+            .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let metrics = server.metrics().await;
+    assert_eq!(metric_value(&metrics, r#"sluice_plugin_uploads_total{outcome="accepted"}"#), 2.0, "{metrics}");
+    assert_eq!(metric_value(&metrics, r#"sluice_plugin_uploads_total{outcome="refused"}"#), 1.0, "{metrics}");
+    assert!(!metrics.contains(r#"sluice_plugin_calls_total{plugin="features",outcome="bad_output"}"#), "{metrics}");
 
     drop(server);
     let server = fixture.start();

@@ -156,6 +156,11 @@ impl Instances {
 
     /// An instance for one call, armed with the call's limits: a kept one
     /// when there is one, else a new one.
+    /// Counts the instances made from now on in `made`.
+    pub fn count_made_in(&mut self, made: prometheus_client::metrics::counter::Counter) {
+        self.made = made;
+    }
+
     pub fn take(&self) -> wasmtime::Result<Live> {
         let policy = self.policy();
         let kept = match policy {

@@ -200,6 +200,14 @@ impl Plugin {
         Plugin::load(engine, &wasm, limits, metrics).map_err(|e| e.context(path.display()))
     }
 
+    /// The same plugin, counted in `metrics` under `registered` from now
+    /// on (it was checked detached, so that a refused one counts nowhere).
+    pub fn counted_as(mut self, metrics: &Metrics, registered: &str) -> Plugin {
+        self.metrics = metrics.plugin(registered);
+        self.instances.count_made_in(self.metrics.instances_made.clone());
+        self
+    }
+
     /// The plugin passed every check and serves (or is stored): its
     /// compiled code may go to the cache. Nothing refused is ever cached.
     pub fn accepted(&self) {

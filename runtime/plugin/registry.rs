@@ -395,7 +395,11 @@ impl PluginRegistry {
     /// never called with the registry's lock held, and a panic in it is an
     /// error, not a crash.
     fn validate(&self, name: &str, bytes: &[u8], slots: &[Arc<dyn PluginSlot>]) -> Result<Plugin> {
-        let checked = self.load(name, bytes).and_then(|plugin| {
+        // Counted nowhere while it is checked: a refused upload's calls
+        // are not the serving plugin's (`sluice_plugin_uploads_total`
+        // counts the uploads); one that passes is counted once it serves.
+        let detached = guarded(|| Plugin::load(&self.engine, bytes, self.config.limits_of(name), None));
+        let checked = detached.and_then(|plugin| {
             guarded(|| {
                 if plugin.description().sample.is_none() {
                     let max_bytes = super::memory_bytes(plugin.limits());
@@ -420,13 +424,27 @@ impl PluginRegistry {
         Ok((state.manifests.get(name).cloned(), state.bindings.get(name).cloned().unwrap_or_default()))
     }
 
+    /// The version serving now: the active one, or, when nothing was
+    /// activated, the file (version 0) when there is one.
+    fn active_version(&self, manifest: &Manifest) -> Option<u32> {
+        manifest.active.or_else(|| self.file_version(&manifest.name).map(|_| FILE_VERSION))
+    }
+
+    /// `sluice_plugin_uploads_total{outcome}`.
+    fn uploads(&self, outcome: &'static str) -> prometheus_client::metrics::counter::Counter {
+        self.metrics.plugin_uploads.get_or_create_owned(&crate::metrics::OutcomeLabels { outcome })
+    }
+
     /// Validates and stores `bytes` as the next version of `name`.
     pub fn upload(&self, caller: &Caller, name: &str, bytes: &[u8]) -> Result<StoredVersion> {
         check_name("plugin name", name)?;
         let _one = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
         self.sync_locked()?;
         let (_, slots) = self.to_change(caller, name)?;
-        let plugin = self.validate(name, bytes, &slots)?;
+        let plugin = self.validate(name, bytes, &slots).inspect_err(|_| {
+            self.uploads("refused").inc();
+        })?;
+        self.uploads("accepted").inc();
         let mut state = self.lock();
         // Checked again: the registry may have changed while validating.
         self.authorize(&state, caller, name)?;
@@ -478,7 +496,7 @@ impl PluginRegistry {
         self.sync_locked()?;
         let (manifest, slots) = self.to_change(caller, name)?;
         let manifest = self.or_file_only(name, manifest, &slots)?;
-        let previous = manifest.active;
+        let previous = self.active_version(&manifest);
         let manifest = self.switch(caller, manifest, &slots, version, true)?;
         audit(caller, "activate", name, Some(version), previous, "");
         Ok(self.with_file(manifest))
@@ -490,7 +508,7 @@ impl PluginRegistry {
         self.sync_locked()?;
         let (manifest, slots) = self.to_change(caller, name)?;
         let mut manifest = self.or_file_only(name, manifest, &slots)?;
-        let previous = manifest.active;
+        let previous = self.active_version(&manifest);
         // Version 0 whose file is gone is skipped, not a dead end.
         let has_file = self.file_version(name).is_some();
         let version = loop {
@@ -523,8 +541,7 @@ impl PluginRegistry {
         let name = manifest.name.clone();
         let bytes = self.version_bytes(&manifest, version)?;
         let loaded = self.load_for(&name, &bytes, slots)?;
-        // Nothing activated yet: the file (version 0) was serving.
-        let previous = manifest.active.or_else(|| self.file_version(&name).map(|_| FILE_VERSION));
+        let previous = self.active_version(&manifest);
         manifest.active = Some(version);
         // A new active version ends any canary: promoted, or overtaken.
         let had_canary = manifest.canary.take().is_some();
@@ -574,7 +591,7 @@ impl PluginRegistry {
     /// (each its own warm instances). Runs plugin code: never with the
     /// state's lock held.
     fn load_for(&self, name: &str, bytes: &[u8], slots: &[Arc<dyn PluginSlot>]) -> Result<Vec<Arc<Plugin>>> {
-        let checked = self.validate(name, bytes, slots)?;
+        let checked = self.validate(name, bytes, slots)?.counted_as(&self.metrics, name);
         let mut loaded = vec![Arc::new(checked)];
         for _ in slots.iter().skip(1) {
             loaded.push(Arc::new(

@@ -160,7 +160,7 @@ impl PluginRegistry {
                     })?;
                 self.read_blob(stored)?
             };
-            loaded.push(Arc::new(self.validate(name, &bytes, &behind)?));
+            loaded.push(Arc::new(self.validate(name, &bytes, &behind)?.counted_as(&self.metrics, name)));
             for _ in behind.iter().skip(1) {
                 loaded.push(Arc::new(self.load(name, &bytes)?));
             }
