@@ -1,4 +1,4 @@
-//! What one request costs the server (issue 35), measured side by side in
+//! What one request costs the server, measured side by side in
 //! one run: the CPU time of the server process per request (user +
 //! system from /proc, so the load generator on the same cores does not
 //! blur it) and requests per second, against the transport floor and raw

@@ -1,4 +1,4 @@
-//! What seeing requests costs (issue 30), side by side in one run: the
+//! What seeing requests costs, side by side in one run: the
 //! same build serving the MLP (batch 1, 64 streams over 4 connections,
 //! closed loop) plain, with its request log at sampling 0.01 and 1.0, and
 //! with traces at 1% and 100% exported to an OTLP collector running in

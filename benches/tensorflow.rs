@@ -1,4 +1,4 @@
-//! SavedModels in sluice's TensorFlow backend (issue 43), side by side in
+//! SavedModels in sluice's TensorFlow backend, side by side in
 //! one run: the server's CPU per unbatched request and its requests per
 //! second, for the example MLP's weights as a SavedModel (built by
 //! `scripts/setup` into `.cache/tf-savedmodels/mlp`, TensorFlow in

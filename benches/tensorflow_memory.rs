@@ -1,5 +1,5 @@
-//! Resident memory over load/unload cycles of a SavedModel under traffic
-//! (issue 43): a version holding a 50 MiB variable replaced by a new
+//! Resident memory over load/unload cycles of a SavedModel under traffic:
+//! a version holding a 50 MiB variable replaced by a new
 //! version of the same files, again and again, while clients call it;
 //! the growth from the first cycle to the last must stay under one
 //! version's size, and no call may fail.

@@ -1,4 +1,4 @@
-//! What TLS costs (issue 31), side by side in one run: the same build
+//! What TLS costs, side by side in one run: the same build
 //! serving the MLP unbatched (batch-1 requests, 64 streams over 4
 //! connections, closed loop) in plaintext, in TLS and in mutual TLS, loaded
 //! in turn, `--rounds` times over (interleaved, so drift on a noisy machine

@@ -1,4 +1,4 @@
-//! Traffic control measured side by side (issue 32):
+//! Traffic control measured side by side:
 //!
 //! 1. The response cache on a skewed key mix: the CNN example served with
 //!    and without `cache`, both loaded with the same sequence of requests

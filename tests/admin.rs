@@ -160,6 +160,24 @@ async fn upload_activate_rollback_and_restart_keep_the_chosen_version() {
     for secret in [ML, WEB, OPS] {
         assert!(!log.contains(secret), "a token appeared in the log");
     }
+    // The admin API lists the changes, newest first, each with who made
+    // it; a team sees its own team's, no more.
+    let audit = ok(&server, Method::GET, "/admin/v1/audit", ML, vec![]).await;
+    let actions: Vec<(&str, i64)> = audit["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap_or("?"), e["version"].as_i64().unwrap_or(-1)))
+        .collect();
+    assert_eq!(actions, [("rollback", 1), ("activate", 2), ("upload", 2), ("activate", 1), ("upload", 1)], "{audit}");
+    assert_eq!(audit["entries"][3]["previous"], 0, "version 0 was serving: {audit}");
+    assert_eq!(audit["entries"][0]["token_id"], "ml-ci", "{audit}");
+    let two = ok(&server, Method::GET, "/admin/v1/audit?plugin=features&limit=2", ML, vec![]).await;
+    assert_eq!(two["entries"].as_array().map(Vec::len), Some(2), "{two}");
+    let other_team = ok(&server, Method::GET, "/admin/v1/audit", WEB, vec![]).await;
+    assert_eq!(other_team["entries"], Value::Array(vec![]), "{other_team}");
+    let (status, body) = admin(&server, Method::GET, "/admin/v1/audit?limit=0", Some(ML), vec![]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     // A refused upload is counted as an upload, and none of its calls as
     // the serving plugin's.
     let (status, _) =
@@ -480,8 +498,19 @@ async fn a_store_corrupted_between_runs_is_refused_in_the_log_and_the_server_sta
     std::fs::write(fixture.store().join("manifests/other.json"), b"{ not json").expect("corrupt manifest");
 
     let server = fixture.start();
-    let log = server.log().join("\n");
-    assert!(log.contains("is corrupted: its SHA-256 is"), "{log}");
+    // The lines are read from the server's stderr as it writes them.
+    let mut lines = Vec::new();
+    let log = eventually("the start-up's lines about the store", || {
+        lines.extend(server.log());
+        let log = lines.join("\n");
+        let all = ["is corrupted: its SHA-256 is", "falling back to features.wasm", "plugin manifest refused"];
+        if all.iter().all(|needle| log.contains(needle)) {
+            Ok(log)
+        } else {
+            Err(log)
+        }
+    })
+    .await;
     assert!(log.contains("falling back to features.wasm"), "{log}");
     assert!(log.contains("plugin manifest refused") && log.contains("other.json"), "{log}");
     assert_eq!(logits(&server, "scored", &input()).await.expect("scored"), identity, "features.wasm serves again");

@@ -25,6 +25,7 @@
 //! and starts from the shared state. The local store is then the replica's
 //! cache of it.
 
+mod audit;
 mod canary;
 mod replicas;
 mod storage;
@@ -39,6 +40,7 @@ use serde::Serialize;
 
 use self::storage::read_manifest;
 
+pub use self::audit::MAX_LISTED as MAX_AUDIT_LISTED;
 pub use self::storage::active_upload;
 pub use super::manifest::{CanaryVersion, Manifest, StoredVersion};
 use super::shared::SharedRegistry;
@@ -478,14 +480,12 @@ impl PluginRegistry {
         if let Some(shared) = &self.shared {
             shared.put_blob(&stored.sha256, bytes)?;
         }
-        self.commit_shared(
-            &manifest,
-            audit_record(caller, "upload", name, Some(stored.version), None, &stored.sha256),
-        )?;
+        let record = audit_record(caller, "upload", name, Some(stored.version), None, &stored.sha256);
+        self.commit_shared(&manifest, record.clone())?;
         self.write_manifest(&manifest)?;
         plugin.accepted();
         state.manifests.insert(name.to_string(), manifest);
-        audit(caller, "upload", name, Some(stored.version), None, &stored.sha256);
+        self.audit(&record);
         Ok(stored)
     }
 
@@ -496,9 +496,7 @@ impl PluginRegistry {
         self.sync_locked()?;
         let (manifest, slots) = self.to_change(caller, name)?;
         let manifest = self.or_file_only(name, manifest, &slots)?;
-        let previous = self.active_version(&manifest);
         let manifest = self.switch(caller, manifest, &slots, version, true)?;
-        audit(caller, "activate", name, Some(version), previous, "");
         Ok(self.with_file(manifest))
     }
 
@@ -508,7 +506,6 @@ impl PluginRegistry {
         self.sync_locked()?;
         let (manifest, slots) = self.to_change(caller, name)?;
         let mut manifest = self.or_file_only(name, manifest, &slots)?;
-        let previous = self.active_version(&manifest);
         // Version 0 whose file is gone is skipped, not a dead end.
         let has_file = self.file_version(name).is_some();
         let version = loop {
@@ -523,7 +520,6 @@ impl PluginRegistry {
             }
         };
         let manifest = self.switch(caller, manifest, &slots, version, false)?;
-        audit(caller, "rollback", name, Some(version), previous, "");
         Ok(self.with_file(manifest))
     }
 
@@ -553,7 +549,8 @@ impl PluginRegistry {
         let mut state = self.lock();
         self.authorize(&state, caller, &name)?;
         let action = if remember { "activate" } else { "rollback" };
-        self.commit_shared(&manifest, audit_record(caller, action, &name, Some(version), previous, ""))?;
+        let record = audit_record(caller, action, &name, Some(version), previous, "");
+        self.commit_shared(&manifest, record.clone())?;
         self.write_manifest(&manifest)?;
         state.manifests.insert(name.clone(), manifest.clone());
         for (slot, plugin) in slots.iter().zip(loaded) {
@@ -567,6 +564,8 @@ impl PluginRegistry {
         if had_canary {
             self.show_canary(&name, None);
         }
+        drop(state);
+        self.audit(&record);
         Ok(manifest)
     }
 
@@ -626,7 +625,8 @@ impl PluginRegistry {
             .ok_or_else(|| Error::not_found(format!("plugin '{name}' has no version {version}")))?;
         let removed = manifest.versions.remove(at);
         manifest.history.retain(|&v| v != version);
-        self.commit_shared(&manifest, audit_record(caller, "delete", name, Some(version), None, &removed.sha256))?;
+        let record = audit_record(caller, "delete", name, Some(version), None, &removed.sha256);
+        self.commit_shared(&manifest, record.clone())?;
         self.write_manifest(&manifest)?;
         let shared = state
             .manifests
@@ -637,8 +637,8 @@ impl PluginRegistry {
             let _ = std::fs::remove_file(self.blob_path(&removed.sha256));
         }
         state.manifests.insert(name.to_string(), manifest.clone());
-        audit(caller, "delete", name, Some(version), None, &removed.sha256);
         drop(state);
+        self.audit(&record);
         Ok(self.with_file(manifest))
     }
 
@@ -703,23 +703,6 @@ fn no_plugin(name: &str) -> Error {
     Error::not_found(format!("no plugin '{name}' has been uploaded"))
 }
 
-/// One line per change, in the `sluice::audit` log target: who (token id
-/// and team, never the token), what, which versions.
-fn audit(caller: &Caller, action: &str, plugin: &str, version: Option<u32>, previous: Option<u32>, sha256: &str) {
-    tracing::info!(
-        target: "sluice::audit",
-        action,
-        team = caller.team.as_deref().unwrap_or("-"),
-        token_id = %caller.token_id,
-        admin = caller.admin,
-        plugin,
-        version = version.map_or(-1, i64::from),
-        previous = previous.map_or(-1, i64::from),
-        sha256,
-        "plugin {action}"
-    );
-}
-
 /// The change as the shared registry's audit list keeps it: when, who
 /// (token id and team, never the token), what, which versions, and the
 /// replica that made it.
@@ -740,6 +723,7 @@ fn audit_record(
         "sha256": sha256,
         "token_id": caller.token_id,
         "team": caller.team,
+        "admin": caller.admin,
         "replica": std::env::var("HOSTNAME").unwrap_or_default(),
     })
 }

@@ -174,6 +174,16 @@ impl SharedRegistry {
         Ok(Snapshot { revision: revision.unwrap_or(0), manifests })
     }
 
+    /// The newest `limit` entries of the audit list, newest first, each
+    /// as the JSON text it was written.
+    pub fn audit(&self, limit: usize) -> Result<Vec<String>> {
+        let key = self.key("audit");
+        let last = i64::try_from(limit.max(1)).unwrap_or(i64::MAX) - 1;
+        self.call("reading the audit list", async |c| {
+            redis::cmd("LRANGE").arg(&key).arg(0).arg(last).query_async(c).await
+        })
+    }
+
     /// The bytes stored under `sha256`, refused unless they hash to it.
     pub fn blob(&self, sha256: &str) -> Result<Vec<u8>> {
         let key = self.key(&format!("blob:{sha256}"));

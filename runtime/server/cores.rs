@@ -6,9 +6,9 @@
 //! On tokio's work-stealing runtime a call read on one worker often wakes
 //! a second, parked worker to steal the task it spawned; on a virtual
 //! machine each such wake-up is a futex call and a context switch that
-//! cost more than a small model's inference (docs/BENCHMARKS.md, issue
-//! 35). Here nothing wakes another thread unless a batch really goes to
-//! an inference thread.
+//! cost more than a small model's inference (docs/BENCHMARKS.md, "What
+//! one request costs"). Here nothing wakes another thread unless a batch
+//! really goes to an inference thread.
 //!
 //! One acceptor, on the shared runtime, deals each new connection to the
 //! core serving the fewest: balance does not depend on how the kernel

@@ -29,6 +29,7 @@ use crate::plugin::registry::{Caller, Manifest, PluginRegistry};
 pub fn routes() -> Router<RestState> {
     Router::new()
         .route("/admin/v1/plugins", get(list))
+        .route("/admin/v1/audit", get(audit))
         .route("/admin/v1/plugins/{name}", put(upload).get(show))
         .route("/admin/v1/plugins/{name}/versions/{version}/activate", post(activate))
         .route("/admin/v1/plugins/{name}/rollback", post(rollback))
@@ -202,6 +203,35 @@ async fn list(State(state): State<RestState>, headers: HeaderMap) -> Response {
     call(&state, &headers, |registry, caller| {
         let manifests = registry.list(caller)?;
         Ok(json!({ "plugins": manifests.iter().map(manifest_json).collect::<Vec<_>>() }))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct AuditQuery {
+    /// Only this plugin's changes.
+    plugin: Option<String>,
+    /// The newest this many (default 100).
+    limit: Option<String>,
+}
+
+/// The newest plugin changes the caller may see, newest first: uploads,
+/// activations, rollbacks, canaries, deletions, each with who made it.
+async fn audit(State(state): State<RestState>, headers: HeaderMap, Query(query): Query<AuditQuery>) -> Response {
+    let limit = match query.limit.as_deref().map(str::parse::<usize>) {
+        None => 100,
+        Some(Ok(limit)) if (1..=crate::plugin::registry::MAX_AUDIT_LISTED).contains(&limit) => limit,
+        Some(_) => {
+            return respond(Err(Error::invalid_argument(format!(
+                "limit = {:?}: expected a whole number from 1 to {}",
+                query.limit.unwrap_or_default(),
+                crate::plugin::registry::MAX_AUDIT_LISTED
+            ))))
+        }
+    };
+    call(&state, &headers, move |registry, caller| {
+        let (entries, source) = registry.audit_entries(caller, query.plugin.as_deref(), limit)?;
+        Ok(json!({ "entries": entries, "source": source }))
     })
     .await
 }

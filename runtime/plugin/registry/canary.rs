@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, PoisonError};
 
-use super::{audit, audit_record, Caller, CanaryVersion, Manifest, PluginRegistry, PluginSlot, FILE_VERSION};
+use super::{audit_record, Caller, CanaryVersion, Manifest, PluginRegistry, PluginSlot, FILE_VERSION};
 use crate::error::{Error, Result};
 use crate::metrics::PluginNameLabels;
 
@@ -44,7 +44,7 @@ impl PluginRegistry {
         self.authorize(&state, caller, name)?;
         let mut record = audit_record(caller, "canary", name, Some(version), active, "");
         record["percent"] = serde_json::json!(percent);
-        self.commit_shared(&manifest, record)?;
+        self.commit_shared(&manifest, record.clone())?;
         self.write_manifest(&manifest)?;
         state.manifests.insert(name.to_string(), manifest.clone());
         drop(state);
@@ -54,7 +54,7 @@ impl PluginRegistry {
             tracing::info!(plugin = name, version, percent, pipeline = slot.pipeline(), "canary started");
         }
         self.show_canary(name, Some(percent));
-        audit(caller, "canary", name, Some(version), active, "");
+        self.audit(&record);
         Ok(self.with_file(manifest))
     }
 
@@ -128,7 +128,8 @@ impl PluginRegistry {
         let mut state = self.lock();
         self.authorize(&state, caller, &name)?;
         let version = ended.as_ref().map(|c| c.version);
-        self.commit_shared(&manifest, audit_record(caller, action, &name, version, manifest.active, ""))?;
+        let record = audit_record(caller, action, &name, version, manifest.active, "");
+        self.commit_shared(&manifest, record.clone())?;
         self.write_manifest(&manifest)?;
         state.manifests.insert(name.clone(), manifest.clone());
         drop(state);
@@ -136,7 +137,7 @@ impl PluginRegistry {
             slot.set_canary(None, &self.metrics)?;
         }
         self.show_canary(&name, None);
-        audit(caller, action, &name, version, manifest.active, "");
+        self.audit(&record);
         Ok(self.with_file(manifest))
     }
 
