@@ -56,9 +56,11 @@ impl ResponseCache {
     /// A cache as `config` says, counted in `sluice_response_cache_*`
     /// under `pipeline`.
     pub fn new(config: &CacheConfig, pipeline: &str, metrics: &Metrics) -> ResponseCache {
-        // Keys of a random hasher: a client cannot aim collisions at
-        // another's entries (they would only cost misses anyway).
-        let state = std::collections::hash_map::RandomState::new();
+        // Keys of a hasher seeded at random: a client cannot aim
+        // collisions at another's entries (they would only cost misses,
+        // since entries keep their inputs), and foldhash takes a fraction
+        // of SipHash's time over a whole request's inputs.
+        let state = foldhash::quality::RandomState::default();
         let key: KeyHasher = Box::new(move |version, inputs| {
             let mut hasher = state.build_hasher();
             hash_inputs(&mut hasher, version, inputs);

@@ -190,6 +190,7 @@ impl Batcher {
             let plan = self.shared.plan(now, now, rows);
             if plan.close_at <= now {
                 if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
+                    self.shared.publish(&plan, now);
                     return self.shared.run_alone(inputs, rows, deadline, slot).await;
                 }
             }
@@ -278,16 +279,21 @@ impl Batcher {
 
 impl Shared {
     /// The plan for a batch of `rows` rows whose oldest arrived at
-    /// `oldest`, shown in the metrics in auto mode.
+    /// `oldest`.
     fn plan(&self, now: Instant, oldest: Instant, rows: usize) -> Plan {
-        let plan = self.policy.plan(self.version.latency(), now, oldest, rows);
+        self.policy.plan(self.version.latency(), now, oldest, rows)
+    }
+
+    /// Shows, in auto mode, the plan a batch was dispatched under (made
+    /// at `planned`): once a batch, not once a request, so that requests
+    /// on every core do not write the same gauges.
+    fn publish(&self, plan: &Plan, planned: Instant) {
         if let Some(metrics) = &self.plan_metrics {
             metrics.want_rows.set(plan.want as i64);
             metrics.cap_rows.set(plan.cap as i64);
-            metrics.wait_seconds.set(plan.close_at.saturating_duration_since(now).as_secs_f64());
+            metrics.wait_seconds.set(plan.close_at.saturating_duration_since(planned).as_secs_f64());
             metrics.arrival_rate.set(plan.arrival_rate);
         }
-        plan
     }
 
     /// A batch of `padded` rows took `elapsed`: the curve learns it.
@@ -509,7 +515,9 @@ impl BatchFormer {
             // While waiting for a slot more requests may have come: take
             // them, up to the cap; past it, more still waiting is a
             // backlog, and the batch grows to the backlog cap to drain it.
-            let plan = self.shared.plan(Instant::now(), oldest, rows);
+            let planned = Instant::now();
+            let plan = self.shared.plan(planned, oldest, rows);
+            self.shared.publish(&plan, planned);
             let full = self.top_up(&mut batch, &mut rows, plan.cap);
             if full && plan.backlog_cap > plan.cap {
                 self.top_up(&mut batch, &mut rows, plan.backlog_cap);

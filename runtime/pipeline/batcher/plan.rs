@@ -31,7 +31,7 @@
 //! Every choice is a pure function of the curve, the rate and the clock
 //! (tokio's, so tests run it on paused time).
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -111,23 +111,23 @@ pub struct AutoPolicy {
     /// The target, the largest batch and the padding.
     params: BatchingParameters,
     threads: usize,
-    arrivals: Mutex<ArrivalRate>,
+    arrivals: ArrivalRate,
 }
 
 impl AutoPolicy {
     /// The policy for `params` (auto mode) with `threads` batches at once.
     pub fn new(params: &BatchingParameters, threads: usize) -> AutoPolicy {
-        AutoPolicy { params: params.clone(), threads: threads.max(1), arrivals: Mutex::new(ArrivalRate::default()) }
+        AutoPolicy { params: params.clone(), threads: threads.max(1), arrivals: ArrivalRate::new() }
     }
 
     /// `rows` rows arrived at `now`.
     pub fn arrived(&self, now: Instant, rows: usize) {
-        self.arrivals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).record(now, rows);
+        self.arrivals.record(now, rows);
     }
 
     /// Rows per second arriving, as measured at `now`.
     pub fn rate(&self, now: Instant) -> f64 {
-        self.arrivals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).rate(now)
+        self.arrivals.rate(now)
     }
 
     /// Seconds a batch of `rows` rows is expected to take (at its padded
@@ -203,41 +203,64 @@ fn smallest(low: usize, high: usize, ok: impl Fn(usize) -> bool) -> Option<usize
     Some(largest(low, high, |n| !ok(n)).map_or(low, |n| n + 1))
 }
 
-/// Rows per second, as a moving average with a time constant of
-/// [`RATE_TIME_CONSTANT`], folded in windows of at least [`RATE_WINDOW`].
-#[derive(Debug, Default)]
+/// The arrival rate, a moving average over windows of at least
+/// [`RATE_WINDOW`], kept in atomics: every request of every network
+/// thread records its rows here, so a lock would be taken once per
+/// request across the cores. Whoever first sees a window over closes it
+/// (a compare-and-swap on its start); rows recorded meanwhile count in
+/// the window they raced with, which an average over 250 ms absorbs.
 struct ArrivalRate {
-    window_start: Option<Instant>,
-    window_rows: u64,
-    rate: f64,
+    /// What times are counted from.
+    base: Instant,
+    /// The open window's start, in microseconds since `base`, plus one
+    /// (0: no window yet).
+    window_start: AtomicU64,
+    window_rows: AtomicU64,
+    /// Rows per second, an `f64`'s bits.
+    rate: AtomicU64,
 }
 
 impl ArrivalRate {
-    fn record(&mut self, now: Instant, rows: usize) {
-        self.fold(now);
-        self.window_rows = self.window_rows.saturating_add(rows as u64);
+    fn new() -> ArrivalRate {
+        ArrivalRate {
+            base: Instant::now(),
+            window_start: AtomicU64::new(0),
+            window_rows: AtomicU64::new(0),
+            rate: AtomicU64::new(0f64.to_bits()),
+        }
     }
 
-    fn rate(&mut self, now: Instant) -> f64 {
+    fn record(&self, now: Instant, rows: usize) {
         self.fold(now);
-        self.rate
+        self.window_rows.fetch_add(rows as u64, Ordering::Relaxed);
     }
 
-    fn fold(&mut self, now: Instant) {
-        let Some(start) = self.window_start else {
-            self.window_start = Some(now);
+    fn rate(&self, now: Instant) -> f64 {
+        self.fold(now);
+        f64::from_bits(self.rate.load(Ordering::Relaxed))
+    }
+
+    fn fold(&self, now: Instant) {
+        let at = u64::try_from(now.saturating_duration_since(self.base).as_micros()).unwrap_or(u64::MAX - 1) + 1;
+        let start = self.window_start.load(Ordering::Acquire);
+        if start == 0 {
+            let _ = self.window_start.compare_exchange(0, at, Ordering::AcqRel, Ordering::Relaxed);
             return;
-        };
-        let elapsed = now.saturating_duration_since(start);
+        }
+        let elapsed = Duration::from_micros(at.saturating_sub(start));
         if elapsed < RATE_WINDOW {
             return;
         }
+        // One closer per window.
+        if self.window_start.compare_exchange(start, at, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            return;
+        }
+        let rows = self.window_rows.swap(0, Ordering::AcqRel);
         let seconds = elapsed.as_secs_f64();
-        let sample = self.window_rows as f64 / seconds;
+        let sample = rows as f64 / seconds;
         let weight = 1.0 - (-seconds / RATE_TIME_CONSTANT.as_secs_f64()).exp();
-        self.rate += weight * (sample - self.rate);
-        self.window_start = Some(now);
-        self.window_rows = 0;
+        let rate = f64::from_bits(self.rate.load(Ordering::Relaxed));
+        self.rate.store((rate + weight * (sample - rate)).to_bits(), Ordering::Relaxed);
     }
 }
 
