@@ -188,7 +188,7 @@ impl Instances {
             InstancePolicy::Reuse => {}
             InstancePolicy::Reset => {
                 let Some(frozen) = &live.frozen else { return };
-                match frozen.thaw() {
+                match frozen.thaw(&memory::NoCallRunning::of(&mut live.store)) {
                     Ok(_) => {}
                     // A memory that grew cannot shrink: this instance goes,
                     // the next one is made at the frozen size again.
@@ -270,7 +270,7 @@ impl Instances {
             self.fall_back_to_fresh(&format!("{why:#}"));
             return self.create(InstancePolicy::Fresh);
         }
-        match Frozen::freeze(memories, self.engine.keep_resident()) {
+        match Frozen::freeze(memories, self.engine.keep_resident(), &memory::NoCallRunning::of(&mut live.store)) {
             Ok(frozen) => {
                 live.resources = live.store.data_mut().resources();
                 live.frozen = Some(frozen);

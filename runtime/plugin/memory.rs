@@ -246,10 +246,27 @@ pub struct Thawed {
     pub dropped: usize,
 }
 
+/// Proof that no call runs in an instance: a mutable borrow of its store,
+/// which a call holds for as long as it runs. Freezing or thawing the
+/// memories of an instance in the middle of one of its calls would change
+/// its memory under it; with this, the compiler refuses such code.
+pub struct NoCallRunning<'a>(std::marker::PhantomData<&'a mut ()>);
+
+impl<'a> NoCallRunning<'a> {
+    /// No call runs in the instance of `store` while this lives.
+    pub fn of<T>(_store: &'a mut wasmtime::Store<T>) -> NoCallRunning<'a> {
+        NoCallRunning(std::marker::PhantomData)
+    }
+}
+
 impl Frozen {
-    /// Freezes `memories` as they are now. Call it only while no call
+    /// Freezes `memories` as they are now; `quiet` proves that no call
     /// runs in their instance.
-    pub fn freeze(memories: Vec<Arc<Mapping>>, keep_resident: usize) -> Result<Frozen, Unfreezable> {
+    pub fn freeze(
+        memories: Vec<Arc<Mapping>>,
+        keep_resident: usize,
+        quiet: &NoCallRunning<'_>,
+    ) -> Result<Frozen, Unfreezable> {
         let unsupported = |what: &str, e: std::io::Error| Unfreezable::Unsupported(format!("{what}: {e}"));
         let pagemap = pagemap().map_err(Unfreezable::Unsupported)?;
         let mut frozen = Vec::with_capacity(memories.len());
@@ -322,12 +339,12 @@ impl Frozen {
         let page = page();
         let frozen = Frozen { memories: frozen, keep_resident: keep_resident / page * page };
         // Fail here, not after a call, where the kernel lacks the scan.
-        frozen.thaw()?;
+        frozen.thaw(quiet)?;
         Ok(frozen)
     }
 
     /// Puts every page written since the freeze back to the image, so the
-    /// memories read as frozen again. Call it only while no call runs.
+    /// memories read as frozen again; `_quiet` proves no call runs.
     ///
     /// Written pages are private copies, found by `PAGEMAP_SCAN`. Up to
     /// `keep_resident` bytes of them are restored by copying the image
@@ -338,7 +355,7 @@ impl Frozen {
     /// call; pages past the budget are dropped (`MADV_DONTNEED`) and read
     /// as the image again, so one large request does not make every later
     /// call copy its pages.
-    pub fn thaw(&self) -> Result<Thawed, Unfreezable> {
+    pub fn thaw(&self, _quiet: &NoCallRunning<'_>) -> Result<Thawed, Unfreezable> {
         let mut thawed = Thawed::default();
         let mut budget = self.keep_resident;
         for memory in &self.memories {
