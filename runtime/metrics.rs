@@ -474,6 +474,8 @@ metric_families! {
     /// Connections closed at once because `max_connections` were open.
     connections_refused: Family<PortLabels, Counter> = Family::default(),
         "sluice_connections_refused" => "Connections closed at once because server.max_connections were open";
+    model_config_file_polls: Family<OutcomeLabels, Counter> = Family::default(),
+        "sluice_model_config_file_polls" => "Re-reads of --model_config_file by outcome: unchanged, applied, refused, unreadable";
     plugin_uploads: Family<OutcomeLabels, Counter> = Family::default(),
         "sluice_plugin_uploads" => "Plugin uploads by outcome: accepted (stored), refused (did not compile, fit or pass its sample)";
     connections_aged: Family<PortLabels, Counter> = Family::default(),

@@ -620,8 +620,13 @@ async fn the_admin_api_and_the_config_file_poll_reload_models() {
 
     // The config file poll: the file still lists mlp only, but it has not
     // changed since start, so cnn stays; once it changes, it is applied.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A poll of the unchanged file is counted: wait for one after the
+    // reload, then cnn must still be there.
+    let unchanged = r#"sluice_model_config_file_polls_total{outcome="unchanged"}"#;
+    let polls_before = server.metric(unchanged).await;
+    server.wait_for_metric(unchanged, polls_before + 1.0).await;
     wait_for_states(&server, "cnn", &[(1, "AVAILABLE")]).await;
+    assert_eq!(server.metric(r#"sluice_model_config_file_polls_total{outcome="applied"}"#).await, 0.0);
     std::fs::write(&config, toml(&format!("{mlp_only}version_labels = {{ stable = 2 }}\n"))).expect("rewrite");
     server.wait_for_log("model config file applied").await;
     let err = server

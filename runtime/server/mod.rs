@@ -252,7 +252,7 @@ pub async fn serve(
     announce.ready(addresses);
     tracing::info!(grpc = %addresses.grpc, http = %addresses.http, "ready: serving");
     poll_repositories(&config, &state, stopping_rx.clone());
-    poll_model_config_file(&config, &state, stopping_rx.clone());
+    poll_model_config_file(&config, &state, &metrics, stopping_rx.clone());
 
     let drain = Duration::from_secs(config.server.drain_timeout_secs);
     let drain_deadline = {
@@ -373,19 +373,32 @@ fn poll_repositories(config: &Config, state: &ServingState, stopping: watch::Rec
 /// `lifecycle.model_config_file_poll_wait_seconds`; a changed file is
 /// applied as a reload (its models only). A file that does not parse or
 /// load is refused with a log line, and what serves keeps serving.
-fn poll_model_config_file(config: &Config, state: &ServingState, stopping: watch::Receiver<bool>) {
+fn poll_model_config_file(
+    config: &Config,
+    state: &ServingState,
+    metrics: &Arc<Metrics>,
+    stopping: watch::Receiver<bool>,
+) {
     let seconds = config.lifecycle.model_config_file_poll_wait_seconds;
     let Some(path) = config.lifecycle.model_config_file.clone().filter(|_| seconds > 0) else { return };
     let last = Arc::new(std::sync::Mutex::new(std::fs::read(&path).ok()));
     let state = state.clone();
+    // Each poll's outcome is counted, so that "the file has not changed,
+    // nothing was applied" can be seen, not only assumed after a wait.
+    let polls = metrics.model_config_file_polls.clone();
+    let counted = move |outcome: &'static str| {
+        polls.get_or_create(&crate::metrics::OutcomeLabels { outcome }).inc();
+    };
     every(Duration::from_secs(seconds), stopping, move || {
-        let (path, last, state) = (path.clone(), last.clone(), state.clone());
+        let (path, last, state, counted) = (path.clone(), last.clone(), state.clone(), counted.clone());
         async move {
             let Ok(now) = std::fs::read(&path) else {
                 tracing::warn!(file = %path.display(), "cannot read the model config file; keeping the models served");
+                counted("unreadable");
                 return;
             };
             if last.lock().map(|l| l.as_deref() == Some(now.as_slice())).unwrap_or(false) {
+                counted("unchanged");
                 return;
             }
             if let Ok(mut l) = last.lock() {
@@ -398,9 +411,11 @@ fn poll_model_config_file(config: &Config, state: &ServingState, stopping: watch
             .await;
             match result {
                 Ok(outcome) => {
+                    counted("applied");
                     tracing::info!(file = %path.display(), added = ?outcome.added, removed = ?outcome.removed, "model config file applied")
                 }
                 Err(error) => {
+                    counted("refused");
                     tracing::error!(file = %path.display(), "model config file refused; keeping the models served: {error}")
                 }
             }
