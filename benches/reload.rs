@@ -14,13 +14,11 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice::cli::bench::load::LoadPlan;
 use sluice::cli::bench::stats::Summary;
-use sluice::proto::tensorflow::serving::model_service_client::ModelServiceClient;
-use sluice::proto::tensorflow::serving::{GetModelStatusRequest, ModelSpec};
-use support::{arg, pool, run, sluice};
+use support::{arg, pool, run, sluice, wait_switched};
 
 /// The two CNNs versions alternate between (same shape, other weights).
 fn cnn_file(root: &Path, n: i64) -> PathBuf {
@@ -37,24 +35,6 @@ fn publish(repository: &Path, root: &Path, n: i64) {
     std::fs::create_dir_all(&staging).expect("staging dir");
     std::fs::copy(cnn_file(root, n), staging.join("model.onnx")).expect("copy model");
     std::fs::rename(&staging, repository.join(n.to_string())).expect("rename into place");
-}
-
-/// Waits until `version` serves and every older one has ended.
-async fn wait_switched(target: &str, version: i64) -> Duration {
-    let started = Instant::now();
-    let mut client = ModelServiceClient::connect(target.to_string()).await.expect("connect");
-    loop {
-        let request =
-            GetModelStatusRequest { model_spec: Some(ModelSpec { name: "cnn".into(), ..Default::default() }) };
-        let status = client.get_model_status(request).await.expect("status").into_inner().model_version_status;
-        let available = status.iter().any(|s| s.version == version && s.state == 30);
-        let old_gone = status.iter().filter(|s| s.version < version).all(|s| s.state == 50);
-        if available && old_gone {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < Duration::from_secs(120), "version {version} did not take over: {status:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 struct Row {
@@ -101,7 +81,7 @@ fn measure(
                 .map(|n| {
                     std::thread::sleep(every.saturating_sub(Duration::from_secs(1)));
                     publish(&repository, &root, n);
-                    runtime.block_on(wait_switched(&target, n))
+                    runtime.block_on(wait_switched(&target, "cnn", n))
                 })
                 .collect::<Vec<_>>()
         })
@@ -115,7 +95,7 @@ fn measure(
         let mut next = 2 + switches;
         let mut cycle = || {
             publish(&repository, root, next);
-            runtime.block_on(wait_switched(&target, next));
+            runtime.block_on(wait_switched(&target, "cnn", next));
             next += 1;
         };
         cycle();

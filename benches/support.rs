@@ -92,6 +92,27 @@ pub fn sluice_binary(binary: &Path, config: &Path, extra: &[&str]) -> ServerProc
     ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", Duration::from_secs(120), true).expect("sluice")
 }
 
+/// Waits until `version` of `model` serves at `target` and every older
+/// version has ended (a published version has taken over).
+pub async fn wait_switched(target: &str, model: &str, version: i64) -> Duration {
+    use sluice::proto::tensorflow::serving::model_service_client::ModelServiceClient;
+    use sluice::proto::tensorflow::serving::GetModelStatusRequest;
+    let started = Instant::now();
+    let mut client = ModelServiceClient::connect(target.to_string()).await.expect("connect");
+    loop {
+        let request =
+            GetModelStatusRequest { model_spec: Some(ModelSpec { name: model.into(), ..Default::default() }) };
+        let status = client.get_model_status(request).await.expect("status").into_inner().model_version_status;
+        let available = status.iter().any(|s| s.version == version && s.state == 30);
+        let old_gone = status.iter().filter(|s| s.version < version).all(|s| s.state == 50);
+        if available && old_gone {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "version {version} did not take over: {status:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// 16 requests of one row each for `model`, shaped from its metadata.
 pub fn pool(runtime: &tokio::runtime::Runtime, target: &str, model: &str) -> RequestPool {
     runtime.block_on(async {

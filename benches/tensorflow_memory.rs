@@ -21,13 +21,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sluice::proto::tensorflow::serving::model_service_client::ModelServiceClient;
 use sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
-use sluice::proto::tensorflow::serving::{GetModelStatusRequest, ModelSpec, PredictRequest};
+use sluice::proto::tensorflow::serving::{ModelSpec, PredictRequest};
 use sluice::proto::tensorflow::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
-use support::{arg, sluice};
+use support::{arg, sluice, wait_switched};
 
 /// The SavedModel with a `mib` MiB variable, built when missing.
 fn big_savedmodel(root: &Path, mib: u64) -> PathBuf {
@@ -54,23 +53,6 @@ fn publish(repository: &Path, model: &Path, n: i64) {
         std::os::unix::fs::symlink(entry.path(), staging.join(entry.file_name())).expect("link");
     }
     std::fs::rename(&staging, repository.join(n.to_string())).expect("rename into place");
-}
-
-/// Waits until `version` serves and every older one has ended.
-async fn wait_switched(client: &mut ModelServiceClient<tonic::transport::Channel>, version: i64) -> Duration {
-    let started = Instant::now();
-    loop {
-        let request =
-            GetModelStatusRequest { model_spec: Some(ModelSpec { name: "big".into(), ..Default::default() }) };
-        let status = client.get_model_status(request).await.expect("status").into_inner().model_version_status;
-        let available = status.iter().any(|s| s.version == version && s.state == 30);
-        let old_gone = status.iter().filter(|s| s.version < version).all(|s| s.state == 50);
-        if available && old_gone {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < Duration::from_secs(120), "version {version} did not take over: {status:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn request() -> PredictRequest {
@@ -127,12 +109,11 @@ fn main() {
         })
         .collect();
 
-    let mut status = runtime.block_on(ModelServiceClient::connect(target.clone())).expect("connect");
     let mut samples = Vec::new();
     let mut switch_times = Vec::new();
     for n in 2..2 + cycles {
         publish(&repository, &model, n);
-        switch_times.push(runtime.block_on(wait_switched(&mut status, n)));
+        switch_times.push(runtime.block_on(wait_switched(&target, "big", n)));
         // The unloaded version's directory goes, as a deploy tool would
         // remove it: nothing may still read it.
         std::fs::remove_dir_all(repository.join((n - 1).to_string())).expect("remove the old version");

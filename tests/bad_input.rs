@@ -354,18 +354,7 @@ fn a_zipmap_classifier_output_is_refused_naming_the_converter_option_that_avoids
     let base = root().join("tests/fixtures/models/zipmap");
     std::fs::write(&config, format!("[[models]]\nname = \"classifier\"\nbase_path = \"{}\"\n", base.display()))
         .expect("config");
-    let (code, _, stderr) = run_sluice(&[
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--rest_api_port",
-        "0",
-        "--model_config_file",
-        config.to_str().expect("utf-8"),
-    ]);
-    assert_eq!(code, Some(1), "{stderr}");
+    let stderr = serve_refused(&config);
     assert!(stderr.contains("model output 'probabilities'") && stderr.contains("ZipMap"), "{stderr}");
     assert!(stderr.contains("'zipmap': False") && stderr.contains("zipmap=False"), "{stderr}");
 }

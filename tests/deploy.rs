@@ -548,6 +548,29 @@ fn registered_metrics() -> BTreeMap<String, String> {
     metrics
 }
 
+/// Asserts that series `name`, which `file` uses, is a family `registered`
+/// holds, of the kind its suffix implies: prometheus-client writes a
+/// counter's samples with `_total`, a histogram's as `_bucket`, `_sum` and
+/// `_count`.
+fn assert_registered(file: &str, name: &str, registered: &BTreeMap<String, String>) {
+    let (family, kind) = if let Some(family) = name.strip_suffix("_total") {
+        (family, "Counter")
+    } else if let Some(family) = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)) {
+        (family, "Histogram")
+    } else {
+        (name, "Gauge")
+    };
+    match registered.get(family) {
+        Some(actual) => assert_eq!(
+            actual, kind,
+            "{file}: series {name} implies a {kind} named {family}, but {METRICS} registers {family} as a {actual}"
+        ),
+        None => {
+            panic!("{file}: series {name}: {METRICS} registers no metric {family} (it has {:?})", registered.keys())
+        }
+    }
+}
+
 #[test]
 fn adapter_and_hpa_metrics_are_what_the_code_exports() {
     let registered = registered_metrics();
@@ -567,22 +590,7 @@ fn adapter_and_hpa_metrics_are_what_the_code_exports() {
     }
     assert!(!series.is_empty(), "{ADAPTER_RULES}: no seriesQuery found");
     for name in &series {
-        // prometheus-client writes a counter's samples with `_total`, a
-        // histogram's as `_bucket`, `_sum` and `_count`.
-        let (family, kind) = if let Some(family) = name.strip_suffix("_total") {
-            (family, "Counter")
-        } else if let Some(family) = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)) {
-            (family, "Histogram")
-        } else {
-            (name.as_str(), "Gauge")
-        };
-        match registered.get(family) {
-            Some(actual) => assert_eq!(
-                actual, kind,
-                "{ADAPTER_RULES}: series {name} implies a {kind} named {family}, but {METRICS} registers {family} as a {actual}"
-            ),
-            None => panic!("{ADAPTER_RULES}: series {name}: {METRICS} registers no metric {family} (it has {:?})", registered.keys()),
-        }
+        assert_registered(ADAPTER_RULES, name, &registered);
     }
     // The QPS rule counts every inference API the server counts requests
     // under (runtime/metrics.rs APIS), and only those: metadata and status
@@ -882,29 +890,12 @@ fn alert_rules_use_only_series_the_code_exports() {
     }
 
     // Each sluice_* series is a registered family, of the kind its suffix
-    // implies (prometheus-client writes a counter's samples with `_total`,
-    // a histogram's as `_bucket`, `_sum` and `_count`).
+    // implies.
     let registered = registered_metrics();
     let mut checked = 0;
     for expr in &exprs {
         for name in series_names(expr) {
-            let (family, kind) = if let Some(family) = name.strip_suffix("_total") {
-                (family, "Counter")
-            } else if let Some(family) = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)) {
-                (family, "Histogram")
-            } else {
-                (name.as_str(), "Gauge")
-            };
-            match registered.get(family) {
-                Some(actual) => assert_eq!(
-                    actual, kind,
-                    "{RULES}: series {name} implies a {kind} named {family}, but {METRICS} registers {family} as a {actual}"
-                ),
-                None => panic!(
-                    "{RULES}: series {name}: {METRICS} registers no metric {family} (it has {:?})",
-                    registered.keys()
-                ),
-            }
+            assert_registered(RULES, &name, &registered);
             checked += 1;
         }
     }

@@ -354,18 +354,7 @@ fn a_savedmodel_signature_of_resource_handles_is_refused_at_start_by_name() {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("sluice.toml");
     std::fs::write(&config, model_table("resource", &models().join("resource"), "")).expect("config");
-    let (code, _, stderr) = run_sluice(&[
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--rest_api_port",
-        "0",
-        "--model_config_file",
-        config.to_str().expect("utf-8"),
-    ]);
-    assert_eq!(code, Some(1), "{stderr}");
+    let stderr = serve_refused(&config);
     assert!(
         stderr
             .contains("model 'resource' version 1: signature 'serving_default': output 'handle' has dtype DT_RESOURCE"),
@@ -690,18 +679,7 @@ async fn warmup_files_of_classify_regress_and_multi_inference_records_run_as_tho
     census_with_warmup(&bad, false, Some("nope"));
     let config = dir.path().join("bad.toml");
     std::fs::write(&config, model_table("census_bad", &bad, "")).expect("config");
-    let (code, _, stderr) = run_sluice(&[
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--rest_api_port",
-        "0",
-        "--model_config_file",
-        config.to_str().expect("utf-8"),
-    ]);
-    assert_eq!(code, Some(1), "{stderr}");
+    let stderr = serve_refused(&config);
     assert!(stderr.contains("warmup") && stderr.contains("record 0"), "{stderr}");
     assert!(stderr.contains("No signature was found with the name: \"nope\""), "{stderr}");
 }

@@ -448,23 +448,25 @@ async fn versions_served(server: &Server, model: &str, count: usize) -> [usize; 
     served
 }
 
+/// Model `ab`, both example MLP versions, with `labels` (a TOML inline
+/// table) and the model-version canary `canary`.
+fn canary_of_mlp(labels: &str, canary: &str) -> Fixture {
+    Fixture::new(&format!(
+        "[[models]]\nname = \"ab\"\nbase_path = \"{}\"\nversion_policy = \"all\"\nversion_labels = {labels}\ncanary = {canary}\n",
+        root().join("examples/models/mlp").display()
+    ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_model_version_canary_takes_its_share_of_versionless_requests_and_stable_the_rest() {
     // Both orders: the canary older than stable, and the usual one, the
     // canary newer (where "the rest to the highest version" sent
     // everything to the canary).
     for (stable, canary) in [(2usize, 1usize), (1, 2)] {
-        let fixture = Fixture::new(&format!(
-            r#"
-[[models]]
-name = "ab"
-base_path = "{}"
-version_policy = "all"
-version_labels = {{ stable = {stable}, canary = {canary} }}
-canary = {{ label = "canary", percent = 20 }}
-"#,
-            root().join("examples/models/mlp").display()
-        ));
+        let fixture = canary_of_mlp(
+            &format!("{{ stable = {stable}, canary = {canary} }}"),
+            "{ label = \"canary\", percent = 20 }",
+        );
         let server = fixture.start();
         let served = versions_served(&server, "ab", 3000).await;
         let share = served[canary] as f64 / 3000.0 * 100.0;
@@ -487,17 +489,8 @@ canary = {{ label = "canary", percent = 20 }}
         }
     }
     // `stable` names another label when the stable one is called otherwise.
-    let fixture = Fixture::new(&format!(
-        r#"
-[[models]]
-name = "ab"
-base_path = "{}"
-version_policy = "all"
-version_labels = {{ current = 1, next = 2 }}
-canary = {{ label = "next", percent = 10, stable = "current" }}
-"#,
-        root().join("examples/models/mlp").display()
-    ));
+    let fixture =
+        canary_of_mlp("{ current = 1, next = 2 }", "{ label = \"next\", percent = 10, stable = \"current\" }");
     let server = fixture.start();
     let served = versions_served(&server, "ab", 1000).await;
     assert!(served[1] > served[2] && served[1] + served[2] == 1000, "{served:?}");

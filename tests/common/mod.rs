@@ -27,7 +27,6 @@ use sluice::proto::tensorflow::serving::{
 use sluice::proto::tensorflow::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
 use tonic::transport::Channel;
 
-/// `examples/models/NAME/VERSION/model.onnx`.
 /// `sluice ARGS…` run in the repository root: exit code, stdout, stderr.
 pub fn run_sluice(args: &[&str]) -> (Option<i32>, String, String) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -42,6 +41,26 @@ pub fn run_sluice(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// `sluice serve` of the config file `config` on free ports, which must
+/// refuse to start: exits 1. Its stderr, which says why.
+pub fn serve_refused(config: &Path) -> String {
+    let config = config.to_str().expect("a UTF-8 path");
+    let (code, _, stderr) = run_sluice(&[
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--rest_api_port",
+        "0",
+        "--model_config_file",
+        config,
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    stderr
+}
+
+/// `examples/models/NAME/VERSION/model.onnx`.
 pub fn example_model(name: &str, version: i64) -> PathBuf {
     root().join("examples/models").join(name).join(version.to_string()).join("model.onnx")
 }
