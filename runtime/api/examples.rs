@@ -201,17 +201,8 @@ async fn run_in_graph(
     for (task, key) in tasks.iter().zip(keys) {
         let graph = target.with_signature(key)?;
         let signature = graph.signature();
-        let input = match signature.inputs.as_slice() {
-            [input] if input.dtype == DType::String => input.name.clone(),
-            inputs => {
-                let names: Vec<String> = inputs.iter().map(|spec| spec.to_string()).collect();
-                return Err(Error::invalid_argument(format!(
-                    "signature \"{key}\" of {target} takes [{}]; {} feeds one string tensor of serialized tf.Examples",
-                    names.join(", "),
-                    task.call()
-                )));
-            }
-        };
+        let who = format!("signature \"{key}\" of {target}");
+        let input = signature.serialized_examples_input(&who, task.call())?.name.clone();
         let tensor = Tensor::from_strings(vec![rows as i64], serialized.clone())?;
         let mut builder = graph.request(std::iter::once(input.as_str()), &[], deadline, priority)?;
         builder.put(&input, tensor)?;

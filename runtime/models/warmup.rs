@@ -27,7 +27,7 @@ use crate::proto::tensorflow::serving::{
 };
 use crate::tensor::example::{ExampleBatch, ExampleColumns};
 use crate::tensor::spec::{check_tensor, Signature, CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD};
-use crate::tensor::{proto, DType, Tensor};
+use crate::tensor::{proto, Tensor};
 
 /// One warmup request: inputs in signature order, for the model's main
 /// signature (run batched, as clients' requests are) or another one of a
@@ -248,18 +248,8 @@ fn example_warmup(
         .map(|(spec, method)| {
             let key = spec.as_ref().map_or("", |spec| spec.signature_name.as_str());
             let (signature_key, signature) = signature_of(version, key, Some(method))?;
-            match signature.inputs.as_slice() {
-                [input] if input.dtype == DType::String => {}
-                inputs => {
-                    let names: Vec<String> = inputs.iter().map(|spec| spec.to_string()).collect();
-                    return Err(Error::invalid_argument(format!(
-                        "signature \"{}\" of {version} takes [{}]; a {method} record feeds one string tensor of \
-                         serialized tf.Examples",
-                        signature_key.as_deref().unwrap_or(DEFAULT_SIGNATURE),
-                        names.join(", ")
-                    )));
-                }
-            }
+            let who = format!("signature \"{}\" of {version}", signature_key.as_deref().unwrap_or(DEFAULT_SIGNATURE));
+            signature.serialized_examples_input(&who, &format!("a {method} record"))?;
             let inputs = vec![Tensor::from_strings(vec![rows], serialized.clone())?];
             Ok(WarmupRequest { signature: signature_key, inputs })
         })

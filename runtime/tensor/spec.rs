@@ -69,6 +69,24 @@ pub struct Signature {
 }
 
 impl Signature {
+    /// The one input of a signature that parses `tf.Example`s itself (a
+    /// classification or regression signature): a string tensor of
+    /// serialized examples. Otherwise an error saying what it takes
+    /// instead, after `who` ("signature \"classification\" of model …")
+    /// and before what would feed it (`fed_by`: "Classify", …).
+    pub fn serialized_examples_input(&self, who: &dyn fmt::Display, fed_by: &str) -> Result<&TensorSpec> {
+        match self.inputs.as_slice() {
+            [input] if input.dtype == DType::String => Ok(input),
+            inputs => {
+                let names: Vec<String> = inputs.iter().map(|spec| spec.to_string()).collect();
+                Err(Error::invalid_argument(format!(
+                    "{who} takes [{}]; {fed_by} feeds one string tensor of serialized tf.Examples",
+                    names.join(", ")
+                )))
+            }
+        }
+    }
+
     /// True when every input and output has a dynamic dimension 0: the
     /// model takes any number of rows, so requests can be batched together.
     /// Inputs of unknown rank share no known batch dimension.
