@@ -187,7 +187,12 @@ impl ort::environment::ThreadManager for PoolThreads {
     }
 }
 
-fn build_session(
+/// One ONNX Runtime session of the model in `path` with the settings the
+/// server's sessions get from `options` (threads, spinning, execution
+/// provider) at optimisation `level`: also what a raw baseline builds, so
+/// that it measures ONNX Runtime as the server runs it, without the
+/// server around it (`examples/raw_ort.rs`).
+pub fn build_session(
     environment: &ort::environment::Environment,
     path: &Path,
     options: &OnnxOptions,
