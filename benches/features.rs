@@ -12,6 +12,13 @@
 //!    sent, 64 floats fetched from an embedded table; `mlp-cached`: the
 //!    same from a Redis table whose local cache holds every key), in
 //!    alternating rounds. Added = p50(with fetch) − p50(direct).
+//! 3. Redis down: the MLP fed from a Redis table with the local cache
+//!    off, 8 clients in a closed loop, healthy and then with
+//!    redis-server killed, through a pipeline falling back to defaults
+//!    (`on_store_error = "defaults"`): req/s down / healthy. And one
+//!    client on a pipeline that fails: how fast a request is refused
+//!    while the circuit breaker holds Redis down, against a healthy
+//!    answer.
 //!
 //! ```text
 //! cargo bench --bench features [-- --seconds 5 --requests 3000 --rounds 6]
@@ -357,14 +364,135 @@ async fn pipeline_cost(config_path: &Path, requests: usize, rounds: usize) {
     }
 }
 
+/// Part 3: closed-loop req/s with Redis up and down, and the refusal
+/// time while it is held down.
+async fn store_down(redis: &mut RedisServer, dir: &Path, seconds: u64, requests: usize) {
+    let url = redis.url();
+    let root = support::fixtures::root();
+    let defaults =
+        feature_fetch("on_store_error = \"defaults\"", &[("key", "live", "[{ feature = \"x\", default = 0.0 }]")]);
+    let fail = feature_fetch("", &[("key", "live", "[{ feature = \"x\" }]")]);
+    let config = format!(
+        r#"{server}
+[[models]]
+name = "mlp"
+base_path = "{mlp}"
+version_policy = {{ specific = [2] }}
+
+[features.redis]
+url = "{url}"
+cache_entries = 0
+
+[features.tables.live]
+store = "redis"
+features.x = {{ dtype = "float32", shape = [64] }}
+
+{defaults}{fail}"#,
+        server = support::SERVER_TABLE,
+        mlp = root.join("examples/models/mlp").display(),
+        defaults = pipeline_table("mlp-defaults", "mlp", &defaults),
+        fail = pipeline_table("mlp-fail", "mlp", &fail),
+    );
+    let path = dir.join("down.toml");
+    std::fs::write(&path, config).expect("write config");
+    let args = sluice::cli::features_load::LoadArgs {
+        file: dir.join("rows.csv"),
+        config: path.clone(),
+        table: "live".into(),
+        redis: Some(url.clone()),
+        key: None,
+        chunk: 1000,
+    };
+    println!("{}", sluice::cli::features_load::load(&args).await.expect("load the table into Redis"));
+    // The default log level, as users run it: what the outage logs is
+    // part of its cost.
+    let sluice = support::sluice(&path, &[]);
+    let client = PredictionServiceClient::connect(sluice.url()).await.expect("connect");
+    let key = |pipeline: &str, n: usize| {
+        request(
+            pipeline,
+            "key",
+            TensorProto {
+                dtype: DataType::DtString as i32,
+                tensor_shape: Some(encode_shape(&[1])),
+                string_val: vec![all_keys()[(n * 61) % ENTITIES].clone()],
+                ..Default::default()
+            },
+        )
+    };
+    let closed_loop = |pipeline: &'static str| {
+        let client = client.clone();
+        calls_per_second(seconds, 8, move |_, n| {
+            let mut client = client.clone();
+            let request = key(pipeline, n);
+            async move {
+                client.predict(request).await.expect("a pipeline with defaults answers");
+            }
+        })
+    };
+    let one_by_one = |pipeline: &'static str| {
+        let mut client = client.clone();
+        async move {
+            let mut times = Vec::with_capacity(requests);
+            let mut failed = 0;
+            for n in 0..requests {
+                let started = Instant::now();
+                if let Err(status) = client.predict(key(pipeline, n)).await {
+                    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                    failed += 1;
+                }
+                times.push(started.elapsed());
+            }
+            times.sort();
+            (percentile(&times, 0.5), percentile(&times, 0.99), failed)
+        }
+    };
+    let _ = closed_loop("mlp-defaults").await;
+    let healthy = closed_loop("mlp-defaults").await;
+    let (healthy_p50, healthy_p99, _) = one_by_one("mlp-fail").await;
+    redis.kill();
+    // Held down once a few round trips have failed.
+    let mut probe = client.clone();
+    let started = Instant::now();
+    loop {
+        let status = probe.predict(key("mlp-fail", 0)).await.expect_err("Redis is dead");
+        if status.message().contains("is down") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "never held down: {status:?}");
+    }
+    let down = closed_loop("mlp-defaults").await;
+    let (down_p50, down_p99, refused) = one_by_one("mlp-fail").await;
+    redis.restart();
+    println!(
+        "\nRedis down: the MLP fed from a Redis table (local cache off), release server at the default log level\n"
+    );
+    println!("| pipeline | Redis up | Redis down (held down by the breaker) | down / up |");
+    println!("|---|---|---|---|");
+    println!(
+        "| `on_store_error = \"defaults\"`, 8 clients, closed loop | {healthy:.0} req/s | {down:.0} req/s | {:.2}x |",
+        down / healthy
+    );
+    println!(
+        "| `on_store_error = \"fail\"`, one client: p50 / p99 | {:.0} / {:.0} µs (answered) | {:.0} / {:.0} µs \
+         ({refused} of {requests} refused) | {:.2}x at p50 |",
+        micros(healthy_p50),
+        micros(healthy_p99),
+        micros(down_p50),
+        micros(down_p99),
+        micros(down_p50) / micros(healthy_p50)
+    );
+}
+
 fn main() {
     let seconds: u64 = arg("--seconds").unwrap_or(5);
     let requests: usize = arg("--requests").unwrap_or(3000);
     let rounds: usize = arg("--rounds").unwrap_or(6);
-    let redis = RedisServer::start();
+    let mut redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("temp dir");
     let config = write_tables(dir.path(), &redis.url());
     let runtime = support::runtime();
     runtime.block_on(redis_comparison(&config, &redis.url(), redis.pid(), seconds));
     runtime.block_on(pipeline_cost(&config, requests, rounds));
+    runtime.block_on(store_down(&mut redis, dir.path(), seconds, requests));
 }

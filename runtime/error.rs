@@ -266,6 +266,13 @@ pub enum Error {
     /// A dependency, or the server itself, is down or shutting down.
     #[error("{0}")]
     Unavailable(String),
+    /// A dependency failed and reports its failures itself (a feature
+    /// store's round trip, its circuit breaker open, every upstream
+    /// ejected): UNAVAILABLE. The dependency logs them, once per outage
+    /// or a line a second, so the requests they fail are counted, not
+    /// each logged.
+    #[error("{0}")]
+    DependencyFailed(String),
     /// A broken invariant or a failure inside a model.
     #[error("{0}")]
     Internal(String),
@@ -394,6 +401,11 @@ impl Error {
         Error::Unavailable(message.into())
     }
 
+    /// A dependency failed, and logs that itself.
+    pub fn dependency_failed(message: impl Into<String>) -> Self {
+        Error::DependencyFailed(message.into())
+    }
+
     /// A failure inside the server or a model.
     pub fn internal(message: impl Into<String>) -> Self {
         Error::Internal(message.into())
@@ -423,7 +435,7 @@ impl Error {
             Error::QueueFull { .. } | Error::LimitExceeded(_) => Code::ResourceExhausted,
             Error::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             Error::Cancelled(_) => Code::Cancelled,
-            Error::Unavailable(_) => Code::Unavailable,
+            Error::Unavailable(_) | Error::DependencyFailed(_) => Code::Unavailable,
             Error::Internal(_) => Code::Internal,
             Error::Unimplemented(_) => Code::Unimplemented,
             Error::MethodNotAllowed(_) => Code::MethodNotAllowed,
@@ -476,6 +488,7 @@ impl Error {
             Error::DeadlineExceeded { at } => Error::DeadlineExceeded { at: with(at) },
             Error::Cancelled(m) => Error::Cancelled(with(m)),
             Error::Unavailable(m) => Error::Unavailable(with(m)),
+            Error::DependencyFailed(m) => Error::DependencyFailed(with(m)),
             Error::Internal(m) => Error::Internal(with(m)),
             Error::Unimplemented(m) => Error::Unimplemented(with(m)),
             Error::MethodNotAllowed(m) => Error::MethodNotAllowed(with(m)),

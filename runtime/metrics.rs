@@ -290,6 +290,13 @@ pub struct TableLabels {
     pub store: &'static str,
 }
 
+/// Labels of a feature store's connection.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreLabels {
+    /// `redis`.
+    pub store: &'static str,
+}
+
 /// Labels of a feature table's outcome counters.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TableOutcomeLabels {
@@ -438,6 +445,15 @@ metric_families! {
     /// Embedded table reloads, by outcome (`ok`, `refused`).
     feature_reloads: Family<TableOutcomeLabels, Counter> = Family::default(),
         "sluice_feature_reloads" => "Embedded feature table reloads, by outcome";
+    /// 1 while a feature store's circuit breaker is open.
+    feature_store_down: Family<StoreLabels, Gauge> = Family::default(),
+        "sluice_feature_store_down" => "1 while a feature store is held down by its circuit breaker: lookups fail at once or fall back";
+    /// Times a feature store's circuit breaker opened.
+    feature_store_outages: Family<StoreLabels, Counter> = Family::default(),
+        "sluice_feature_store_outages" => "Times a feature store was found down and its circuit breaker opened";
+    /// Lookups answered by a fallback while their store was down.
+    feature_fallbacks: Family<TableOutcomeLabels, Counter> = Family::default(),
+        "sluice_feature_fallbacks" => "Feature lookups answered by a fallback (defaults, last_seen) because the store failed";
     /// Versions of each model by state.
     model_versions: Family<VersionStateLabels, Gauge> = Family::default(),
         "sluice_model_versions" => "Versions of each model by state (START, LOADING, AVAILABLE, UNLOADING, END)";
@@ -598,6 +614,22 @@ impl Metrics {
             reloads: outcome(&self.feature_reloads, "ok"),
             refused_reloads: outcome(&self.feature_reloads, "refused"),
         }
+    }
+
+    /// The counter of lookups of `table` answered by `fallback`
+    /// (`defaults`, `last_seen`) while its store failed.
+    pub fn feature_fallbacks(&self, table: &str, store: &'static str, fallback: &'static str) -> Counter {
+        self.feature_fallbacks.get_or_create_owned(&TableOutcomeLabels {
+            table: table.to_string(),
+            store,
+            outcome: fallback,
+        })
+    }
+
+    /// The breaker gauge and outage counter of a feature store's connection.
+    pub fn feature_store(&self, store: &'static str) -> (Gauge, Counter) {
+        let labels = StoreLabels { store };
+        (self.feature_store_down.get_or_create_owned(&labels), self.feature_store_outages.get_or_create_owned(&labels))
     }
 
     /// The registry, to add more families or to encode.

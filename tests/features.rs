@@ -78,6 +78,7 @@ cache_entries = {cache}
 [features.tables.ints]
 store = "redis"
 key = "id"
+last_seen_entries = 100
 features.v = {{ dtype = "float32", shape = [3] }}
 
 [features.tables.users]
@@ -586,9 +587,20 @@ async fn redis_killed_under_load_fails_fast_with_unavailable_and_recovers_withou
     }
     let trips = "sluice_feature_round_trips_total{table=\"ints\",store=\"redis\"}";
     server.wait_for_metric(trips, 50.0).await;
+    // The outage's log lines are counted from here.
+    let _ = server.log();
     redis.kill();
+    // A few round trips fail, and Redis is held down: lookups fail at
+    // once, and none reaches Redis while it is.
+    let down = "sluice_feature_store_down{store=\"redis\"}";
+    server.wait_for_metric(down, 1.0).await;
+    assert_eq!(server.metric("sluice_feature_store_outages_total{store=\"redis\"}").await, 1.0);
+    let trips_when_held = server.metric(trips).await;
     let errors = "sluice_feature_errors_total{table=\"ints\",store=\"redis\"}";
-    server.wait_for_metric(errors, 50.0).await;
+    let errors_when_held = server.metric(errors).await;
+    server.wait_for_metric(errors, errors_when_held + 200.0).await;
+    assert_eq!(server.metric(down).await, 1.0, "Redis is still dead");
+    assert_eq!(server.metric(trips).await, trips_when_held, "a lookup reached Redis while it was held down");
     // Back, empty, then loaded again: lookups recover on their own.
     redis.restart();
     load_redis(&config.path, &url);
@@ -608,7 +620,9 @@ async fn redis_killed_under_load_fails_fast_with_unavailable_and_recovers_withou
         }
     }
     stop.store(true, Ordering::Relaxed);
+    assert_eq!(server.metric(down).await, 0.0, "a lookup that reached Redis again closed the breaker");
     let (mut ok, mut unavailable) = (0, 0);
+    let mut failed_at_once: Vec<Duration> = Vec::new();
     for flow in flows {
         for (result, took) in flow.await.expect("join") {
             assert!(
@@ -620,15 +634,33 @@ async fn redis_killed_under_load_fails_fast_with_unavailable_and_recovers_withou
                 Err(e) => {
                     assert_eq!(e.code(), Code::Unavailable, "while Redis was down: {e:?}");
                     assert!(e.message().contains("Redis feature store"), "{}", e.message());
+                    if e.message().contains("is down") {
+                        failed_at_once.push(took);
+                    }
                     unavailable += 1;
                 }
             }
         }
     }
     assert!(ok > 0 && unavailable > 0, "ok {ok}, unavailable {unavailable}");
+    assert!(failed_at_once.len() >= 200, "{} failed at once while Redis was held down", failed_at_once.len());
+    // One line when Redis went down, one when it came back, and the few
+    // failed round trips before it was held down (a line a second): not
+    // a line per failed request.
+    let lines = server.log();
+    assert!(lines.len() < 10, "{} lines logged for one outage: {lines:#?}", lines.len());
+    assert!(lines.iter().any(|l| l.contains("is down after") && l.contains("failures in a row")), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("is back")), "{lines:#?}");
+    assert!(!lines.iter().any(|l| l.contains("request failed")), "{lines:#?}");
+    failed_at_once.sort();
     eprintln!(
-        "Redis killed under load: {ok} answered, {unavailable} UNAVAILABLE, recovered in {:?}",
-        recovered.elapsed()
+        "Redis killed under load: {ok} answered, {unavailable} UNAVAILABLE, recovered in {:?}; while held down, \
+         {} failed at once, p50 {:?} p99 {:?}; {} log lines",
+        recovered.elapsed(),
+        failed_at_once.len(),
+        failed_at_once[failed_at_once.len() / 2],
+        failed_at_once[failed_at_once.len() * 99 / 100],
+        lines.len()
     );
 }
 
@@ -648,6 +680,34 @@ async fn with_on_store_error_defaults_a_redis_outage_serves_the_defaults() {
     assert_eq!(y, [expected_row(None, 1), expected_row(None, 1)].concat(), "the defaults while Redis is down");
     // A pipeline that says nothing fails instead.
     let err = client.predict(probe("probe-strict", i64_keys(&[1], &[4]))).await.expect_err("fail policy");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    let served = "sluice_feature_fallbacks_total{table=\"ints\",store=\"redis\",outcome=\"defaults\"}";
+    assert_eq!(server.metric(served).await, 1.0, "one lookup fell back");
+}
+
+#[tokio::test]
+async fn with_on_store_error_last_seen_a_redis_outage_serves_what_was_read_last_and_defaults_for_the_rest() {
+    let (mut redis, config) = loaded_redis(false, "last_seen");
+    let server = serve(&config);
+    let mut client = server.predict_client().await;
+    let y = f32_values(
+        &client.predict(probe("probe-ints", i64_keys(&[1, 2], &[4, 7]))).await.expect("up").into_inner().outputs["y"],
+    );
+    assert_eq!(y, [expected_row(Some(4), 1), expected_row(Some(7), 1)].concat());
+    redis.kill();
+    // 4 and 7 were read before Redis went: their values; 5 never was: its
+    // default. The same while Redis is held down and before.
+    for _ in 0..20 {
+        let answer = client.predict(probe("probe-ints", i64_keys(&[1, 3], &[7, 5, 4]))).await.expect("down");
+        let y = f32_values(&answer.into_inner().outputs["y"]);
+        assert_eq!(y, [expected_row(Some(7), 1), expected_row(None, 1), expected_row(Some(4), 1)].concat());
+    }
+    let served = "sluice_feature_fallbacks_total{table=\"ints\",store=\"redis\",outcome=\"last_seen\"}";
+    assert_eq!(server.metric(served).await, 20.0);
+    server.wait_for_metric("sluice_feature_store_down{store=\"redis\"}", 1.0).await;
+    // A pipeline whose policy is fail still fails, at once.
+    let err = client.predict(probe("probe-strict", i64_keys(&[1], &[4]))).await.expect_err("fail policy");
+    assert!(err.message().contains("is down"), "{}", err.message());
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
 }
 

@@ -225,7 +225,13 @@ impl RequestContext {
             // A plugin's failure is its author's to fix: a warning, with
             // the plugin's own words, a bounded number a second.
             let plugin = matches!(e, Error::Plugin { .. });
+            // A failed dependency logs its own failures: its outage once
+            // when it begins and once when it ends, other failures a line
+            // a second. The requests they fail are counted, not each a
+            // line.
+            let reported = matches!(e, Error::DependencyFailed(_));
             let (line, per_second) = match (plugin, refusal) {
+                _ if reported => (None, 0),
                 (true, _) => (PLUGIN_FAILURE_LINES.take(), PLUGIN_FAILURE_LINES_PER_SECOND),
                 (false, true) => (FAILURE_LINES.take(), FAILURE_LINES_PER_SECOND),
                 (false, false) => (Some(0), 0),

@@ -79,6 +79,15 @@ pub struct RedisConfig {
     /// is asked again.
     #[serde(default = "default_cache_ttl_ms")]
     pub cache_ttl_ms: u64,
+    /// Round trips in a row that fail (an error, or no answer in time)
+    /// before Redis is held down: lookups then fail at once, or fall back
+    /// as each pipeline's `on_store_error` says, until a probe finds it
+    /// back. 0: never held down.
+    #[serde(default = "default_breaker_failures")]
+    pub breaker_failures: u32,
+    /// How often Redis is probed (one `PING`) while it is held down.
+    #[serde(default = "default_probe_interval_ms")]
+    pub probe_interval_ms: u64,
 }
 
 impl RedisConfig {
@@ -113,6 +122,12 @@ fn default_cache_entries() -> u64 {
 }
 fn default_cache_ttl_ms() -> u64 {
     1000
+}
+fn default_breaker_failures() -> u32 {
+    5
+}
+fn default_probe_interval_ms() -> u64 {
+    500
 }
 
 /// Where a table's rows are.
@@ -157,6 +172,11 @@ pub struct TableConfig {
     /// Redis: the prefix of each entity's hash (`PREFIX` + key). Default:
     /// the table's name and a colon.
     pub prefix: Option<String>,
+    /// Redis: entities whose last value read is kept (bounded, without
+    /// expiry), for pipelines whose `on_store_error` is `last_seen`. 0:
+    /// none kept.
+    #[serde(default)]
+    pub last_seen_entries: u64,
     /// Its features, by name: what each entity holds.
     pub features: BTreeMap<String, FeatureSpec>,
 }
@@ -216,7 +236,9 @@ pub struct FeatureFetchConfig {
     #[serde(default = "default_fetch_queue")]
     pub queue_capacity: usize,
     /// What a store that is down or too slow does to a request: `fail`
-    /// (UNAVAILABLE) or `defaults` (every feature gets its default).
+    /// (UNAVAILABLE), `defaults` (every feature gets its default) or
+    /// `last_seen` (each key gets the value last read for it, a key
+    /// without one its default).
     #[serde(default)]
     pub on_store_error: StoreErrorPolicy,
     /// The most keys one request may give per lookup.
@@ -241,7 +263,7 @@ fn default_max_key_bytes() -> usize {
 
 /// What a store error does to the requests it hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum StoreErrorPolicy {
     /// The request fails with UNAVAILABLE.
     #[default]
@@ -249,6 +271,21 @@ pub enum StoreErrorPolicy {
     /// The request goes on with every feature's default (a feature without
     /// one fails it).
     Defaults,
+    /// Each key gets the value its table last read for it (kept for
+    /// `last_seen_entries` entities), a key without one its feature's
+    /// default; a key with neither fails the request.
+    LastSeen,
+}
+
+impl StoreErrorPolicy {
+    /// As the config spells it, and metrics label the fallback.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreErrorPolicy::Fail => "fail",
+            StoreErrorPolicy::Defaults => "defaults",
+            StoreErrorPolicy::LastSeen => "last_seen",
+        }
+    }
 }
 
 /// One lookup: keys from a request input, features from a table.
@@ -315,6 +352,7 @@ impl FeaturesConfig {
                 ("max_keys_per_round_trip", redis.max_keys_per_round_trip),
                 ("max_round_trips_in_flight", redis.max_round_trips_in_flight),
                 ("queue_capacity", redis.queue_capacity),
+                ("probe_interval_ms", redis.probe_interval_ms as usize),
             ] {
                 if value == 0 {
                     return Err(invalid!("features.redis.{key} = 0: must be at least 1"));
@@ -337,6 +375,11 @@ impl FeaturesConfig {
                     }
                     if table.prefix.is_some() {
                         return Err(invalid!("{key}.prefix is for store = \"redis\"; this table is embedded"));
+                    }
+                    if table.last_seen_entries > 0 {
+                        return Err(invalid!(
+                            "{key}.last_seen_entries is for store = \"redis\"; an embedded table is never down"
+                        ));
                     }
                 }
                 StoreKind::Redis => {
@@ -421,6 +464,14 @@ impl FeatureFetchConfig {
             })?;
             if lookup.features.is_empty() {
                 return Err(invalid!("{key}.features is empty: name the features to fetch"));
+            }
+            if self.on_store_error == StoreErrorPolicy::LastSeen && table.last_seen_entries == 0 {
+                return Err(invalid!(
+                    "{key}: on_store_error = \"last_seen\", but table '{}' keeps no last-seen values; set \
+                     features.tables.{}.last_seen_entries (a Redis table) to how many entities to keep",
+                    lookup.table,
+                    lookup.table
+                ));
             }
             for (j, fetched) in lookup.features.iter().enumerate() {
                 let feature_key = format!("{key}.features[{j}]");

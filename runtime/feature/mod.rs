@@ -12,6 +12,7 @@
 //! and encoded; [`file`] reads table files. The pipeline stage that uses
 //! stores is `pipeline/fetch.rs`.
 
+pub mod breaker;
 pub mod embedded;
 pub mod file;
 pub mod redis;
@@ -145,6 +146,13 @@ pub trait FeatureStore: Send + Sync {
         wanted: &'a [usize],
         deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Found>>;
+
+    /// What the store last read for `keys` (a key it never read for: a
+    /// miss), answered while it is down; `None` when it keeps nothing
+    /// (`last_seen_entries`).
+    fn last_seen(&self, _keys: Keys<'_>, _wanted: &[usize]) -> Option<Result<Found>> {
+        None
+    }
 }
 
 /// Every configured table, opened.
@@ -161,7 +169,7 @@ impl FeatureTables {
     pub async fn open(config: &FeaturesConfig, metrics: &Metrics) -> Result<FeatureTables> {
         let redis = match &config.redis {
             Some(redis_config) if config.tables.values().any(|t| t.store == StoreKind::Redis) => {
-                Some(redis::RedisClient::start(redis_config)?)
+                Some(redis::RedisClient::start(redis_config, metrics)?)
             }
             _ => None,
         };

@@ -15,7 +15,13 @@
 //!
 //! The connection is redis' `ConnectionManager`, which reconnects by
 //! itself; the first connection is made in the background, so a Redis
-//! that is down when sluice starts fails lookups, not the start.
+//! that is down when sluice starts fails lookups, not the start. A
+//! [`Breaker`] watches the round trips: after `breaker_failures` in a
+//! row, Redis is held down and lookups that the local cache cannot answer
+//! fail at once instead of each paying `timeout_ms`, until a `PING` every
+//! `probe_interval_ms` answers. A table with `last_seen_entries` keeps the
+//! last row read for that many entities, what a pipeline with
+//! `on_store_error = "last_seen"` is answered from while Redis is down.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,11 +34,12 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
+use super::breaker::Breaker;
 use super::{value, Column, FeatureStore, Found, Keys, Schema};
 use crate::config::features::{RedisConfig, StoreKind, TableConfig};
 use crate::config::redis_access::redacted;
 use crate::error::{Error, Result};
-use crate::metrics::FeatureMetrics;
+use crate::metrics::{FeatureMetrics, Metrics};
 
 /// One entity as Redis answered it: each of the table's features, in
 /// schema order, or `None` where the hash has no such field (or no hash).
@@ -44,6 +51,7 @@ pub struct RedisClient {
     queue: mpsc::Sender<Pending>,
     capacity: usize,
     url: Arc<str>,
+    breaker: Arc<Breaker>,
 }
 
 /// One table's lookup waiting for a round trip.
@@ -74,24 +82,63 @@ struct Connection {
     manager: ArcSwapOption<ConnectionManager>,
     last_error: Mutex<String>,
     url: Arc<str>,
+    breaker: Arc<Breaker>,
+    /// How long a probe waits for its `PONG`.
+    probe_timeout: Duration,
 }
 
 impl RedisClient {
     /// Starts connecting to `config.url` in the background and starts the
     /// coalescing task.
-    pub fn start(config: &RedisConfig) -> Result<RedisClient> {
+    pub fn start(config: &RedisConfig, metrics: &Metrics) -> Result<RedisClient> {
         let client = config.access().client("features.redis", &config.url).map_err(|e| Error::invalid_argument(e.0))?;
         // Logged and put in messages: without its credentials.
         let url: Arc<str> = redacted(&config.url).into();
+        let (down, outages) = metrics.feature_store(StoreKind::Redis.name());
+        let breaker = Arc::new(Breaker::new(
+            format!("the Redis feature store {url}"),
+            config.breaker_failures,
+            Duration::from_millis(config.probe_interval_ms),
+            down,
+            outages,
+        ));
         let connection = Arc::new(Connection {
             manager: ArcSwapOption::empty(),
             last_error: Mutex::new("not connected yet".to_string()),
             url: url.clone(),
+            breaker: breaker.clone(),
+            probe_timeout: Duration::from_millis(config.connect_timeout_ms.max(config.timeout_ms)),
         });
         tokio::spawn(connect(client, config.clone(), connection.clone()));
         let (queue, waiting) = mpsc::channel(config.queue_capacity);
         tokio::spawn(coalesce(waiting, connection, config.clone()));
-        Ok(RedisClient { queue, capacity: config.queue_capacity, url })
+        Ok(RedisClient { queue, capacity: config.queue_capacity, url, breaker })
+    }
+}
+
+impl Connection {
+    /// A round trip failed for `why`; when that holds Redis down, the
+    /// probe starts.
+    fn failed(self: &Arc<Self>, why: &str) {
+        if self.breaker.failed(why) {
+            tokio::spawn(probe(self.clone()));
+        }
+    }
+}
+
+/// While Redis is held down: one `PING` every probe interval, never a
+/// client's lookup, until one answers. The `ConnectionManager` reconnects
+/// on the way, so the first answer means lookups reach Redis again.
+async fn probe(connection: Arc<Connection>) {
+    loop {
+        tokio::time::sleep(connection.breaker.probe_every()).await;
+        let Some(manager) = connection.manager.load_full() else { continue };
+        let mut manager = (*manager).clone();
+        let ping = redis::cmd("PING");
+        if let Ok(Ok(())) = tokio::time::timeout(connection.probe_timeout, ping.query_async::<()>(&mut manager)).await {
+            connection.breaker.succeeded();
+            return;
+        }
     }
 }
 
@@ -166,7 +213,7 @@ async fn coalesce(mut waiting: mpsc::Receiver<Pending>, connection: Arc<Connecti
 /// is bounded by the latest deadline of the others (each request stops
 /// waiting at its own, in [`RedisStore`]), capped by `timeout_ms`, so one
 /// client's short deadline never fails the requests it shares a trip with.
-async fn round_trip(connection: &Connection, mut batch: Vec<Pending>, cap: Duration) {
+async fn round_trip(connection: &Arc<Connection>, mut batch: Vec<Pending>, cap: Duration) {
     batch.retain(|pending| !pending.reply.is_closed());
     let now = Instant::now();
     let (expired, live): (Vec<Pending>, Vec<Pending>) =
@@ -178,13 +225,18 @@ async fn round_trip(connection: &Connection, mut batch: Vec<Pending>, cap: Durat
     if batch.is_empty() {
         return;
     }
+    // Lookups queued before Redis was held down fail as those after do.
+    if let Err(down) = connection.breaker.check() {
+        return fail(batch, &down);
+    }
     let latest = batch.iter().map(|p| p.deadline).max_by_key(|d| d.unwrap_or_else(far_future)).flatten();
     let budget = latest.map_or(cap, |at| at.saturating_duration_since(now).min(cap));
     let Some(manager) = connection.manager.load_full() else {
         let last = connection.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        connection.failed(&format!("not connected: {last}"));
         return fail(
             batch,
-            &Error::unavailable(format!("Redis feature store {}: not connected ({last})", connection.url)),
+            &Error::dependency_failed(format!("Redis feature store {}: not connected ({last})", connection.url)),
         );
     };
     // Distinct (table, key) pairs, in first-seen order.
@@ -232,31 +284,40 @@ async fn round_trip(connection: &Connection, mut batch: Vec<Pending>, cap: Durat
     let mut manager = (*manager).clone();
     let answer = tokio::time::timeout(budget, manager.req_packed_commands(&pipe, 0, order.len())).await;
     let values = match answer {
-        Err(_) => {
-            return fail(
-                batch,
-                &Error::unavailable(format!(
-                    "Redis feature store {} did not answer {} keys within {budget:?}",
-                    connection.url,
-                    order.len()
-                )),
-            )
+        Ok(Ok(values)) if values.len() == order.len() => {
+            connection.breaker.succeeded();
+            values
+        }
+        Ok(Ok(values)) => {
+            let message = format!(
+                "Redis feature store {} answered {} replies to {} commands",
+                connection.url,
+                values.len(),
+                order.len()
+            );
+            return fail(batch, &Error::unavailable(message));
         }
         Ok(Err(error)) => {
-            return fail(batch, &Error::unavailable(format!("Redis feature store {}: {error}", connection.url)))
+            let why = error.to_string();
+            connection.failed(&why);
+            return fail(batch, &Error::dependency_failed(format!("Redis feature store {}: {why}", connection.url)));
         }
-        Ok(Ok(values)) if values.len() != order.len() => {
-            return fail(
-                batch,
-                &Error::unavailable(format!(
-                    "Redis feature store {} answered {} replies to {} commands",
-                    connection.url,
-                    values.len(),
-                    order.len()
-                )),
-            )
+        // No answer in at least half of `timeout_ms` is Redis failing; in
+        // less, the clients' own short deadlines were (a trip of hurried
+        // requests must not hold Redis down for everyone).
+        Err(_) if budget >= cap / 2 => {
+            let why = format!("no answer to {} keys within {budget:?}", order.len());
+            connection.failed(&why);
+            return fail(batch, &Error::dependency_failed(format!("Redis feature store {}: {why}", connection.url)));
         }
-        Ok(Ok(values)) => values,
+        Err(_) => {
+            let message = format!(
+                "Redis feature store {} did not answer {} keys within {budget:?}, what the requests' deadlines left",
+                connection.url,
+                order.len()
+            );
+            return fail(batch, &Error::unavailable(message));
+        }
     };
     let rows: Vec<std::result::Result<Row, String>> =
         values.into_iter().zip(&order).map(|(value, (table, _))| row_of(value, table)).collect();
@@ -309,6 +370,9 @@ pub struct RedisStore {
     client: RedisClient,
     table: Arc<TableRef>,
     cache: Option<moka::sync::Cache<Bytes, Row>>,
+    /// The last row read for each of up to `last_seen_entries` entities,
+    /// without expiry: answers while Redis is down.
+    last_seen: Option<moka::sync::Cache<Bytes, Row>>,
 }
 
 impl RedisStore {
@@ -336,13 +400,25 @@ impl RedisStore {
                 .time_to_live(Duration::from_millis(r.cache_ttl_ms.max(1)))
                 .build()
         });
+        let last_seen = (config.last_seen_entries > 0).then(|| moka::sync::Cache::new(config.last_seen_entries));
         RedisStore {
             schema,
             prefix: Bytes::from(config.redis_prefix(name)),
             client,
             table: Arc::new(TableRef { fields, max_bytes, metrics }),
             cache,
+            last_seen,
         }
+    }
+
+    /// Key `i`'s hash in Redis: the prefix and the key.
+    fn full_key(&self, keys: Keys<'_>, i: usize) -> Bytes {
+        keys.with(i, |key| {
+            let mut full = Vec::with_capacity(self.prefix.len() + key.len());
+            full.extend_from_slice(&self.prefix);
+            full.extend_from_slice(key);
+            Bytes::from(full)
+        })
     }
 
     /// Writes `row` as key `i` of the wanted columns.
@@ -373,12 +449,7 @@ impl RedisStore {
         let mut asked: Vec<usize> = Vec::new();
         let mut full_keys: Vec<Bytes> = Vec::new();
         for i in 0..keys.len() {
-            let full = keys.with(i, |key| {
-                let mut full = Vec::with_capacity(self.prefix.len() + key.len());
-                full.extend_from_slice(&self.prefix);
-                full.extend_from_slice(key);
-                Bytes::from(full)
-            });
+            let full = self.full_key(keys, i);
             match self.cache.as_ref().and_then(|cache| cache.get(&full)) {
                 Some(row) => {
                     metrics.cache_hits.inc();
@@ -394,6 +465,8 @@ impl RedisStore {
             metrics.cache_misses.inc_by(asked.len() as u64);
         }
         if !asked.is_empty() {
+            // Held down: at once, not after `timeout_ms`.
+            self.client.breaker.check()?;
             let (reply, answer) = oneshot::channel();
             let pending = Pending { table: self.table.clone(), keys: full_keys.clone(), deadline, reply };
             self.client.queue.try_send(pending).map_err(|e| match e {
@@ -435,6 +508,11 @@ impl RedisStore {
                     ))
                 })?;
                 hits += self.fill(&row, i, keys, wanted, &mut found)? as u64;
+                if let Some(last_seen) = &self.last_seen {
+                    if row.iter().any(Option::is_some) {
+                        last_seen.insert(full.clone(), row.clone());
+                    }
+                }
                 if let Some(cache) = &self.cache {
                     cache.insert(full, row);
                 }
@@ -453,6 +531,19 @@ impl FeatureStore for RedisStore {
 
     fn kind(&self) -> StoreKind {
         StoreKind::Redis
+    }
+
+    fn last_seen(&self, keys: Keys<'_>, wanted: &[usize]) -> Option<Result<Found>> {
+        let kept = self.last_seen.as_ref()?;
+        let mut found: Found = wanted.iter().map(|&f| Column::empty(&self.schema.features[f].1, keys.len())).collect();
+        for i in 0..keys.len() {
+            if let Some(row) = kept.get(&self.full_key(keys, i)) {
+                if let Err(error) = self.fill(&row, i, keys, wanted, &mut found) {
+                    return Some(Err(error));
+                }
+            }
+        }
+        Some(Ok(found))
     }
 
     fn lookup<'a>(

@@ -22,10 +22,11 @@ use super::priority::Priority;
 use crate::config::features::{FeatureFetchConfig, FeatureSpec, StoreErrorPolicy};
 use crate::config::TrafficConfig;
 use crate::error::{Code, Error, Result};
-use crate::feature::{value, Column, ColumnValues, FeatureStore, FeatureTables, Keys};
+use crate::feature::{value, Column, ColumnValues, FeatureStore, FeatureTables, Found, Keys};
 use crate::metrics::{Metrics, QueueMetrics};
 use crate::tensor::spec::{fits, TensorSpec};
 use crate::tensor::{tensor_bytes, DType, NamedTensor, Tensor, TensorData};
+use prometheus_client::metrics::counter::Counter;
 
 /// A pipeline's feature-fetch stage.
 pub struct FeatureFetch {
@@ -46,6 +47,8 @@ struct Lookup {
     /// Feature indexes in the table's schema, in `features` order.
     wanted: Vec<usize>,
     features: Vec<Fetched>,
+    /// Lookups answered by the pipeline's fallback; none when it fails.
+    fallbacks: Option<Counter>,
 }
 
 impl Lookup {
@@ -107,7 +110,9 @@ impl FeatureFetch {
                 });
             }
             let keys = TensorSpec::new(lookup.keys.clone(), lookup.key_dtype, lookup.key_shape.clone());
-            lookups.push(Lookup { keys, store, wanted, features });
+            let fallbacks = (config.on_store_error != StoreErrorPolicy::Fail)
+                .then(|| metrics.feature_fallbacks(&lookup.table, store.kind().name(), config.on_store_error.name()));
+            lookups.push(Lookup { keys, store, wanted, features, fallbacks });
         }
         // A lookup reading keys an earlier lookup made: those must be keys
         // of its dtype and shape, checked now rather than by the model.
@@ -220,16 +225,8 @@ impl FeatureFetch {
                 lookup.store.lookup(keys, &lookup.wanted, deadline.instant()),
             )
             .await;
-        let mut found = match found {
+        let mut found = match found.or_else(|error| self.fall_back(lookup, keys, error)) {
             Ok(found) => found,
-            Err(error)
-                if self.on_store_error == StoreErrorPolicy::Defaults
-                    && matches!(error.code(), Code::Unavailable | Code::ResourceExhausted)
-                    && lookup.features.iter().all(|f| f.default.is_some()) =>
-            {
-                tracing::debug!(table, "feature store error, serving defaults: {error}");
-                lookup.features.iter().map(|f| Column::empty(&f.spec, keys.len())).collect()
-            }
             Err(error) => return Err(error.context(format_args!("{} (table '{table}')", self.label))),
         };
         let mut out = Vec::with_capacity(lookup.features.len());
@@ -259,6 +256,44 @@ impl FeatureFetch {
             out.push(NamedTensor::new(f.tensor.clone(), Tensor::from_parts_unchecked(f.spec.dtype, shape, data)));
         }
         Ok(out)
+    }
+
+    /// What a lookup whose store failed with `error` answers instead, as
+    /// `on_store_error` says: columns of misses that the features'
+    /// defaults fill (`defaults`), or what the store last read for each
+    /// key (`last_seen`). The error stands when the policy is `fail`, when
+    /// it is not the store being down or busy (a malformed value), or when
+    /// a key would be left with neither a value nor a default.
+    fn fall_back(&self, lookup: &Lookup, keys: Keys<'_>, error: Error) -> Result<Found> {
+        if !matches!(error.code(), Code::Unavailable | Code::ResourceExhausted) {
+            return Err(error);
+        }
+        let found: Found = match self.on_store_error {
+            StoreErrorPolicy::Fail => return Err(error),
+            StoreErrorPolicy::Defaults => lookup.features.iter().map(|f| Column::empty(&f.spec, keys.len())).collect(),
+            StoreErrorPolicy::LastSeen => match lookup.store.last_seen(keys, &lookup.wanted) {
+                Some(found) => found?,
+                None => return Err(error),
+            },
+        };
+        for (column, f) in found.iter().zip(&lookup.features) {
+            if f.default.is_some() {
+                continue;
+            }
+            if let Some(missed) = column.present.iter().position(|&p| !p) {
+                let kept =
+                    if self.on_store_error == StoreErrorPolicy::LastSeen { "no last-seen value and " } else { "" };
+                return Err(error.context(format_args!(
+                    "key \"{}\" has {kept}no default for '{}' to fall back on",
+                    keys.display(missed),
+                    f.feature
+                )));
+            }
+        }
+        if let Some(fallbacks) = &lookup.fallbacks {
+            fallbacks.inc();
+        }
+        Ok(found)
     }
 
     /// Every key is short enough and not empty, and there are not too many.

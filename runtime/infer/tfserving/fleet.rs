@@ -403,11 +403,16 @@ impl Fleet {
                 format!("{} {state}: {}", u.address, u.why())
             })
             .collect();
-        Error::unavailable(format!(
-            "no upstream of model '{}' could take the {what} call: {}",
-            self.model,
-            reasons.join("; ")
-        ))
+        let message =
+            format!("no upstream of model '{}' could take the {what} call: {}", self.model, reasons.join("; "));
+        // Every upstream ejected before this call: each ejection was
+        // logged once, and each comeback will be; the calls failed
+        // meanwhile are counted, not each logged.
+        if tried.is_empty() {
+            Error::dependency_failed(message)
+        } else {
+            Error::unavailable(message)
+        }
     }
 
     /// An upstream's refusal as sluice's error: the client's mistakes pass
