@@ -110,6 +110,15 @@ enum PluginCommand {
     Rollback(sluice::cli::plugin_push::NameArgs),
     /// Delete a stored version that is not active.
     Delete(sluice::cli::plugin_push::VersionArgs),
+    /// The server's plugin compiler: reads a component on stdin and writes
+    /// its compiled code on stdout. Run by sluice itself, one process per
+    /// compilation, so that a compilation can be stopped.
+    #[command(hide = true)]
+    CompileWorker {
+        /// `plugins.fuel` of the server.
+        #[arg(long)]
+        fuel: bool,
+    },
 }
 
 /// What the log needs kept until the end: the trace exporter (it flushes
@@ -211,6 +220,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Plugin(PluginCommand::CompileWorker { fuel }) = cli.command {
+        return sluice::plugin::compiler::worker(&sluice::plugin::engine::engine_config(fuel));
+    }
+    // Plugins this process compiles (uploads, start-up, `plugin check`)
+    // compile in children of this very executable: `/proc/self/exe` runs
+    // it even after a deploy replaced the file.
+    sluice::plugin::compiler::use_child_processes(PathBuf::from("/proc/self/exe"));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -259,6 +275,9 @@ fn main() -> ExitCode {
         };
         match command {
             Command::Serve(_) => Err(anyhow::anyhow!("serve is started above, this is a bug")),
+            Command::Plugin(PluginCommand::CompileWorker { .. }) => {
+                Err(anyhow::anyhow!("compile-worker is run above, this is a bug"))
+            }
             Command::Bench(args) => sluice::cli::bench::run(args).await,
             Command::Plugin(PluginCommand::Check(args)) => {
                 let report = tokio::task::spawn_blocking(move || sluice::cli::plugin_check::run(&args))

@@ -541,6 +541,12 @@ async fn the_admin_api_can_have_a_port_of_its_own() {
 
 /// A component carrying a module of `n` empty functions: the shape of a compile bomb.
 fn many_functions(n: u32) -> Vec<u8> {
+    functions(n, &[])
+}
+
+/// A component carrying a module of `n` functions, each running `body`
+/// (instructions, without locals or the final `end`).
+fn functions(n: u32, body: &[u8]) -> Vec<u8> {
     fn leb(mut v: u32, out: &mut Vec<u8>) {
         loop {
             let byte = (v & 0x7f) as u8;
@@ -566,7 +572,10 @@ fn many_functions(n: u32) -> Vec<u8> {
     let mut code = Vec::new();
     leb(n, &mut code);
     for _ in 0..n {
-        code.extend([2, 0, 0x0b]);
+        leb(body.len() as u32 + 2, &mut code);
+        code.push(0);
+        code.extend(body);
+        code.push(0x0b);
     }
     section(10, code, &mut module);
     // Inside a component, as a plugin would carry it: a bare core module
@@ -574,4 +583,119 @@ fn many_functions(n: u32) -> Vec<u8> {
     let mut component = b"\0asm\x0d\0\x01\0".to_vec();
     section(1, module, &mut component);
     component
+}
+
+/// A compile bomb inside the structure limits: 90,000 functions of 28
+/// additions each, about 15 MB of code, that the compiler needs many CPU
+/// seconds for.
+fn compile_bomb() -> Vec<u8> {
+    let body: Vec<u8> = std::iter::repeat_n([0x41, 0x00, 0x41, 0x01, 0x6a, 0x1a], 28).flatten().collect();
+    functions(90_000, &body)
+}
+
+/// The server's child processes (its plugin compilers).
+fn children(server: &Server) -> Vec<String> {
+    let pid = server.pid();
+    let mut children = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let listed = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        children.extend(listed.split_whitespace().map(str::to_string));
+    }
+    children
+}
+
+/// A server for compile bombs: a 32 MiB upload limit, the compile budget
+/// `cpu_seconds`, no drain delay.
+fn bomb_fixture(cpu_seconds: u64) -> ConfigDir {
+    let config = format!(
+        "[server]\ndrain_delay_secs = 0\ndrain_timeout_secs = 3\n[plugins]\ndir = \"$PLUGINS\"\ncompile_cpu_seconds = {cpu_seconds}\n\
+         [admin]\nenabled = true\nmax_upload_bytes = 33554432\n{}\n{}\n{}",
+        admin_token("ml-ci", Some("ml"), ML),
+        example_model_table("mlp"),
+        pipeline_table("scored", "mlp", "team = \"ml\"\npreprocess = { plugin = \"features\" }"),
+    );
+    ConfigDir::new(&[("features", "identity")], &config)
+}
+
+/// Compiling runs in a process of its own, so a compile bomb inside the
+/// structure limits is stopped, and its memory goes with it: at its CPU
+/// budget (429 naming the key), when its caller goes away, and at
+/// shutdown, which it never holds up.
+#[tokio::test]
+async fn a_compile_bomb_is_stopped_at_its_budget_when_its_caller_leaves_and_at_shutdown() {
+    let bomb = compile_bomb();
+    let features = "/admin/v1/plugins/features";
+
+    // Its budget: refused, naming the key; nothing left running; the
+    // server's memory as before.
+    let fixture = bomb_fixture(1);
+    let server = Server::serving(&fixture);
+    serves(&server).await;
+    let before = server.rss_bytes();
+    let (status, answer) = admin(&server, Method::PUT, features, Some(ML), bomb.clone()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    let message = answer.to_string();
+    assert!(message.contains("budget of 1 CPU seconds (plugins.compile_cpu_seconds)"), "{message}");
+    assert!(message.contains("was stopped"), "{message}");
+    assert_eq!(children(&server), Vec::<String>::new(), "the compiler was stopped");
+    let after = server.rss_bytes();
+    assert!(
+        after < before + (20 << 20),
+        "the server's memory grew from {} to {} MiB for a refused compile",
+        before >> 20,
+        after >> 20
+    );
+    serves(&server).await;
+    drop(server);
+
+    // Its caller going away: stopped, not left to finish.
+    let fixture = bomb_fixture(600);
+    let server = Server::serving(&fixture);
+    let upload = {
+        let http = server.http;
+        let bomb = bomb.clone();
+        tokio::spawn(async move {
+            let mut client = RestClient::new(&http.to_string()).expect("client");
+            let authorization = format!("Bearer {ML}");
+            let headers = [("authorization", authorization.as_str())];
+            let _ = client.call(Method::PUT, features, &headers, Bytes::from(bomb)).await;
+        })
+    };
+    eventually("the compiler to start", || if children(&server).is_empty() { Err("none".into()) } else { Ok(()) })
+        .await;
+    upload.abort();
+    server.wait_for_log("the caller went away; its plugin's compilation was stopped").await;
+    eventually("the compiler to be gone", || match children(&server) {
+        c if c.is_empty() => Ok(()),
+        c => Err(format!("{c:?}")),
+    })
+    .await;
+    serves(&server).await;
+
+    // Shutdown while one compiles: the server exits at once.
+    let upload = {
+        let http = server.http;
+        tokio::spawn(async move {
+            let mut client = RestClient::new(&http.to_string()).expect("client");
+            let authorization = format!("Bearer {ML}");
+            let headers = [("authorization", authorization.as_str())];
+            client.call(Method::PUT, features, &headers, Bytes::from(bomb)).await.map(|r| r.status)
+        })
+    };
+    eventually("the compiler to start", || if children(&server).is_empty() { Err("none".into()) } else { Ok(()) })
+        .await;
+    let compiler: Vec<String> = children(&server);
+    let mut server = server;
+    // SAFETY: kill(2) on the server's own pid.
+    assert_eq!(unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGTERM) }, 0);
+    let exited = server.wait(Duration::from_secs(30)).expect("the server exits while a plugin compiles");
+    assert!(exited.success(), "{exited:?}");
+    for pid in compiler {
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "compiler {pid} outlived the server");
+    }
+    let _ = upload.await;
+}
+
+async fn serves(server: &Server) {
+    logits(server, "scored", &input()).await.expect("the pipeline serves");
 }

@@ -66,36 +66,7 @@ impl PluginEngine {
     /// Builds the engine from the `[plugins]` settings and starts the epoch
     /// ticker.
     pub fn new(config: &PluginsConfig) -> Result<PluginEngine> {
-        let mut wasm = Config::new();
-        // Cranelift, optimising for speed: plugins are compiled once and
-        // called per request.
-        wasm.cranelift_opt_level(OptLevel::Speed);
-        wasm.wasm_component_model(true);
-        // Time limits: the ticker bumps the epoch every TICK; a call traps
-        // when it passes its deadline. Far cheaper than fuel.
-        wasm.epoch_interruption(true);
-        // Fuel counts instructions, for deterministic limits; it costs a
-        // few percent, so it is on only when asked for.
-        wasm.consume_fuel(config.fuel);
-        // Deep recursion traps at this much native stack, well before the
-        // thread's own stack is at risk.
-        wasm.max_wasm_stack(512 << 10);
-        // Instances are made on demand, and every linear memory is mapped
-        // by sluice (`memory`), so a used instance can be put back the way
-        // it was made instead of being made again for each call (the
-        // `reset` instance policy). wasmtime's copy-on-write initial images
-        // need its own mappings: data segments are copied in when an
-        // instance is made, which the `reset` policy does rarely.
-        wasm.allocation_strategy(InstanceAllocationStrategy::OnDemand);
-        wasm.with_host_memory(Arc::new(super::memory::MappedMemories));
-        wasm.memory_init_cow(false);
-        // Each memory reserves the whole 4 GiB a 32-bit address can reach
-        // (address space, not memory: only what the limiter allows is ever
-        // committed), plus a guard, so compiled code needs no bounds check
-        // on loads and stores. Reserving less makes plugins about twice as
-        // slow (measured on image-normalize).
-        wasm.memory_reservation(4 << 30);
-        wasm.memory_guard_size(32 << 20);
+        let wasm = engine_config(config.fuel);
         let engine = Engine::new(&wasm)
             .map_err(|e| Error::internal(format!("creating the WebAssembly engine failed: {e:#}")))?;
 
@@ -209,8 +180,9 @@ impl PluginEngine {
     /// against [`CompileLimits`] first (functions, code size, memories,
     /// tables), one compilation runs at a time (another is refused at
     /// once, not queued), and a compilation that overruns its time budget
-    /// is abandoned — the caller gets an error while the thread finishes in
-    /// the background, still holding the one compile slot. Nothing is
+    /// is stopped: its process killed (`compiler.rs`), or, compiling on
+    /// this process's threads, abandoned to finish in the background
+    /// holding the one compile slot. Nothing is
     /// written to the cache here: only [`PluginEngine::remember`] writes,
     /// once a plugin has passed every check.
     pub fn compile(&self, wasm: &[u8]) -> Result<Component> {
@@ -268,7 +240,9 @@ impl PluginEngine {
         Some(dir.join(format!("{sha256}-{:016x}.cwasm", settings.finish())))
     }
 
-    /// Compiles on the compiler's threads, within the CPU budget.
+    /// Compiles within the CPU budget: in a child process when this
+    /// process is the server (`compiler.rs`: a compilation that can be
+    /// stopped), else on the compiler's threads.
     fn compile_bounded(&self, wasm: &[u8]) -> Result<Component> {
         if wasm.len() >= 8 && wasm[..4] == *b"\0asm" && wasm[4..8] == [1, 0, 0, 0] {
             return Err(Error::invalid_argument(
@@ -280,6 +254,19 @@ impl PluginEngine {
             return Err(Error::resource_exhausted(
                 "another plugin is being compiled; plugins compile one at a time, retry in a few seconds",
             ));
+        }
+        let budget = self.limits.compile_cpu;
+        if super::compiler::in_child_processes() {
+            let compiled = super::compiler::compile(wasm, self.fuel, budget, budget.saturating_mul(WALL_PER_CPU))
+                .unwrap_or_else(|| Err(Error::internal("no plugin compiler process is configured, this is a bug")));
+            self.compiling.store(false, Ordering::Release);
+            let compiled = compiled?;
+            // SAFETY: these bytes are what this server's own executable,
+            // run as its child with the same engine settings, wrote on a
+            // pipe only this process reads; wasmtime checks their header,
+            // its version and the settings they were compiled with.
+            return unsafe { Component::deserialize(&self.engine, &compiled) }
+                .map_err(|e| Error::internal(format!("loading the compiled plugin failed: {e:#}")));
         }
         let (done, answer) = std::sync::mpsc::channel();
         let engine = self.engine.clone();
@@ -295,7 +282,6 @@ impl PluginEngine {
             slot.store(false, Ordering::Release);
             let _ = done.send(compiled);
         });
-        let budget = self.limits.compile_cpu;
         // CPU time, not wall time: on a busy server the compiler gets less
         // of the cores and takes longer, and that is not the plugin's
         // fault. Wall time is bounded too, generously, so a caller never
@@ -356,6 +342,43 @@ impl Drop for PluginEngine {
             let _ = ticker.join();
         }
     }
+}
+
+/// The engine settings plugins are compiled and run with, one place for
+/// the server and its compiler processes (`compiler.rs`): code compiled
+/// with other settings does not load.
+pub fn engine_config(fuel: bool) -> Config {
+    let mut wasm = Config::new();
+    // Cranelift, optimising for speed: plugins are compiled once and
+    // called per request.
+    wasm.cranelift_opt_level(OptLevel::Speed);
+    wasm.wasm_component_model(true);
+    // Time limits: the ticker bumps the epoch every TICK; a call traps
+    // when it passes its deadline. Far cheaper than fuel.
+    wasm.epoch_interruption(true);
+    // Fuel counts instructions, for deterministic limits; it costs a
+    // few percent, so it is on only when asked for.
+    wasm.consume_fuel(fuel);
+    // Deep recursion traps at this much native stack, well before the
+    // thread's own stack is at risk.
+    wasm.max_wasm_stack(512 << 10);
+    // Instances are made on demand, and every linear memory is mapped
+    // by sluice (`memory`), so a used instance can be put back the way
+    // it was made instead of being made again for each call (the
+    // `reset` instance policy). wasmtime's copy-on-write initial images
+    // need its own mappings: data segments are copied in when an
+    // instance is made, which the `reset` policy does rarely.
+    wasm.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+    wasm.with_host_memory(Arc::new(super::memory::MappedMemories));
+    wasm.memory_init_cow(false);
+    // Each memory reserves the whole 4 GiB a 32-bit address can reach
+    // (address space, not memory: only what the limiter allows is ever
+    // committed), plus a guard, so compiled code needs no bounds check
+    // on loads and stores. Reserving less makes plugins about twice as
+    // slow (measured on image-normalize).
+    wasm.memory_reservation(4 << 30);
+    wasm.memory_guard_size(32 << 20);
+    wasm
 }
 
 /// One instance's place among `max_instances`; given back when dropped.

@@ -19,6 +19,7 @@
 //! `pipeline/` or `models/`.
 
 pub mod bindings;
+pub mod compiler;
 pub mod engine;
 mod instances;
 pub mod manifest;

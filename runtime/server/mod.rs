@@ -118,6 +118,9 @@ pub async fn serve(
         let delay = Duration::from_secs(config.server.drain_delay_secs);
         async move {
             let stop = shutdown.await;
+            // A plugin compiling now is an admin change on a replica that
+            // is leaving: stopped at once, so it never holds the exit.
+            crate::plugin::compiler::stop_all();
             if stop == Stop::Terminate && !delay.is_zero() {
                 tracing::info!(
                     delay_secs = delay.as_secs(),

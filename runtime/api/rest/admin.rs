@@ -23,6 +23,7 @@ use super::{error_response, read_body, RestState};
 use crate::api::admin_access::Admin;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::plugin::compiler::{cancelled_by, CancelOnDrop};
 use crate::plugin::registry::{Caller, Manifest, PluginRegistry};
 
 /// The admin routes, served when `[admin] enabled = true`.
@@ -47,12 +48,17 @@ fn admin_of(state: &RestState) -> Result<&Admin> {
     state.admin.as_deref().ok_or_else(|| Error::not_found("the admin API is off"))
 }
 
-/// Runs `work` for an authenticated caller on a blocking thread.
+/// Runs `work` for an authenticated caller on a blocking thread. A caller
+/// that goes away stops the plugin compilation its work runs, if any.
 async fn run(admin: &Admin, caller: Caller, work: Work) -> Result<Value> {
     let registry = admin.registry()?;
-    tokio::task::spawn_blocking(move || work(&registry, &caller))
+    let cancel = CancelOnDrop::default();
+    let token = cancel.token();
+    let result = tokio::task::spawn_blocking(move || cancelled_by(token, || work(&registry, &caller)))
         .await
-        .map_err(|e| Error::internal(format!("the admin call failed: {e}")))?
+        .map_err(|e| Error::internal(format!("the admin call failed: {e}")))?;
+    drop(cancel);
+    result
 }
 
 fn respond(result: Result<Value>) -> Response {
