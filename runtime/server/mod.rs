@@ -266,16 +266,24 @@ pub async fn serve(
         }
     };
     tokio::pin!(drain_deadline);
-    tokio::select! {
-        () = grpc => {}
-        () = &mut drain_deadline => tracing::warn!(timeout_secs = drain.as_secs(), "drain timeout reached; abandoning in-flight gRPC requests"),
-    }
-    // REST requests in flight finish too; the port stays open until now so
-    // that readiness probes see 503 rather than a refused connection.
+    let timed_out = tokio::select! {
+        () = grpc => false,
+        () = &mut drain_deadline => {
+            tracing::warn!(timeout_secs = drain.as_secs(), "drain timeout reached; abandoning in-flight gRPC requests");
+            true
+        }
+    };
+    // REST requests in flight finish too, within what is left of the
+    // drain; the port stays open until now so that readiness probes see
+    // 503 rather than a refused connection.
     let _ = http_stop_tx.send(true);
-    tokio::select! {
-        _ = http => {}
-        () = &mut drain_deadline => tracing::warn!(timeout_secs = drain.as_secs(), "drain timeout reached; abandoning in-flight REST requests"),
+    if timed_out {
+        http.abort();
+    } else {
+        tokio::select! {
+            _ = http => {}
+            () = &mut drain_deadline => tracing::warn!(timeout_secs = drain.as_secs(), "drain timeout reached; abandoning in-flight REST requests"),
+        }
     }
     if let Some(admin_server) = admin_server {
         admin_server.abort();
