@@ -660,3 +660,38 @@ async fn each_k8s_overlays_config_passes_config_check_and_a_pod_starts_with_redi
             .unwrap_or_else(|e| panic!("{relative}: {e:?}"));
     }
 }
+
+/// A drain that reaches its timeout still ends in an orderly exit: a
+/// client that opens an HTTP/2 connection and then reads nothing never
+/// acknowledges the GOAWAY's ping, so its connection outlives the drain
+/// timeout (this once panicked the process, exit 101, after the
+/// timeout's warning).
+#[tokio::test]
+async fn a_drain_that_reaches_its_timeout_exits_cleanly() {
+    use std::io::Write;
+    let mut server = Server::start(&[
+        "--model_name",
+        "mlp",
+        "--model_base_path",
+        "examples/models/mlp",
+        "--drain_delay",
+        "0",
+        "--drain_timeout",
+        "1",
+    ]);
+    let mut silent = std::net::TcpStream::connect(server.grpc).expect("connect");
+    silent.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0").expect("preface and SETTINGS");
+    server
+        .predict_client()
+        .await
+        .predict(predict_request("mlp", vec![("x", f32_content(&[1, 64], &values(3, 64)))]))
+        .await
+        .expect("serves");
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGTERM) }, 0);
+    let status = server.wait(Duration::from_secs(60)).expect("the server exits after its drain timeout");
+    let log = server.log().join("\n");
+    assert!(status.success(), "exit {status:?}; log:\n{log}");
+    assert!(log.contains("drain timeout reached"), "{log}");
+    drop(silent);
+}
