@@ -22,6 +22,9 @@ use self::process::ServerProcess;
 #[path = "../tests/common/fixtures.rs"]
 pub mod fixtures;
 #[allow(dead_code)]
+#[path = "../tests/common/fleet.rs"]
+pub mod fleet;
+#[allow(dead_code)]
 #[path = "../tests/common/otlp.rs"]
 pub mod otlp;
 #[allow(dead_code)]

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
+pub mod fleet;
 pub mod otlp;
 pub mod pki;
 pub mod process;
