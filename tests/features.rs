@@ -694,13 +694,23 @@ async fn with_on_store_error_last_seen_a_redis_outage_serves_what_was_read_last_
         &client.predict(probe("probe-ints", i64_keys(&[1, 2], &[4, 7]))).await.expect("up").into_inner().outputs["y"],
     );
     assert_eq!(y, [expected_row(Some(4), 1), expected_row(Some(7), 1)].concat());
+    // 8 read, then deleted from Redis and read again: gone from what an
+    // outage answers too.
+    client.predict(probe("probe-ints", i64_keys(&[1, 1], &[8]))).await.expect("up");
+    assert_eq!(redis.command(&[b"DEL", b"ints:8"]).as_deref(), Some(":1\r\n"));
+    let y = f32_values(
+        &client.predict(probe("probe-ints", i64_keys(&[1, 1], &[8]))).await.expect("up").into_inner().outputs["y"],
+    );
+    assert_eq!(y, expected_row(None, 1), "deleted: the default");
     redis.kill();
-    // 4 and 7 were read before Redis went: their values; 5 never was: its
-    // default. The same while Redis is held down and before.
+    // 4 and 7 were read before Redis went: their values; 5 never was and 8
+    // is deleted: their defaults. The same while Redis is held down and
+    // before.
     for _ in 0..20 {
-        let answer = client.predict(probe("probe-ints", i64_keys(&[1, 3], &[7, 5, 4]))).await.expect("down");
+        let answer = client.predict(probe("probe-ints", i64_keys(&[1, 4], &[7, 5, 4, 8]))).await.expect("down");
         let y = f32_values(&answer.into_inner().outputs["y"]);
-        assert_eq!(y, [expected_row(Some(7), 1), expected_row(None, 1), expected_row(Some(4), 1)].concat());
+        let want = [expected_row(Some(7), 1), expected_row(None, 1), expected_row(Some(4), 1), expected_row(None, 1)];
+        assert_eq!(y, want.concat());
     }
     let served = "sluice_feature_fallbacks_total{table=\"ints\",store=\"redis\",outcome=\"last_seen\"}";
     assert_eq!(server.metric(served).await, 20.0);

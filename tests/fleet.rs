@@ -213,6 +213,7 @@ async fn a_rolling_restart_behind_haproxy_fails_no_request_and_a_killed_replica_
     let out = Instant::now();
     let after_out = outcomes.ok.load(Ordering::Relaxed);
     while outcomes.ok.load(Ordering::Relaxed) < after_out + 300 {
+        assert!(out.elapsed() < Duration::from_secs(60), "the load stalled: {:?}", outcomes.failures());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.store(true, Ordering::Relaxed);

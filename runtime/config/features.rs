@@ -465,7 +465,11 @@ impl FeatureFetchConfig {
             if lookup.features.is_empty() {
                 return Err(invalid!("{key}.features is empty: name the features to fetch"));
             }
-            if self.on_store_error == StoreErrorPolicy::LastSeen && table.last_seen_entries == 0 {
+            // An embedded table is never down: nothing to keep for it.
+            if self.on_store_error == StoreErrorPolicy::LastSeen
+                && table.store == StoreKind::Redis
+                && table.last_seen_entries == 0
+            {
                 return Err(invalid!(
                     "{key}: on_store_error = \"last_seen\", but table '{}' keeps no last-seen values; set \
                      features.tables.{}.last_seen_entries (a Redis table) to how many entities to keep",

@@ -132,6 +132,10 @@ impl Connection {
 async fn probe(connection: Arc<Connection>) {
     loop {
         tokio::time::sleep(connection.breaker.probe_every()).await;
+        // A round trip already out when it opened may have closed it.
+        if !connection.breaker.is_open() {
+            return;
+        }
         let Some(manager) = connection.manager.load_full() else { continue };
         let mut manager = (*manager).clone();
         let ping = redis::cmd("PING");
@@ -156,6 +160,9 @@ async fn connect(client: redis::Client, config: RedisConfig, connection: Arc<Con
             Ok(manager) => {
                 tracing::info!(url = %connection.url, "connected to the Redis feature store");
                 connection.manager.store(Some(Arc::new(manager)));
+                // Lookups made before the first connection may have held
+                // Redis down; it answers now.
+                connection.breaker.succeeded();
                 return;
             }
             Err(error) => {
@@ -226,7 +233,7 @@ async fn round_trip(connection: &Arc<Connection>, mut batch: Vec<Pending>, cap: 
         return;
     }
     // Lookups queued before Redis was held down fail as those after do.
-    if let Err(down) = connection.breaker.check() {
+    if let Err(down) = connection.breaker.check(batch.len()) {
         return fail(batch, &down);
     }
     let latest = batch.iter().map(|p| p.deadline).max_by_key(|d| d.unwrap_or_else(far_future)).flatten();
@@ -400,7 +407,15 @@ impl RedisStore {
                 .time_to_live(Duration::from_millis(r.cache_ttl_ms.max(1)))
                 .build()
         });
-        let last_seen = (config.last_seen_entries > 0).then(|| moka::sync::Cache::new(config.last_seen_entries));
+        // Least recently used out first: a cache that refused new keys
+        // (moka's default admission) would keep stale entities over ones
+        // the traffic reads now.
+        let last_seen = (config.last_seen_entries > 0).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(config.last_seen_entries)
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
+                .build()
+        });
         RedisStore {
             schema,
             prefix: Bytes::from(config.redis_prefix(name)),
@@ -466,7 +481,7 @@ impl RedisStore {
         }
         if !asked.is_empty() {
             // Held down: at once, not after `timeout_ms`.
-            self.client.breaker.check()?;
+            self.client.breaker.check(1)?;
             let (reply, answer) = oneshot::channel();
             let pending = Pending { table: self.table.clone(), keys: full_keys.clone(), deadline, reply };
             self.client.queue.try_send(pending).map_err(|e| match e {
@@ -509,8 +524,12 @@ impl RedisStore {
                 })?;
                 hits += self.fill(&row, i, keys, wanted, &mut found)? as u64;
                 if let Some(last_seen) = &self.last_seen {
+                    // An entity gone from Redis is gone from what an
+                    // outage answers too.
                     if row.iter().any(Option::is_some) {
                         last_seen.insert(full.clone(), row.clone());
+                    } else {
+                        last_seen.invalidate(&full);
                     }
                 }
                 if let Some(cache) = &self.cache {

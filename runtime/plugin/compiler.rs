@@ -121,22 +121,37 @@ fn compile_with(exe: &PathBuf, wasm: &[u8], fuel: bool, cpu: Duration, wall: Dur
         command.arg("--fuel");
     }
     command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).env("SLUICE_LOG", "off");
+    // A second past the budget: the poll below stops it at the budget,
+    // the kernel's limit is the backstop.
     let cpu_limit = cpu.as_secs().max(1) + 1;
+    let server = std::process::id() as libc::pid_t;
     // SAFETY: between fork and exec the closure makes only
-    // async-signal-safe system calls on plain integers, and allocates
-    // nothing.
+    // async-signal-safe system calls on plain integers and static
+    // C strings, and allocates nothing.
     unsafe {
         use std::os::unix::process::CommandExt;
         command.pre_exec(move || {
             // The kernel's own bound on the CPU it spends (SIGXCPU past
             // the soft limit, SIGKILL past the hard one), no core dump,
-            // and its death with the server's.
+            // and its death with the server's (unless the server is
+            // already gone).
             let cpu = libc::rlimit { rlim_cur: cpu_limit, rlim_max: cpu_limit + 1 };
             let core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
             if libc::setrlimit(libc::RLIMIT_CPU, &cpu) != 0 || libc::setrlimit(libc::RLIMIT_CORE, &core) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != server {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // The first process the out-of-memory killer takes: a
+            // compilation that eats the machine's memory dies, not the
+            // server beside it.
+            let adj = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY);
+            if adj >= 0 {
+                libc::write(adj, b"1000".as_ptr().cast(), 4);
+                libc::close(adj);
+            }
             // Below the serving threads, as the in-process compiler is.
             libc::setpriority(libc::PRIO_PROCESS, 0, 10);
             Ok(())
@@ -146,35 +161,45 @@ fn compile_with(exe: &PathBuf, wasm: &[u8], fuel: bool, cpu: Duration, wall: Dur
         .spawn()
         .map_err(|e| Error::internal(format!("starting the plugin compiler ({}) failed: {e}", exe.display())))?;
     let pid = child.id();
-    let (Some(mut stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
+    let stopped = |child: &mut std::process::Child, why: String| {
         let _ = child.kill();
         let _ = child.wait();
-        return Err(Error::internal("the plugin compiler's pipes were not opened, this is a bug"));
+        Error::internal(why)
+    };
+    let (Some(mut stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(stopped(&mut child, "the plugin compiler's pipes were not opened, this is a bug".into()));
     };
     let input = wasm.to_vec();
-    let writer = std::thread::spawn(move || {
+    let over = Arc::new(AtomicBool::new(false));
+    let thread = |name: &str| std::thread::Builder::new().name(format!("plugin-compiler-{name}"));
+    let threads = thread("in").spawn(move || {
         let _ = stdin.write_all(&input);
     });
-    let over = Arc::new(AtomicBool::new(false));
-    let reader = std::thread::spawn({
+    let threads = threads.and_then(|writer| {
         let over = over.clone();
-        move || {
+        let reader = thread("out").spawn(move || {
             let mut compiled = Vec::new();
             let read = stdout.take(MAX_COMPILED_BYTES + 1).read_to_end(&mut compiled);
             if compiled.len() as u64 > MAX_COMPILED_BYTES {
                 over.store(true, Ordering::Release);
             }
             read.map(|_| compiled)
-        }
+        })?;
+        let messages = thread("err").spawn(move || {
+            let mut message = Vec::new();
+            let _ = stderr.take(MAX_MESSAGE_BYTES).read_to_end(&mut message);
+            String::from_utf8_lossy(&message).trim().to_string()
+        })?;
+        Ok((writer, reader, messages))
     });
-    let messages = std::thread::spawn(move || {
-        let mut message = Vec::new();
-        let _ = stderr.take(MAX_MESSAGE_BYTES).read_to_end(&mut message);
-        String::from_utf8_lossy(&message).trim().to_string()
-    });
+    let (writer, reader, messages) = match threads {
+        Ok(threads) => threads,
+        Err(e) => return Err(stopped(&mut child, format!("starting the plugin compiler's pipe threads failed: {e}"))),
+    };
     let started = Instant::now();
-    let killed = loop {
+    let mut last_spent = Duration::ZERO;
+    let mut killed = loop {
         match child.try_wait() {
             Ok(Some(_)) => break None,
             Ok(None) => {}
@@ -185,6 +210,7 @@ fn compile_with(exe: &PathBuf, wasm: &[u8], fuel: bool, cpu: Duration, wall: Dur
             }
         }
         let spent = cpu_time(pid);
+        last_spent = spent;
         let reason = if STOPPING.load(Ordering::Acquire) {
             Some(Killed::Stopping)
         } else if cancel.as_ref().is_some_and(|c| c.load(Ordering::Acquire)) {
@@ -205,28 +231,19 @@ fn compile_with(exe: &PathBuf, wasm: &[u8], fuel: bool, cpu: Duration, wall: Dur
         std::thread::sleep(POLL);
     };
     let status = child.wait();
+    // What the poll last read: an exited child's /proc entry is gone.
+    let spent = last_spent;
     let _ = writer.join();
     let compiled = reader.join().unwrap_or_else(|_| Ok(Vec::new()));
     let message = messages.join().unwrap_or_default();
-    let limit = |what: String| Error::resource_exhausted(what);
+    // Its output passed the cap: the child then died on a closed pipe,
+    // which is not what to report.
+    if over.load(Ordering::Acquire) {
+        killed = Some(Killed::TooLarge);
+    }
     match killed {
-        Some(Killed::Cpu(spent)) => {
-            return Err(limit(format!(
-                "compiling the plugin took more than its budget of {} CPU seconds (plugins.compile_cpu_seconds) \
-                 and was stopped ({:.1} s spent)",
-                cpu.as_secs(),
-                spent.as_secs_f64()
-            )))
-        }
-        Some(Killed::Wall(took, spent)) => {
-            return Err(limit(format!(
-                "compiling the plugin took more than {} s of wall time ({:.1} CPU s spent in {:.1} s; the server is \
-                 too busy to compile it) and was stopped",
-                wall.as_secs(),
-                spent.as_secs_f64(),
-                took.as_secs_f64()
-            )))
-        }
+        Some(Killed::Cpu(spent)) => return Err(over_cpu_budget(cpu, spent)),
+        Some(Killed::Wall(took, spent)) => return Err(over_wall_time(wall, spent, took)),
         // No one hears these answers: the log says what happened.
         Some(Killed::Cancelled) => {
             let message = "the caller went away; its plugin's compilation was stopped";
@@ -239,8 +256,8 @@ fn compile_with(exe: &PathBuf, wasm: &[u8], fuel: bool, cpu: Duration, wall: Dur
             return Err(Error::unavailable(message));
         }
         Some(Killed::TooLarge) => {
-            return Err(limit(format!(
-                "the plugin's compiled code is over {} MiB; it was refused",
+            return Err(Error::resource_exhausted(format!(
+                "the plugin's compiled code is over {} MiB, the most a plugin's may be; it was refused",
                 MAX_COMPILED_BYTES >> 20
             )))
         }
@@ -253,18 +270,54 @@ fn compile_with(exe: &PathBuf, wasm: &[u8], fuel: bool, cpu: Duration, wall: Dur
             compiled.map_err(|e| Error::internal(format!("reading the compiled plugin from its compiler failed: {e}")))
         }
         (Some(INVALID), _) => Err(Error::invalid_argument(format!("not a valid WebAssembly component: {message}"))),
-        (_, Some(libc::SIGXCPU | libc::SIGKILL)) => Err(limit(format!(
-            "compiling the plugin took more than its budget of {} CPU seconds (plugins.compile_cpu_seconds) and \
-             was stopped",
-            cpu.as_secs()
+        // The kernel's CPU limit.
+        (_, Some(libc::SIGXCPU)) => Err(over_cpu_budget(cpu, spent)),
+        // Not this server's kill: the system's, and on Linux that is the
+        // out-of-memory killer, which takes the compiler first.
+        (_, Some(libc::SIGKILL)) => Err(Error::resource_exhausted(format!(
+            "compiling the plugin was killed by the system after {:.1} CPU s, most likely for using too much \
+             memory; it was refused",
+            spent.as_secs_f64()
         ))),
         _ => Err(Error::internal(format!("the plugin compiler failed ({status}): {message}"))),
     }
 }
 
 /// The worker's exit code for a component that does not compile; its
-/// stderr says why.
-const INVALID: i32 = 2;
+/// stderr says why. Not 1 or 2, which a failing start (clap's bad
+/// arguments, a panic's 101 aside) exits with: those are the server's
+/// faults, not the upload's.
+const INVALID: i32 = 65;
+
+/// A compilation over its CPU budget (`spent` so far), in one wording
+/// wherever it is compiled.
+pub fn over_cpu_budget(budget: Duration, spent: Duration) -> Error {
+    Error::resource_exhausted(format!(
+        "compiling the plugin took more than its budget of {} CPU seconds (plugins.compile_cpu_seconds) and was \
+         stopped ({:.1} CPU s spent)",
+        budget.as_secs(),
+        spent.as_secs_f64()
+    ))
+}
+
+/// A compilation over its wall-time bound (`wall`, 10 × the CPU budget),
+/// `took` so far with `spent` of CPU.
+pub fn over_wall_time(wall: Duration, spent: Duration, took: Duration) -> Error {
+    Error::resource_exhausted(format!(
+        "compiling the plugin took more than {} s of wall time (10 × plugins.compile_cpu_seconds; {:.1} CPU s \
+         spent in {:.1} s: the server is too busy to compile it) and was stopped",
+        wall.as_secs(),
+        spent.as_secs_f64(),
+        took.as_secs_f64()
+    ))
+}
+
+/// Runs a compilation, a panic in the compiler on an uploaded component
+/// becoming that upload's failure.
+pub fn guarded<T>(compile: impl FnOnce() -> wasmtime::Result<T>) -> wasmtime::Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile))
+        .unwrap_or_else(|_| Err(wasmtime::Error::msg("the compiler panicked on it")))
+}
 
 /// CPU time process `pid` (all its threads) has spent, from
 /// `/proc/PID/stat`; zero when it cannot be read.
@@ -297,8 +350,7 @@ pub fn worker(settings: &wasmtime::Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.precompile_component(&wasm)))
-        .unwrap_or_else(|_| Err(wasmtime::Error::msg("the compiler panicked on it")));
+    let compiled = guarded(|| engine.precompile_component(&wasm));
     match compiled {
         Ok(bytes) => match std::io::stdout().lock().write_all(&bytes) {
             Ok(()) => ExitCode::SUCCESS,

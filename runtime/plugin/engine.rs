@@ -277,8 +277,7 @@ impl PluginEngine {
             // A panic in the compiler on an uploaded component fails that
             // upload; it must neither abort the process (rayon aborts on a
             // job's panic) nor keep the compile slot taken.
-            let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Component::new(&engine, &wasm)))
-                .unwrap_or_else(|_| Err(wasmtime::Error::msg("the compiler panicked on it")));
+            let compiled = super::compiler::guarded(|| Component::new(&engine, &wasm));
             slot.store(false, Ordering::Release);
             let _ = done.send(compiled);
         });
@@ -286,7 +285,8 @@ impl PluginEngine {
         // of the cores and takes longer, and that is not the plugin's
         // fault. Wall time is bounded too, generously, so a caller never
         // waits forever on a starved compiler.
-        let wall_limit = Instant::now() + budget.saturating_mul(WALL_PER_CPU);
+        let started = Instant::now();
+        let wall_limit = started + budget.saturating_mul(WALL_PER_CPU);
         loop {
             match answer.recv_timeout(Duration::from_millis(50)) {
                 Ok(compiled) => {
@@ -300,19 +300,11 @@ impl PluginEngine {
             }
             let spent = self.compiler.cpu_time().saturating_sub(spent_before);
             if spent > budget {
-                return Err(Error::resource_exhausted(format!(
-                    "compiling the plugin took more than its budget of {} CPU seconds \
-                     (plugins.compile_cpu_seconds) and was abandoned",
-                    budget.as_secs()
-                )));
+                return Err(super::compiler::over_cpu_budget(budget, spent));
             }
             if Instant::now() > wall_limit {
-                return Err(Error::resource_exhausted(format!(
-                    "compiling the plugin took more than {} s of wall time ({} CPU s spent; the server is \
-                     too busy to compile it) and was abandoned",
-                    budget.saturating_mul(WALL_PER_CPU).as_secs(),
-                    spent.as_secs()
-                )));
+                let wall = budget.saturating_mul(WALL_PER_CPU);
+                return Err(super::compiler::over_wall_time(wall, spent, started.elapsed()));
             }
         }
     }

@@ -155,7 +155,7 @@ pub async fn serve(
         let limits = Limits::new(&config.server, &metrics, "admin");
         tokio::spawn(connections::serve(listener, rest::admin_router(state), limits, tls.clone(), http_stop_rx.clone()))
     });
-    let http = tokio::spawn(connections::serve(
+    let mut http = tokio::spawn(connections::serve(
         http_listener,
         rest::router(rest_state),
         Limits::new(&config.server, &metrics, "http"),
@@ -277,14 +277,13 @@ pub async fn serve(
     // drain; the port stays open until now so that readiness probes see
     // 503 rather than a refused connection.
     let _ = http_stop_tx.send(true);
-    if timed_out {
-        http.abort();
-    } else {
+    if !timed_out {
         tokio::select! {
-            _ = http => {}
+            _ = &mut http => {}
             () = &mut drain_deadline => tracing::warn!(timeout_secs = drain.as_secs(), "drain timeout reached; abandoning in-flight REST requests"),
         }
     }
+    http.abort();
     if let Some(admin_server) = admin_server {
         admin_server.abort();
     }
