@@ -447,27 +447,29 @@ impl PluginRegistry {
             self.uploads("refused").inc();
         })?;
         self.uploads("accepted").inc();
-        let mut state = self.lock();
-        // Checked again: the registry may have changed while validating.
-        self.authorize(&state, caller, name)?;
+        let mut manifest = {
+            let state = self.lock();
+            // Checked again: the registry may have changed while validating.
+            self.authorize(&state, caller, name)?;
+            state.manifests.get(name).cloned().unwrap_or_else(|| Manifest {
+                name: name.to_string(),
+                team: if caller.admin {
+                    state.bindings.get(name).and_then(|b| b.first()?.team().map(str::to_string))
+                } else {
+                    caller.team.clone()
+                },
+                active: None,
+                history: Vec::new(),
+                versions: Vec::new(),
+                canary: None,
+            })
+        };
         let description = plugin.description();
         let sha256 = plugin.sha256().to_string();
         let blob = self.blob_path(&sha256);
         if self.read_blob_at(&blob, &sha256).is_err() {
             write_atomically(&blob, bytes).map_err(|e| Error::internal(format!("storing {}: {e}", blob.display())))?;
         }
-        let mut manifest = state.manifests.get(name).cloned().unwrap_or_else(|| Manifest {
-            name: name.to_string(),
-            team: if caller.admin {
-                state.bindings.get(name).and_then(|b| b.first()?.team().map(str::to_string))
-            } else {
-                caller.team.clone()
-            },
-            active: None,
-            history: Vec::new(),
-            versions: Vec::new(),
-            canary: None,
-        });
         let stored = StoredVersion {
             version: manifest.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1,
             sha256,
@@ -481,10 +483,8 @@ impl PluginRegistry {
             shared.put_blob(&stored.sha256, bytes)?;
         }
         let record = audit_record(caller, "upload", name, Some(stored.version), None, &stored.sha256);
-        self.commit_shared(&manifest, record.clone())?;
-        self.write_manifest(&manifest)?;
+        drop(self.record(caller, &manifest, &record)?);
         plugin.accepted();
-        state.manifests.insert(name.to_string(), manifest);
         self.audit(&record);
         Ok(stored)
     }
@@ -546,13 +546,9 @@ impl PluginRegistry {
                 manifest.history.push(previous);
             }
         }
-        let mut state = self.lock();
-        self.authorize(&state, caller, &name)?;
         let action = if remember { "activate" } else { "rollback" };
         let record = audit_record(caller, action, &name, Some(version), previous, "");
-        self.commit_shared(&manifest, record.clone())?;
-        self.write_manifest(&manifest)?;
-        state.manifests.insert(name.clone(), manifest.clone());
+        let state = self.record(caller, &manifest, &record)?;
         for (slot, plugin) in slots.iter().zip(loaded) {
             plugin.accepted();
             slot.swap(plugin, version)?;
@@ -567,6 +563,28 @@ impl PluginRegistry {
         drop(state);
         self.audit(&record);
         Ok(manifest)
+    }
+
+    /// Records a change of `manifest`: authorizes `caller` again (the
+    /// registry may have changed while a version loaded), commits it to the
+    /// shared registry and writes it to disk, then puts it in the state
+    /// and answers the state, still locked, for the swaps that go with it.
+    /// The Redis round trips and the fsync run with no lock held:
+    /// `changing` keeps other changes out, and readers (listings, status,
+    /// a reload binding its stages) see the registry as it was until the
+    /// change is recorded, instead of waiting on the network and the disk.
+    fn record(
+        &self,
+        caller: &Caller,
+        manifest: &Manifest,
+        record: &serde_json::Value,
+    ) -> Result<MutexGuard<'_, State>> {
+        self.authorize(&self.lock(), caller, &manifest.name)?;
+        self.commit_shared(manifest, record.clone())?;
+        self.write_manifest(manifest)?;
+        let mut state = self.lock();
+        state.manifests.insert(manifest.name.clone(), manifest.clone());
+        Ok(state)
     }
 
     /// The bytes of `version` of the plugin `manifest` describes (0: its
@@ -605,7 +623,7 @@ impl PluginRegistry {
     pub fn delete(&self, caller: &Caller, name: &str, version: u32) -> Result<Manifest> {
         let _one = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
         self.sync_locked()?;
-        let mut state = self.lock();
+        let state = self.lock();
         self.authorize(&state, caller, name)?;
         let mut manifest = state.manifests.get(name).cloned().ok_or_else(|| no_plugin(name))?;
         if version == FILE_VERSION {
@@ -625,19 +643,17 @@ impl PluginRegistry {
             .ok_or_else(|| Error::not_found(format!("plugin '{name}' has no version {version}")))?;
         let removed = manifest.versions.remove(at);
         manifest.history.retain(|&v| v != version);
-        let record = audit_record(caller, "delete", name, Some(version), None, &removed.sha256);
-        self.commit_shared(&manifest, record.clone())?;
-        self.write_manifest(&manifest)?;
         let shared = state
             .manifests
             .values()
             .flat_map(|m| m.versions.iter().filter(move |v| m.name != name || v.version != version))
             .any(|v| v.sha256 == removed.sha256);
+        drop(state);
+        let record = audit_record(caller, "delete", name, Some(version), None, &removed.sha256);
+        drop(self.record(caller, &manifest, &record)?);
         if !shared {
             let _ = std::fs::remove_file(self.blob_path(&removed.sha256));
         }
-        state.manifests.insert(name.to_string(), manifest.clone());
-        drop(state);
         self.audit(&record);
         Ok(self.with_file(manifest))
     }

@@ -40,14 +40,9 @@ impl PluginRegistry {
         let bytes = self.version_bytes(&manifest, version)?;
         let loaded = self.load_for(name, &bytes, &slots)?;
         manifest.canary = Some(CanaryVersion { version, percent });
-        let mut state = self.lock();
-        self.authorize(&state, caller, name)?;
         let mut record = audit_record(caller, "canary", name, Some(version), active, "");
         record["percent"] = serde_json::json!(percent);
-        self.commit_shared(&manifest, record.clone())?;
-        self.write_manifest(&manifest)?;
-        state.manifests.insert(name.to_string(), manifest.clone());
-        drop(state);
+        drop(self.record(caller, &manifest, &record)?);
         for (slot, plugin) in slots.iter().zip(loaded) {
             plugin.accepted();
             slot.set_canary(Some((plugin, version, percent)), &self.metrics)?;
@@ -125,14 +120,9 @@ impl PluginRegistry {
     ) -> Result<Manifest> {
         let name = manifest.name.clone();
         let ended = manifest.canary.take();
-        let mut state = self.lock();
-        self.authorize(&state, caller, &name)?;
         let version = ended.as_ref().map(|c| c.version);
         let record = audit_record(caller, action, &name, version, manifest.active, "");
-        self.commit_shared(&manifest, record.clone())?;
-        self.write_manifest(&manifest)?;
-        state.manifests.insert(name.clone(), manifest.clone());
-        drop(state);
+        drop(self.record(caller, &manifest, &record)?);
         for slot in slots {
             slot.set_canary(None, &self.metrics)?;
         }
