@@ -25,6 +25,7 @@
 //! and starts from the shared state. The local store is then the replica's
 //! cache of it.
 
+mod access;
 mod audit;
 mod canary;
 mod replicas;
@@ -40,6 +41,7 @@ use serde::Serialize;
 
 use self::storage::read_manifest;
 
+pub use self::access::Caller;
 pub use self::audit::MAX_LISTED as MAX_AUDIT_LISTED;
 pub use self::storage::active_upload;
 pub use super::manifest::{CanaryVersion, Manifest, StoredVersion};
@@ -98,23 +100,6 @@ pub struct Running {
     pub canary: Option<CanaryVersion>,
 }
 
-/// Who is calling, as the admin API authenticated them.
-#[derive(Debug, Clone)]
-pub struct Caller {
-    /// The token's id (never the token), for the audit log.
-    pub token_id: String,
-    /// The team the token acts for.
-    pub team: Option<String>,
-    /// An admin token may do everything.
-    pub admin: bool,
-}
-
-impl Caller {
-    fn may(&self, team: Option<&str>) -> bool {
-        self.admin || (team.is_some() && team == self.team.as_deref())
-    }
-}
-
 /// The slots running one plugin.
 type Slots = Vec<Arc<dyn PluginSlot>>;
 
@@ -131,9 +116,10 @@ pub struct PluginRegistry {
     metrics: Arc<Metrics>,
     blobs: PathBuf,
     manifests: PathBuf,
-    // Admin operations are rare and compile plugins; holding the lock for
-    // a whole operation keeps them simple and serial. Requests never take
-    // it: stages swap through `PluginStage`.
+    // Taken briefly, never over plugin code, the network or the disk:
+    // `changing` keeps changes serial, and each publishes under this lock
+    // once its I/O is done (`record`). Requests never take it: stages
+    // swap through `PluginStage`.
     state: Mutex<State>,
     /// The registry every replica shares, when configured.
     shared: Option<SharedRegistry>,
@@ -346,49 +332,6 @@ impl PluginRegistry {
                 "pipeline '{pipeline}' runs several plugins {many:?}; upload to /admin/v1/plugins/NAME instead"
             ))),
         }
-    }
-
-    /// Checks that `caller` may change plugin `name`: its owner, and the
-    /// owner of every pipeline running it.
-    fn authorize(&self, state: &State, caller: &Caller, name: &str) -> Result<()> {
-        let denied = |what: String| {
-            Error::PermissionDenied(format!(
-                "token '{}' (team {:?}) may not change {what}",
-                caller.token_id,
-                caller.team.as_deref().unwrap_or("none")
-            ))
-        };
-        if let Some(manifest) = state.manifests.get(name) {
-            if !caller.may(manifest.team.as_deref()) {
-                return Err(denied(format!(
-                    "plugin '{name}', which belongs to team {:?}",
-                    manifest.team.as_deref().unwrap_or("none")
-                )));
-            }
-        }
-        let bound = state.bindings.get(name).is_some_and(|b| !b.is_empty());
-        if !caller.admin && !bound && !state.manifests.contains_key(name) {
-            // A name no pipeline runs yet belongs to no team: a team may
-            // claim one only in its own namespace, so it cannot squat a
-            // name another team's pipeline will be configured with.
-            let team = caller.team.as_deref().unwrap_or("none");
-            if !name.starts_with(&format!("{team}.")) {
-                return Err(denied(format!(
-                    "plugin '{name}': no pipeline runs it, and a team may create only plugins named '{team}.NAME' \
-                     (or the plugins its own pipelines run)"
-                )));
-            }
-        }
-        for binding in state.bindings.get(name).into_iter().flatten() {
-            if !caller.may(binding.team()) {
-                return Err(denied(format!(
-                    "plugin '{name}': pipeline '{}' runs it and belongs to team {:?}",
-                    binding.pipeline(),
-                    binding.team().unwrap_or("none (admins only)")
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// Checks an upload without storing anything: it compiles, answers
