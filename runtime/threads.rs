@@ -69,6 +69,18 @@ where
     spawn_below(name, COMPUTE_STEPS.load(Ordering::Relaxed).max(BACKGROUND_NICE), work)
 }
 
+/// Runs blocking CPU work `work` on the calling thread, from async code.
+/// On tokio's multi-thread runtime the runtime first moves its other
+/// tasks to another worker (`block_in_place`); on a single-threaded
+/// runtime (a gRPC core's, `server.grpc_threads = "per_core"`) there is no
+/// other worker to move them to, and the work just runs.
+pub fn run_blocking_here<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
 /// Lowers the calling thread to the priority [`spawn_background`] gives:
 /// for threads a library starts for background work (the plugin
 /// compiler's pool).

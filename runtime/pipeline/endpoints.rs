@@ -60,7 +60,9 @@ impl Endpoints {
     ) -> Result<BTreeMap<String, Arc<ServedModel>>> {
         let loads = models.iter().map(|config| async move {
             let model = ServedModel::new(config.clone(), manager.metrics().clone())?;
-            manager.reconcile(&model, true).await?;
+            // No pipeline exists yet: each is fitted to the versions
+            // serving when it is built.
+            manager.reconcile(&model, &[], true).await?;
             Ok::<_, Error>((config.name.clone(), model))
         });
         futures::future::try_join_all(loads).await.map(|loaded| loaded.into_iter().collect())
@@ -180,7 +182,7 @@ impl Endpoints {
     pub async fn poll(&self) {
         let _one_change = self.manager.exclusive().await;
         for model in self.models() {
-            if let Err(error) = self.manager.reconcile(&model, false).await {
+            if let Err(error) = self.manager.reconcile(&model, &self.pipelines_over(&model), false).await {
                 tracing::warn!(model = model.name(), "repository poll failed: {error}");
             }
         }
@@ -235,7 +237,7 @@ impl Endpoints {
                 None => {
                     let built = async {
                         let model = ServedModel::new(config.clone(), self.metrics.clone())?;
-                        self.manager.reconcile(&model, true).await.inspect_err(|_| self.discard(&model))?;
+                        self.manager.reconcile(&model, &[], true).await.inspect_err(|_| self.discard(&model))?;
                         let pipeline = Pipeline::direct(
                             model.clone(),
                             config,
@@ -264,7 +266,7 @@ impl Endpoints {
             let model = &current[&config.name];
             changed.push((model, model.config()));
             let applied = match model.set_config(config.clone()) {
-                Ok(()) => self.manager.reconcile(model, true).await,
+                Ok(()) => self.manager.reconcile(model, &self.pipelines_over(model), true).await,
                 Err(error) => Err(error),
             };
             if let Err(error) = applied {
@@ -285,8 +287,9 @@ impl Endpoints {
         for name in &outcome.removed {
             pipelines.remove(name);
             if let Some(model) = models.remove(name) {
+                let over = self.pipelines_over(&model);
                 for version in model.versions() {
-                    self.manager.retire(&model, version.version());
+                    self.manager.retire(&model, version.version(), over.clone());
                 }
             }
         }
@@ -296,11 +299,18 @@ impl Endpoints {
         Ok(outcome)
     }
 
-    /// Unloads a model a failed reload loaded but never served.
+    /// Unloads a model a failed reload loaded but never served (no served
+    /// pipeline runs it).
     fn discard(&self, model: &Arc<ServedModel>) {
         for version in model.versions() {
-            self.manager.retire(model, version.version());
+            self.manager.retire(model, version.version(), Vec::new());
         }
+    }
+
+    /// The served pipelines over `model`, a model served directly
+    /// included: what its versions are fitted to as they come and go.
+    fn pipelines_over(&self, model: &Arc<ServedModel>) -> Vec<Arc<Pipeline>> {
+        self.pipelines.load().values().filter(|p| Arc::ptr_eq(p.model(), model)).cloned().collect()
     }
 
     /// Puts a kept model back as it was before a failed reload: its
@@ -309,7 +319,7 @@ impl Endpoints {
         if let Err(error) = model.set_config(ModelConfig::clone(&previous)) {
             tracing::error!(model = model.name(), %error, "cannot restore the request log after a failed reload");
         }
-        if let Err(error) = self.manager.reconcile(model, false).await {
+        if let Err(error) = self.manager.reconcile(model, &self.pipelines_over(model), false).await {
             tracing::error!(model = model.name(), %error, "restoring the versions after a failed reload");
         }
     }

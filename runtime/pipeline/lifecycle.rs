@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::inference::InferenceStage;
 use super::served::{ServedModel, ServedVersion};
+use super::Pipeline;
 use crate::config::{LifecycleConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -111,7 +112,17 @@ impl ModelManager {
     /// failed load is an error, and labels must name serving versions.
     /// Otherwise (polling) failures are recorded in the version's status
     /// and logged, and serving goes on.
-    pub(super) async fn reconcile(&self, model: &Arc<ServedModel>, strict: bool) -> Result<()> {
+    ///
+    /// `pipelines` are those over `model` now: a version is checked
+    /// against each before it serves, and leaves their signatures when it
+    /// is unloaded. The caller owns them (`Endpoints`), so the model needs
+    /// no way back to them.
+    pub(super) async fn reconcile(
+        &self,
+        model: &Arc<ServedModel>,
+        pipelines: &[Arc<Pipeline>],
+        strict: bool,
+    ) -> Result<()> {
         let config = model.config();
         let context = |e: Error| e.context(format_args!("model '{}'", config.name));
         let found = match self.discover(model, &config).await {
@@ -140,7 +151,7 @@ impl ModelManager {
                 complete = false;
                 continue;
             }
-            match self.bring_in(model, &config, version, source.clone()).await {
+            match self.bring_in(model, pipelines, &config, version, source.clone()).await {
                 Ok(()) => {
                     self.failed.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
                 }
@@ -179,7 +190,7 @@ impl ModelManager {
             return Ok(());
         }
         for version in model.table().versions.keys().copied().filter(|v| !wanted.contains_key(v)).collect::<Vec<_>>() {
-            self.retire(model, version);
+            self.retire(model, version, pipelines.to_vec());
         }
         Ok(())
     }
@@ -192,6 +203,7 @@ impl ModelManager {
     async fn bring_in(
         &self,
         model: &Arc<ServedModel>,
+        pipelines: &[Arc<Pipeline>],
         config: &ModelConfig,
         version: i64,
         source: Source,
@@ -199,9 +211,8 @@ impl ModelManager {
         model.status().set(version, VersionState::Start);
         let loaded =
             self.loader.load(config, version, source, || model.status().set(version, VersionState::Loading)).await?;
-        let pipelines = model.pipelines();
         let mut signatures = Vec::with_capacity(pipelines.len());
-        for pipeline in &pipelines {
+        for pipeline in pipelines {
             signatures.push(pipeline.signature_over(&loaded).map_err(|e| {
                 e.context(format_args!("version {version} does not fit pipeline '{}'", pipeline.name()))
             })?);
@@ -216,8 +227,8 @@ impl ModelManager {
     }
 
     /// Takes `version` out of the table now; drains and unloads it in the
-    /// background.
-    pub(super) fn retire(&self, model: &Arc<ServedModel>, version: i64) {
+    /// background, then takes its signature out of `pipelines`.
+    pub(super) fn retire(&self, model: &Arc<ServedModel>, version: i64, pipelines: Vec<Arc<Pipeline>>) {
         let Some(served) = model.withdraw(version) else { return };
         tracing::info!(model = model.name(), version, "unloading: no new requests; draining in-flight ones");
         let (model, timeout) = (model.clone(), self.drain_timeout);
@@ -228,7 +239,7 @@ impl ModelManager {
             // pipelines' signatures; the sessions go with the last
             // reference to the loaded version.
             drop(served);
-            for pipeline in model.pipelines() {
+            for pipeline in pipelines {
                 pipeline.remove_signature(version);
             }
             drop(loaded);

@@ -144,7 +144,6 @@ impl Pipeline {
             max_tensor_bytes,
             requests,
         });
-        model.attach(&pipeline);
         Ok(pipeline)
     }
 
@@ -229,7 +228,6 @@ impl Pipeline {
             max_tensor_bytes: cx.max_tensor_bytes,
             requests,
         });
-        served.attach(&pipeline);
         Ok(pipeline)
     }
 

@@ -10,13 +10,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::inference::InferenceStage;
 use super::request_log::RequestLog;
-use super::Pipeline;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::infer::tfserving::fleet::Fleet;
@@ -76,10 +75,6 @@ pub struct ServedModel {
     config: ArcSwap<ModelConfig>,
     table: ArcSwap<VersionTable>,
     status: ModelStatus,
-    /// The pipelines over this model (a model served directly is one), so
-    /// a new version is checked against each before it serves. Weak: the
-    /// pipelines own the model, not the other way round.
-    pipelines: Mutex<Vec<Weak<Pipeline>>>,
     /// The upstreams a forwarded model's versions are served by.
     upstream: Option<Arc<Fleet>>,
     /// Its request log, when `logging` is configured; swapped when a
@@ -103,7 +98,6 @@ impl ServedModel {
             name: config.name.as_str().into(),
             config: ArcSwap::from_pointee(config),
             table: ArcSwap::from_pointee(VersionTable::default()),
-            pipelines: Mutex::new(Vec::new()),
         }))
     }
 
@@ -222,18 +216,6 @@ impl ServedModel {
         } else {
             format!("; failed loads: {}", failed.join("; "))
         }
-    }
-
-    /// The pipelines over this model that still exist.
-    pub(super) fn pipelines(&self) -> Vec<Arc<Pipeline>> {
-        let mut pipelines = self.pipelines.lock().unwrap_or_else(PoisonError::into_inner);
-        pipelines.retain(|p| p.strong_count() > 0);
-        pipelines.iter().filter_map(Weak::upgrade).collect()
-    }
-
-    /// `pipeline` runs this model: new versions are checked against it.
-    pub(super) fn attach(&self, pipeline: &Arc<Pipeline>) {
-        self.pipelines.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(pipeline));
     }
 
     pub(super) fn table(&self) -> Arc<VersionTable> {

@@ -179,17 +179,12 @@ impl StageRunner {
             return Err(Error::deadline_exceeded(&format!("before {}", self.label)));
         }
         let Some(queue) = &self.queue else {
-            // Sequential: here, now, on this thread; the runtime moves its
-            // other tasks away while the stage blocks it.
+            // Sequential: here, now, on this thread.
             let cx = StageCx::new(deadline, &never_gone, max_tensor_bytes);
             let span = trace::current_step(self.stage.name());
-            let run = || span.in_scope(|| run_stage(&*self.stage, &self.label, tensors, &cx, &self.metrics));
-            // A single-threaded runtime (a gRPC core's) has no other
-            // thread to move its tasks to: the stage just runs.
-            return match tokio::runtime::Handle::current().runtime_flavor() {
-                tokio::runtime::RuntimeFlavor::CurrentThread => run(),
-                _ => tokio::task::block_in_place(run),
-            };
+            return crate::threads::run_blocking_here(|| {
+                span.in_scope(|| run_stage(&*self.stage, &self.label, tensors, &cx, &self.metrics))
+            });
         };
         let (reply, answer) = oneshot::channel();
         let job = StageJob {
