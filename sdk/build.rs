@@ -45,6 +45,9 @@ macro_rules! MACRO {
                     $crate::DType::U64 => wit::Dtype::U64,
                     $crate::DType::Bool => wit::Dtype::Boolean,
                     $crate::DType::String => wit::Dtype::String,
+                    other => panic!(
+                        "{other} cannot cross the plugin interface: its dtype enum has no complex types"
+                    ),
                 }
             }
 

@@ -200,13 +200,23 @@ fn cases() -> Vec<Case> {
             what: "unsupported dtype",
             request: predict_request(
                 "mlp",
+                vec![("x", TensorProto { dtype: DataType::DtQint8 as i32, ..f32_content(&[2, 64], &values(6, 128)) })],
+            ),
+            code: Code::InvalidArgument,
+            says: vec!["input 'x'", "DT_QINT8"],
+        },
+        Case {
+            what: "a served dtype the model does not take",
+            request: predict_request(
+                "mlp",
                 vec![(
                     "x",
-                    TensorProto { dtype: DataType::DtComplex64 as i32, ..f32_content(&[2, 64], &values(6, 128)) },
+                    // 128 complex values: 256 floats, (real, imaginary) pairs.
+                    TensorProto { dtype: DataType::DtComplex64 as i32, ..f32_content(&[2, 64], &values(6, 256)) },
                 )],
             ),
             code: Code::InvalidArgument,
-            says: vec!["input 'x'", "DT_COMPLEX64"],
+            says: vec!["input 'x'", "DT_COMPLEX64", "DT_FLOAT"],
         },
         Case {
             what: "rows disagree between inputs",

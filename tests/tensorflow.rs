@@ -2,7 +2,8 @@
 //! against what TensorFlow's own Python API answers for the same
 //! SavedModels: a Keras MLP in two versions, a lookup-table vocabulary with
 //! string input and output, a module with several signatures, every dtype
-//! TF Serving serves, and a signature that returns a resource handle.
+//! TF Serving serves (complex64/128 too: over gRPC, refused by name over
+//! JSON and KServe v2), and a signature that returns a resource handle.
 //! `scripts/setup` builds them, and the answers TensorFlow computed, into
 //! `.cache/tf-backend-savedmodels/` (tests/tensorflow/make_savedmodels.py).
 
@@ -11,10 +12,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use bytes::Bytes;
 use common::fixtures::*;
 use common::*;
+use http::{Method, StatusCode};
 use prost::Message;
 use serde_json::Value;
+use sluice::cli::bench::client::RestClient;
 use sluice::proto::tensorflow::serving::{model_spec, PredictRequest};
 use sluice::proto::tensorflow::{tensor_info, DataType, TensorProto};
 
@@ -38,7 +42,7 @@ fn server() -> Server {
         &models().join("keras_mlp"),
         "version_policy = \"all\"\nbatching = { mode = \"auto\" }\ntensorflow = { run_threads = 2 }",
     ));
-    for name in ["vocab", "multi", "dtypes"] {
+    for name in ["vocab", "multi", "dtypes", "complex"] {
         config.push_str(&model_table(name, &models().join(name), ""));
     }
     Server::with_config(&config)
@@ -71,6 +75,9 @@ fn tensor_proto(tensor: &Value) -> TensorProto {
         "uint32" => (DataType::DtUint32, proto.uint32_val = i().map(|v| v as u32).collect()),
         "uint64" => (DataType::DtUint64, proto.uint64_val = i().map(|v| v as u64).collect()),
         "bool" => (DataType::DtBool, proto.bool_val = values.iter().map(|v| v.as_bool().expect("bool")).collect()),
+        // (real, imaginary) pairs, flattened.
+        "complex64" => (DataType::DtComplex64, proto.scomplex_val = f().map(|v| v as f32).collect()),
+        "complex128" => (DataType::DtComplex128, proto.dcomplex_val = f().collect()),
         "string" => (
             DataType::DtString,
             proto.string_val = values.iter().map(|v| v.as_str().expect("text").as_bytes().to_vec().into()).collect(),
@@ -106,6 +113,8 @@ fn answered(proto: &TensorProto) -> Vec<Scalar> {
         DataType::DtUint32 => proto.uint32_val.iter().map(|&v| n(v as f64)).collect(),
         DataType::DtUint64 => proto.uint64_val.iter().map(|&v| n(v as f64)).collect(),
         DataType::DtBool => proto.bool_val.iter().map(|&v| Bool(v)).collect(),
+        DataType::DtComplex64 => proto.scomplex_val.iter().map(|&v| n(v as f64)).collect(),
+        DataType::DtComplex128 => proto.dcomplex_val.iter().map(|&v| n(v)).collect(),
         DataType::DtString => proto.string_val.iter().map(|v| Text(String::from_utf8_lossy(v).into_owned())).collect(),
         other => panic!("answered dtype {other:?}"),
     }
@@ -159,7 +168,7 @@ async fn every_savedmodel_answers_predict_as_tensorflow_does() {
     let expected = expected();
     let server = server();
     let mut client = server.predict_client().await;
-    for model in ["keras_mlp", "vocab", "multi", "dtypes"] {
+    for model in ["keras_mlp", "vocab", "multi", "dtypes", "complex"] {
         for case in expected[model]["cases"].as_array().expect("cases") {
             let signature = case["signature"].as_str().expect("signature");
             let version = case["version"].as_i64();
@@ -225,7 +234,7 @@ async fn batched_requests_of_many_clients_get_their_own_rows() {
 async fn metadata_lists_every_signature_as_the_savedmodel_declares_it() {
     let expected = expected();
     let server = server();
-    for model in ["multi", "keras_mlp", "dtypes"] {
+    for model in ["multi", "keras_mlp", "dtypes", "complex"] {
         let map = server.signature_def_map(model).await;
         let want = expected[model]["signatures"].as_object().expect("signatures");
         let keys: BTreeMap<&String, ()> = map.signature_def.keys().map(|k| (k, ())).collect();
@@ -347,6 +356,79 @@ async fn rest_predicts_strings_in_and_out() {
     let json: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
     assert_eq!(json["outputs"]["upper"], case["outputs"]["upper"]["values"], "{body}");
     assert_eq!(json["outputs"]["ids"], case["outputs"]["ids"]["values"], "{body}");
+}
+
+/// Complex values travel as TF Serving carries them, over gRPC (the
+/// predict test above checks the answers); JSON and KServe v2 have no
+/// form for them, so REST and v2 refuse them by name, as TF Serving's REST
+/// API does, and the model keeps serving.
+#[tokio::test]
+async fn complex_values_are_refused_by_name_over_json_and_kserve_v2() {
+    let server = server();
+    let call = |path: &'static str, body: Value| {
+        let mut rest = RestClient::new(&server.http.to_string()).expect("client");
+        async move {
+            let response = rest.call(Method::POST, path, &[], Bytes::from(body.to_string())).await.expect("call");
+            (response.status, response.text())
+        }
+    };
+    // A complex input: TF Serving's REST API cannot convert JSON to it.
+    let (status, text) = call(
+        "/v1/models/complex:predict",
+        serde_json::json!({ "inputs": { "c64": [[1.0, 2.0]], "c128": [[1.0, 2.0]] } }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{text}");
+    assert!(text.contains("'c128'") || text.contains("'c64'"), "{text}");
+    assert!(text.contains("DT_COMPLEX") && text.contains("gRPC"), "{text}");
+    // A complex output: nor can it write one.
+    let (status, text) = call(
+        "/v1/models/complex:predict",
+        serde_json::json!({ "signature_name": "from_parts", "inputs": { "re": [1.0], "im": [2.0] } }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert!(text.contains("output 'z' is DT_COMPLEX64"), "{text}");
+    // KServe v2: its metadata names the datatype, and an infer is refused.
+    let metadata: Value = serde_json::from_str(&http_get(server.http, "/v2/models/complex").await).expect("metadata");
+    let datatypes: Vec<&str> =
+        metadata["inputs"].as_array().expect("inputs").iter().filter_map(|i| i["datatype"].as_str()).collect();
+    assert!(datatypes.contains(&"COMPLEX64") && datatypes.contains(&"COMPLEX128"), "{metadata}");
+    let (status, text) = call(
+        "/v2/models/complex/infer",
+        serde_json::json!({ "inputs": [
+            { "name": "c64", "shape": [1, 2], "datatype": "COMPLEX64", "data": [1.0, 2.0, 3.0, 4.0] },
+            { "name": "c128", "shape": [1, 2], "datatype": "COMPLEX128", "data": [1.0, 2.0, 3.0, 4.0] }
+        ] }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{text}");
+    assert!(text.contains("KServe v2 has no complex datatype"), "{text}");
+    // A pair cut in half over gRPC is named too; and the model serves on.
+    let mut client = server.predict_client().await;
+    let odd = TensorProto {
+        dtype: DataType::DtComplex64 as i32,
+        tensor_shape: shape(&[1, 2]),
+        scomplex_val: vec![1.0, 2.0, 3.0],
+        ..TensorProto::default()
+    };
+    let whole = TensorProto { scomplex_val: vec![1.0, 2.0, 3.0, 4.0], ..odd.clone() };
+    let c128 = TensorProto {
+        dtype: DataType::DtComplex128 as i32,
+        tensor_shape: shape(&[1, 2]),
+        dcomplex_val: vec![1.0, 2.0, 3.0, 4.0],
+        ..TensorProto::default()
+    };
+    let status = client
+        .predict(predict_request("complex", vec![("c64", odd), ("c128", c128.clone())]))
+        .await
+        .expect_err("half a pair");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("scomplex_val holds 3 numbers"), "{}", status.message());
+    let answer =
+        client.predict(predict_request("complex", vec![("c64", whole), ("c128", c128)])).await.expect("serves");
+    // (1 + 2i) × i = -2 + i; (3 + 4i) × i = -4 + 3i.
+    assert_eq!(answer.into_inner().outputs["times_i"].scomplex_val, vec![-2.0, 1.0, -4.0, 3.0]);
 }
 
 #[test]

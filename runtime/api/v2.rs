@@ -118,13 +118,20 @@ pub async fn infer<V>(
         let spec = builder.signature().inputs.iter().find(|spec| spec.name == input.name).ok_or_else(|| {
             Error::internal(format!("input '{}' passed the name check but has no spec, this is a bug", input.name))
         })?;
-        check_datatype(spec, &input.datatype)?;
         let what = format!("input '{}'", input.name);
+        if spec.dtype.is_complex() {
+            return Err(crate::tensor::v2::no_complex(&what, spec.dtype));
+        }
+        check_datatype(spec, &input.datatype)?;
         let dtype = dtype_of(&input.datatype, &what)?;
         let tensor = decode(dtype, input.shape, input.values, limit, &what)?;
         builder.put(&input.name, tensor)?;
     }
-    builder.finish()?.run().await
+    let outputs = builder.finish()?.run().await?;
+    if let Some((name, tensor)) = outputs.iter().find(|(_, t)| t.dtype().is_complex()) {
+        return Err(crate::tensor::v2::no_complex(&format!("output '{name}'"), tensor.dtype()));
+    }
+    Ok(outputs)
 }
 
 /// Checks a datatype a client gave against the spec's: the error names

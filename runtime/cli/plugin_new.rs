@@ -220,6 +220,8 @@ fn wit_dtype(dtype: DType) -> &'static str {
         DType::U64 => "u64",
         DType::Bool => "boolean",
         DType::String => "string",
+        // Refused in model_side before any code is written.
+        DType::Complex64 | DType::Complex128 => "unsupported",
     }
 }
 
@@ -232,10 +234,20 @@ async fn model_side(dir: &Path, world: WorldArg) -> anyhow::Result<Vec<TensorSpe
     let versions = load_selected(&config, None, &metrics).await?;
     let model = versions.last().cloned().ok_or_else(|| anyhow::anyhow!("{}: no version loaded", dir.display()))?;
     let signature = model.signature();
-    Ok(match world {
+    let side = match world {
         WorldArg::Preprocessor => signature.inputs.clone(),
         WorldArg::Postprocessor => signature.outputs.clone(),
-    })
+    };
+    if let Some(spec) = side.iter().find(|s| !s.dtype.in_plugin_interface()) {
+        anyhow::bail!(
+            "{}: '{}' is {}, which the plugin interface does not carry (it has no complex types): a plugin \
+             cannot sit on this side of the model",
+            dir.display(),
+            spec.name,
+            spec.dtype
+        );
+    }
+    Ok(side)
 }
 
 fn cargo_toml(name: &str, sdk: &Path) -> String {

@@ -152,9 +152,9 @@ impl Plugin {
         // zeros shaped like its inputs (a zero-sized declared input makes
         // the warm-up an empty call: it is a warm-up, not a check).
         let warm_up = match &description.sample {
-            Some(sample) => sample.iter().map(tensor_out).collect(),
+            Some(sample) => sample.iter().map(tensor_out).collect::<Result<_>>()?,
             None => zeros(&description.inputs, memory_bytes(&limits))
-                .map(|z| z.iter().map(tensor_out).collect())
+                .and_then(|z| z.iter().map(tensor_out).collect())
                 .unwrap_or_default(),
         };
         let instances =
@@ -249,7 +249,7 @@ impl Plugin {
     pub fn call_measured(&self, inputs: Vec<NamedTensor>) -> Result<(Vec<NamedTensor>, CallStats)> {
         let started = Instant::now();
         let rows = self.batch_rows(&inputs);
-        let wit_inputs: Vec<bindings::Tensor> = inputs.iter().map(tensor_out).collect();
+        let wit_inputs: Vec<bindings::Tensor> = inputs.iter().map(tensor_out).collect::<Result<_>>()?;
         drop(inputs);
         let mut live = match self.instances.take() {
             Ok(live) => live,
@@ -576,21 +576,33 @@ fn dtype_out(d: DType) -> Dtype {
         DType::U64 => Dtype::U64,
         DType::Bool => Dtype::Boolean,
         DType::String => Dtype::String,
+        // Refused in tensor_out before this is asked.
+        DType::Complex64 | DType::Complex128 => Dtype::String,
     }
 }
 
-fn tensor_out(t: &NamedTensor) -> bindings::Tensor {
+/// A tensor as the plugin interface carries it. The interface has no
+/// complex types: a pipeline whose plugin would take one does not build
+/// (the dtypes do not fit), so this refusal is a last line.
+fn tensor_out(t: &NamedTensor) -> Result<bindings::Tensor> {
+    if !t.tensor.dtype().in_plugin_interface() {
+        return Err(Error::invalid_argument(format!(
+            "tensor '{}' is {}, which the plugin interface does not carry",
+            t.name,
+            t.tensor.dtype()
+        )));
+    }
     let (data, strings) = match t.tensor.data() {
         TensorData::Fixed(bytes) => (bytes.to_vec(), Vec::new()),
         TensorData::Strings(strings) => (Vec::new(), strings.iter().map(|s| s.to_vec()).collect()),
     };
-    bindings::Tensor {
+    Ok(bindings::Tensor {
         name: t.name.clone(),
         dtype: dtype_out(t.tensor.dtype()),
         shape: t.tensor.shape().to_vec(),
         data,
         strings,
-    }
+    })
 }
 
 /// A message a plugin wrote, for a client or a log: capped and escaped.

@@ -1,6 +1,9 @@
 //! Element types: the one [`DType`] is the SDK's (`sluice_sdk::DType`),
 //! shared with plugins; this module adds what only the host needs, the
-//! mapping to ONNX Runtime's element types.
+//! mapping to ONNX Runtime's element types. ONNX Runtime has complex
+//! element types, but sluice builds and reads ONNX Runtime tensors of
+//! plain element types only, so an ONNX model with a complex input or
+//! output is refused at load (`from_ort`); SavedModels serve them.
 
 pub use sluice_sdk::{DType, UnservedDType};
 
@@ -22,6 +25,8 @@ pub fn to_ort(dtype: DType) -> ort::value::TensorElementType {
         DType::U64 => T::Uint64,
         DType::Bool => T::Bool,
         DType::String => T::String,
+        DType::Complex64 => T::Complex64,
+        DType::Complex128 => T::Complex128,
     }
 }
 

@@ -71,6 +71,31 @@ pub fn flatten<'a>(value: &'a Value, what: &dyn std::fmt::Display) -> Result<(Ve
     Ok((shape, leaves))
 }
 
+/// JSON has no form for complex values, and TF Serving's REST API refuses
+/// them both ways (UNIMPLEMENTED converting a request's, INVALID_ARGUMENT
+/// writing an answer's): so does sluice's, naming the tensor.
+fn no_complex_in_json(what: &str, dtype: DType) -> Error {
+    Error::Unimplemented(format!(
+        "{what} is {dtype}: JSON has no form for complex values (TF Serving's REST API refuses them too); call the \
+         model over gRPC (Predict carries them in scomplex_val / dcomplex_val or tensor_content)"
+    ))
+}
+
+/// Refuses, before a byte is written, an answer with a tensor JSON cannot
+/// hold (complex values), naming it.
+pub fn check_writable<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -> Result<()> {
+    for (name, tensor) in tensors {
+        if tensor.dtype().is_complex() {
+            return Err(Error::invalid_argument(format!(
+                "output '{name}' is {}: JSON has no form for complex values (TF Serving's REST API cannot write \
+                 them either); call the model over gRPC, or leave it out with output_filter",
+                tensor.dtype()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The leaves of `value` as a tensor of `dtype`, with `shape`.
 pub fn tensor_from_leaves(dtype: DType, shape: Vec<i64>, leaves: &[&Value], what: &str) -> Result<Tensor> {
     let bad = |i: usize, leaf: &Value, expected: &str| {
@@ -136,6 +161,7 @@ pub fn tensor_from_leaves(dtype: DType, shape: Vec<i64>, leaves: &[&Value], what
                 .collect::<Result<Vec<_>>>()?;
             Tensor::from_bools(shape, &v)
         }
+        DType::Complex64 | DType::Complex128 => return Err(no_complex_in_json(what, dtype)),
         DType::String => {
             let mut strings = Vec::with_capacity(leaves.len());
             for (i, leaf) in leaves.iter().enumerate() {
@@ -334,6 +360,10 @@ impl<'a> JsonView<'a> {
             DType::Bool => serializer.serialize_bool(raw[0] != 0),
             // Strings returned above; a string dtype always holds strings.
             DType::String => serializer.serialize_unit(),
+            // Refused before anything is written (`check_writable`).
+            DType::Complex64 | DType::Complex128 => {
+                Err(serde::ser::Error::custom(format!("{} values have no JSON form", self.tensor.dtype())))
+            }
         }
     }
 }

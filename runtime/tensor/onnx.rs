@@ -78,6 +78,9 @@ pub fn fixed_value(dtype: DType, shape: &[i64], chunks: &[&[u8]], pad_bytes: usi
             Ok(tensor.into_dyn())
         }
         DType::String => Err(Error::internal("fixed_value called for DT_STRING, this is a bug")),
+        DType::Complex64 | DType::Complex128 => Err(Error::internal(format!(
+            "an ONNX Runtime input of {dtype}: models with complex inputs are refused at load, this is a bug"
+        ))),
     }
 }
 
@@ -144,6 +147,11 @@ pub fn from_value(value: &DynValue) -> Result<Tensor> {
         DType::Bool => {
             let (shape, data) = value.try_extract_tensor::<bool>().map_err(ort_error)?;
             (shape.to_vec(), data.iter().map(|&b| b as u8).collect::<Vec<u8>>().into())
+        }
+        DType::Complex64 | DType::Complex128 => {
+            return Err(Error::internal(format!(
+                "an ONNX Runtime output of {dtype}: models with complex outputs are refused at load, this is a bug"
+            )))
         }
         DType::String => {
             let (shape, strings) = value.try_extract_strings().map_err(ort_error)?;

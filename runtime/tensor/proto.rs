@@ -72,6 +72,8 @@ fn field_of(dtype: DType) -> &'static str {
         DType::Bool => "bool_val",
         DType::F16 | DType::BF16 => "half_val",
         DType::String => "string_val",
+        DType::Complex64 => "scomplex_val",
+        DType::Complex128 => "dcomplex_val",
     }
 }
 
@@ -183,8 +185,22 @@ fn typed_values_to_bytes(dtype: DType, proto: &TensorProto, count: usize, shape:
             let bytes: Vec<u8> = proto.bool_val.iter().map(|&b| b as u8).collect();
             expand(field, &bytes, count, shape)
         }
+        DType::Complex64 => expand(field, &pairs(field, dtype, &proto.scomplex_val)?, count, shape),
+        DType::Complex128 => expand(field, &pairs(field, dtype, &proto.dcomplex_val)?, count, shape),
         DType::String => unreachable!("strings are decoded before typed values, this is a bug"),
     }
+}
+
+/// A complex field's numbers as (real, imaginary) pairs, one per element,
+/// as TensorFlow lays them out.
+fn pairs<T: bytemuck::Pod>(field: &str, dtype: DType, values: &[T]) -> Result<Vec<[T; 2]>> {
+    if !values.len().is_multiple_of(2) {
+        return Err(Error::invalid_argument(format!(
+            "{field} holds {} numbers; {dtype} values are (real, imaginary) pairs, two numbers each",
+            values.len()
+        )));
+    }
+    Ok(values.chunks_exact(2).map(|pair| [pair[0], pair[1]]).collect())
 }
 
 /// The `TensorShapeProto` of a shape.
@@ -230,6 +246,8 @@ pub fn encode(tensor: &Tensor, encoding: OutputEncoding) -> TensorProto {
         DType::U16 => proto.int_val = le::<u16>(bytes).into_iter().map(i32::from).collect(),
         DType::F16 | DType::BF16 => proto.half_val = le::<u16>(bytes).into_iter().map(i32::from).collect(),
         DType::Bool => proto.bool_val = bytes.iter().map(|&b| b != 0).collect(),
+        DType::Complex64 => proto.scomplex_val = le(bytes),
+        DType::Complex128 => proto.dcomplex_val = le(bytes),
         DType::String => unreachable!("strings are encoded above, this is a bug"),
     }
     proto

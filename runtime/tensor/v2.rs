@@ -45,7 +45,24 @@ pub fn dtype_of(name: &str, what: &str) -> Result<DType> {
 
 /// The v2 datatype of `dtype`.
 pub fn datatype(dtype: DType) -> &'static str {
-    DATATYPES.iter().find(|(_, d)| *d == dtype).map_or("BYTES", |(n, _)| n)
+    match dtype {
+        // KServe v2 has no complex datatype: metadata says what the model
+        // takes in the v2 style, and requests cannot give it
+        // ([`no_complex`]).
+        DType::Complex64 => "COMPLEX64",
+        DType::Complex128 => "COMPLEX128",
+        _ => DATATYPES.iter().find(|(_, d)| *d == dtype).map_or("BYTES", |(n, _)| n),
+    }
+}
+
+/// KServe v2 has no complex datatype, so no v2 request can give a complex
+/// input nor an answer carry a complex output: refused naming the tensor
+/// and where such a model is served.
+pub fn no_complex(what: &str, dtype: DType) -> Error {
+    Error::Unimplemented(format!(
+        "{what} is {dtype}: KServe v2 has no complex datatype; call the model over TF Serving's gRPC Predict, \
+         which carries complex values"
+    ))
 }
 
 /// A declared shape, checked (no negative dimension) and sized against
@@ -162,6 +179,7 @@ pub fn decode_contents(
                 datatype(dtype)
             )))
         }
+        DType::Complex64 | DType::Complex128 => return Err(no_complex(what, dtype)),
     };
     let set = fields_set(&contents);
     if set.iter().any(|f| *f != field) || (count > 0 && set.is_empty()) {
@@ -226,7 +244,7 @@ pub fn decode_contents(
             }
             Tensor::from_strings(shape, contents.bytes_contents)?
         }
-        DType::F16 | DType::BF16 => {
+        DType::F16 | DType::BF16 | DType::Complex64 | DType::Complex128 => {
             return Err(Error::internal("a datatype without typed contents got past the check, this is a bug"))
         }
     })

@@ -1,10 +1,13 @@
 //! Element types: the one definition the host (`sluice`) and plugins share.
 //!
-//! `DType` is every TensorFlow dtype that has an ONNX Runtime counterpart;
-//! its variants are in the order of the WIT `dtype` enum, so the
-//! conversion from either side's generated WIT type is an index. Quantized,
-//! complex, resource and variant types are refused at the edge with a
-//! message naming them.
+//! `DType` is every TensorFlow dtype TF Serving serves that is not
+//! quantized, a resource or a variant (those are refused at the edge with
+//! a message naming them). Its first variants are in the order of the WIT
+//! `dtype` enum, so the conversion from either side's generated WIT type
+//! is an index; the complex types come after them and are not in the
+//! plugin interface: a model may take or give them, a plugin cannot
+//! ([`DType::in_plugin_interface`]). Adding them there would change the
+//! `sluice:plugin` world every built plugin is checked against.
 
 use std::fmt;
 
@@ -39,6 +42,10 @@ pub enum DType {
     Bool,
     /// `DT_STRING`: byte strings of any length.
     String,
+    /// `DT_COMPLEX64`: pairs of 32-bit floats (real, imaginary).
+    Complex64,
+    /// `DT_COMPLEX128`: pairs of 64-bit floats (real, imaginary).
+    Complex128,
 }
 
 impl DType {
@@ -48,7 +55,8 @@ impl DType {
             DType::I8 | DType::U8 | DType::Bool => 1,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
-            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F64 | DType::I64 | DType::U64 | DType::Complex64 => 8,
+            DType::Complex128 => 16,
             DType::String => return None,
         })
     }
@@ -71,6 +79,17 @@ impl DType {
         DType::String,
     ];
 
+    /// True for `DT_COMPLEX64` and `DT_COMPLEX128`.
+    pub const fn is_complex(self) -> bool {
+        matches!(self, DType::Complex64 | DType::Complex128)
+    }
+
+    /// True when a plugin can take or give it: every dtype but the complex
+    /// ones, which the WIT `dtype` enum does not have.
+    pub const fn in_plugin_interface(self) -> bool {
+        !self.is_complex()
+    }
+
     /// The dtype at `index` of the WIT `dtype` enum: how either side's
     /// generated WIT type (`wit_dtype as u8`) becomes a `DType`.
     pub fn from_wit_index(index: u8) -> Option<DType> {
@@ -78,7 +97,7 @@ impl DType {
     }
 
     /// Every dtype, in TensorFlow's enum order.
-    pub const ALL: [DType; 14] = [
+    pub const ALL: [DType; 16] = [
         DType::F32,
         DType::F64,
         DType::I32,
@@ -86,10 +105,12 @@ impl DType {
         DType::I16,
         DType::I8,
         DType::String,
+        DType::Complex64,
         DType::I64,
         DType::Bool,
         DType::BF16,
         DType::U16,
+        DType::Complex128,
         DType::F16,
         DType::U32,
         DType::U64,
@@ -105,10 +126,12 @@ impl DType {
             DType::I16 => 5,
             DType::I8 => 6,
             DType::String => 7,
+            DType::Complex64 => 8,
             DType::I64 => 9,
             DType::Bool => 10,
             DType::BF16 => 14,
             DType::U16 => 17,
+            DType::Complex128 => 18,
             DType::F16 => 19,
             DType::U32 => 22,
             DType::U64 => 23,
@@ -125,10 +148,12 @@ impl DType {
             5 => DType::I16,
             6 => DType::I8,
             7 => DType::String,
+            8 => DType::Complex64,
             9 => DType::I64,
             10 => DType::Bool,
             14 => DType::BF16,
             17 => DType::U16,
+            18 => DType::Complex128,
             19 => DType::F16,
             22 => DType::U32,
             23 => DType::U64,
@@ -153,6 +178,8 @@ impl DType {
             DType::U64 => "DT_UINT64",
             DType::Bool => "DT_BOOL",
             DType::String => "DT_STRING",
+            DType::Complex64 => "DT_COMPLEX64",
+            DType::Complex128 => "DT_COMPLEX128",
         }
     }
 
@@ -175,6 +202,8 @@ impl DType {
             "uint64" | "u64" => DType::U64,
             "bool" => DType::Bool,
             "string" | "bytes" => DType::String,
+            "complex64" | "c64" => DType::Complex64,
+            "complex128" | "c128" => DType::Complex128,
             _ => return None,
         })
     }
@@ -210,13 +239,11 @@ fn supported_list() -> String {
 
 fn tf_name_of_unserved(number: i32) -> &'static str {
     match number {
-        8 => "DT_COMPLEX64",
         11 => "DT_QINT8",
         12 => "DT_QUINT8",
         13 => "DT_QINT32",
         15 => "DT_QINT16",
         16 => "DT_QUINT16",
-        18 => "DT_COMPLEX128",
         20 => "DT_RESOURCE",
         21 => "DT_VARIANT",
         _ => "unknown dtype",
@@ -232,15 +259,19 @@ mod tests {
         for dtype in DType::ALL {
             assert_eq!(DType::from_tf(dtype.to_tf()), Ok(dtype));
             assert_eq!(DType::parse(dtype.tf_name()), Some(dtype));
-            assert_eq!(DType::from_wit_index(dtype as u8), Some(dtype));
+            if dtype.in_plugin_interface() {
+                assert_eq!(DType::from_wit_index(dtype as u8), Some(dtype));
+            } else {
+                assert_eq!(DType::from_wit_index(dtype as u8), None);
+            }
         }
     }
 
     #[test]
     fn unserved_dtypes_are_named() {
-        let err = DType::from_tf(8).unwrap_err().to_string();
-        assert!(err.contains("DT_COMPLEX64"), "{err}");
-        assert!(err.contains("DT_FLOAT"), "{err}");
+        let err = DType::from_tf(20).unwrap_err().to_string();
+        assert!(err.contains("DT_RESOURCE"), "{err}");
+        assert!(err.contains("DT_FLOAT") && err.contains("DT_COMPLEX64"), "{err}");
         assert!(DType::from_tf(0).unwrap_err().to_string().contains("not set"));
     }
 }

@@ -17,6 +17,11 @@ Models (TF Serving's layout, OUT_DIR/NAME/VERSION/saved_model.pb):
   dtypes/1     one input and one output of each dtype TF Serving serves
                besides float32/string: float64, float16, bfloat16, int8,
                int16, int32, int64, uint8, uint16, uint32, uint64, bool.
+  complex/1    complex64 and complex128 in and out: serving_default
+               (`c64` complex64 [None, 2] and `c128` complex128 [None, 2]
+               in; `times_i` (c64 × i), `conjugate` (of c128) and
+               `magnitude` (|c64|, float32) out), and `from_parts` (`re`,
+               `im` float32 [None] in, `z` complex64 out).
   resource/1   a signature that returns a resource handle (refused by
                name at load).
 
@@ -111,6 +116,27 @@ def dtypes_module():
     return Dtypes()
 
 
+class Complex(tf.Module):
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, 2], tf.complex64, name="c64"),
+            tf.TensorSpec([None, 2], tf.complex128, name="c128"),
+        ]
+    )
+    def serve(self, c64, c128):
+        return {
+            "times_i": c64 * tf.constant(1j, tf.complex64),
+            "conjugate": tf.math.conj(c128),
+            "magnitude": tf.abs(c64),
+        }
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([None], tf.float32, name="re"), tf.TensorSpec([None], tf.float32, name="im")]
+    )
+    def from_parts(self, re, im):
+        return {"z": tf.complex(re, im)}
+
+
 class Resource(tf.Module):
     def __init__(self):
         super().__init__()
@@ -150,6 +176,9 @@ def encode(value):
         values = [float(v) for v in tf.cast(value, tf.float32).numpy().reshape(-1)]
     elif value.dtype == tf.bool:
         values = [bool(v) for v in array.reshape(-1)]
+    elif value.dtype.is_complex:
+        # (real, imaginary) pairs, flattened, as scomplex_val carries them.
+        values = [float(part) for v in array.reshape(-1) for part in (v.real, v.imag)]
     elif value.dtype.is_floating:
         values = [float(v) for v in array.reshape(-1)]
     else:
@@ -229,6 +258,19 @@ def main():
         else:
             inputs[name] = tf.constant([[-3, 0, 5], [100, -100, 9]], dtype)
     expected["dtypes"] = {"signatures": signatures_of(path), "cases": cases(path, "serving_default", [inputs])}
+
+    path = os.path.join(out_dir, "complex", "1")
+    module = Complex()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve, "from_parts": module.from_parts})
+    inputs = {
+        "c64": tf.constant([[1 + 2j, -0.5 + 0j], [3 - 4j, 0 + 1.25j]], tf.complex64),
+        "c128": tf.constant([[1e-3 + 2j, -7 - 1j], [0.1 + 0.2j, 5 + 0j]], tf.complex128),
+    }
+    parts = {"re": tf.constant([1.5, -2.0, 0.0]), "im": tf.constant([0.25, 0.0, -3.0])}
+    expected["complex"] = {
+        "signatures": signatures_of(path),
+        "cases": cases(path, "serving_default", [inputs]) + cases(path, "from_parts", [parts]),
+    }
 
     path = os.path.join(out_dir, "resource", "1")
     resource = Resource()

@@ -78,6 +78,7 @@ async fn predict_on(
     };
     // Other top-level keys are ignored, as TF Serving ignores them.
     let outputs = valid.run().await?;
+    crate::tensor::json::check_writable(outputs.iter().map(|(name, t)| (name.as_str(), t)))?;
     let _encode = crate::pipeline::trace::current_step("encode").entered();
     let written = match form {
         Form::Columnar => write_columnar(&outputs),

@@ -141,6 +141,17 @@ fn random_tensor(dtype: DType, shape: Vec<i64>, n: usize, rng: &mut impl Rng) ->
         DType::U32 => ints!(u32),
         DType::U64 => ints!(u64),
         DType::Bool => Tensor::from_bools(shape, &(0..n).map(|_| rng.random::<bool>()).collect::<Vec<_>>()),
+        // (real, imaginary) pairs of floats.
+        DType::Complex64 => {
+            let parts: Vec<f32> = (0..2 * n).map(|_| rng.random_range(-1.0..1.0f32)).collect();
+            Tensor::from_bytes(dtype, shape, Bytes::copy_from_slice(bytemuck::cast_slice(&parts)))
+                .expect("2n floats for a shape of n complex elements")
+        }
+        DType::Complex128 => {
+            let parts: Vec<f64> = (0..2 * n).map(|_| rng.random_range(-1.0..1.0f64)).collect();
+            Tensor::from_bytes(dtype, shape, Bytes::copy_from_slice(bytemuck::cast_slice(&parts)))
+                .expect("2n floats for a shape of n complex elements")
+        }
         DType::String => {
             let strings = (0..n).map(|_| Bytes::from(format!("s{}", rng.random_range(0..1000)))).collect();
             Tensor::from_strings(shape, strings).expect("n strings for a shape of n elements")

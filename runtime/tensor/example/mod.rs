@@ -109,10 +109,13 @@ impl ExampleBatch<'_> {
     }
 }
 
-/// The kind of values an input of `dtype` takes from a feature.
+/// The kind of values an input of `dtype` takes from a feature. A
+/// complex input takes none (a `tf.train.Feature` has no complex list):
+/// [`Column::new`] refuses it first.
 fn kind_for(dtype: DType) -> FeatureKind {
     match dtype {
         DType::F32 | DType::F64 | DType::F16 | DType::BF16 => FeatureKind::Float,
+        DType::Complex64 | DType::Complex128 => FeatureKind::Float,
         DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::U8 | DType::U16 | DType::U32 | DType::U64 => {
             FeatureKind::Int64
         }
