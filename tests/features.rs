@@ -765,3 +765,51 @@ async fn a_client_with_a_tiny_deadline_never_fails_the_requests_sharing_its_roun
         task.await.expect("join");
     }
 }
+
+/// A Redis that silently stops answering (SIGSTOP: connections stay open,
+/// nothing comes back) is held down even while every client's deadline is
+/// far under `timeout_ms`, so that no trip of theirs says anything about
+/// Redis: a PING given the whole `timeout_ms` does. Then lookups fail at
+/// once, naming the store; SIGCONT, and they are served again.
+#[tokio::test]
+async fn a_redis_that_stops_answering_is_held_down_even_when_every_deadline_is_short() {
+    struct Continue(u32);
+    impl Drop for Continue {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on this test's own redis-server.
+            unsafe { libc::kill(self.0 as libc::pid_t, libc::SIGCONT) };
+        }
+    }
+    let (redis, config) = loaded_redis(false, "fail");
+    let server = serve(&config);
+    let mut client = server.predict_client().await;
+    let hurried = || with_timeout(probe("probe-ints", i64_keys(&[1, 1], &[3])), Duration::from_millis(30));
+    client.predict(hurried()).await.expect("served while Redis answers");
+    let pid = redis.pid().expect("redis-server runs");
+    // SAFETY: kill(2) on this test's own redis-server.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) }, 0);
+    let stopped = Continue(pid);
+    let down = "sluice_feature_store_down{store=\"redis\"}";
+    let started = Instant::now();
+    while server.metric(down).await < 1.0 {
+        let err = client.predict(hurried()).await.expect_err("Redis is stopped");
+        // Cancelled: the client's own timer, racing the server's answer.
+        assert!(matches!(err.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(30), "Redis was never held down");
+    }
+    let err = client.predict(hurried()).await.expect_err("held down");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("is down") && err.message().contains("PING"), "{}", err.message());
+    drop(stopped);
+    let back = Instant::now();
+    loop {
+        match client.predict(hurried()).await {
+            Ok(answer) => {
+                assert_eq!(f32_values(&answer.into_inner().outputs["y"]), expected_row(Some(3), 1));
+                break;
+            }
+            Err(e) => assert!(back.elapsed() < Duration::from_secs(30), "no recovery in 30 s: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

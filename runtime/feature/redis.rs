@@ -85,6 +85,9 @@ struct Connection {
     breaker: Arc<Breaker>,
     /// How long a probe waits for its `PONG`.
     probe_timeout: Duration,
+    /// A PING is out to see whether a trip cut short by its clients'
+    /// deadlines was Redis' fault.
+    pinging: std::sync::atomic::AtomicBool,
 }
 
 impl RedisClient {
@@ -108,6 +111,7 @@ impl RedisClient {
             url: url.clone(),
             breaker: breaker.clone(),
             probe_timeout: Duration::from_millis(config.connect_timeout_ms.max(config.timeout_ms)),
+            pinging: std::sync::atomic::AtomicBool::new(false),
         });
         tokio::spawn(connect(client, config.clone(), connection.clone()));
         let (queue, waiting) = mpsc::channel(config.queue_capacity);
@@ -123,6 +127,33 @@ impl Connection {
         if self.breaker.failed(why) {
             tokio::spawn(probe(self.clone()));
         }
+    }
+
+    /// A trip that the clients' own short deadlines cut off says nothing
+    /// about Redis; one `PING` given the whole `timeout` does, and counts
+    /// as a round trip would. Without it, a Redis that silently stops
+    /// answering is never held down while every client's deadline is
+    /// short. One at a time.
+    fn ping_in_background(self: &Arc<Self>, timeout: Duration) {
+        use std::sync::atomic::Ordering;
+        if self.pinging.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let connection = self.clone();
+        tokio::spawn(async move {
+            if let Some(manager) = connection.manager.load_full() {
+                let mut manager = (*manager).clone();
+                let ping = redis::cmd("PING");
+                match tokio::time::timeout(timeout, ping.query_async::<()>(&mut manager)).await {
+                    Ok(Ok(())) => {
+                        connection.breaker.succeeded();
+                    }
+                    Ok(Err(error)) => connection.failed(&error.to_string()),
+                    Err(_) => connection.failed(&format!("no answer to a PING within {timeout:?}")),
+                }
+            }
+            connection.pinging.store(false, Ordering::Release);
+        });
     }
 }
 
@@ -318,6 +349,7 @@ async fn round_trip(connection: &Arc<Connection>, mut batch: Vec<Pending>, cap: 
             return fail(batch, &Error::dependency_failed(format!("Redis feature store {}: {why}", connection.url)));
         }
         Err(_) => {
+            connection.ping_in_background(cap);
             let message = format!(
                 "Redis feature store {} did not answer {} keys within {budget:?}, what the requests' deadlines left",
                 connection.url,
