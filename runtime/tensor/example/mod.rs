@@ -269,6 +269,13 @@ fn check_classify_outputs(classify: &ClassifyOutputs, signature: &Signature, own
 impl Column {
     fn new(feature: &ExampleFeature, spec: &TensorSpec, owner: &dyn fmt::Display) -> Result<Column> {
         let here = || format!("examples: feature '{}' (input '{}' of {owner})", feature.name, spec.name);
+        if spec.dtype.is_complex() {
+            return Err(Error::invalid_argument(format!(
+                "{}: the input is {}, and a tf.train.Feature has no complex list to fill it from",
+                here(),
+                spec.dtype
+            )));
+        }
         let kind = kind_for(spec.dtype);
         if let Some(declared) = feature.kind {
             if declared != kind {
@@ -504,6 +511,11 @@ mod tests {
         config.features[0].kind = Some(FeatureKind::Bytes);
         let err = ExampleColumns::new(&config, &signature, &"census").unwrap_err();
         assert!(err.message().contains("takes a float_list"), "{err}");
+        // A complex input: no feature list can fill it.
+        let (config, mut signature) = census();
+        signature.inputs[1].dtype = DType::Complex64;
+        let err = ExampleColumns::new(&config, &signature, &"census").unwrap_err();
+        assert!(err.message().contains("input 'hours'") && err.message().contains("no complex list"), "{err}");
     }
 
     /// Protobuf by hand: a key, then a varint, or a length and bytes.
