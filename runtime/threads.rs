@@ -106,10 +106,17 @@ where
         nice => nice,
     };
     let nice = (base + steps).min(19);
-    std::thread::Builder::new().name(name).spawn(move || {
+    // The thread is at its priority when this returns: whatever looks at
+    // it next (a scheduler, /proc, a test) sees the priority it runs at,
+    // not its creator's for the moment before its first line.
+    let (placed, at_priority) = std::sync::mpsc::sync_channel(1);
+    let handle = std::thread::Builder::new().name(name).spawn(move || {
         set_own_nice(nice);
+        let _ = placed.send(());
         work()
-    })
+    })?;
+    let _ = at_priority.recv();
+    Ok(handle)
 }
 
 /// Sets the calling thread's nice value. A failure (a sandbox that forbids
