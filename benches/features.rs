@@ -149,15 +149,7 @@ fn keys_of(request: usize) -> Vec<Bytes> {
 }
 
 async fn redis_comparison(config_path: &Path, url: &str, redis_pid: Option<u32>, seconds: u64) {
-    let args = sluice::cli::features_load::LoadArgs {
-        file: config_path.with_file_name("rows.csv"),
-        config: config_path.to_path_buf(),
-        table: "cached".into(),
-        redis: Some(url.to_string()),
-        key: None,
-        chunk: 1000,
-    };
-    println!("{}", sluice::cli::features_load::load(&args).await.expect("load the table into Redis"));
+    load_table(config_path, "cached", url).await;
     // The store with its cache off (every key crosses to Redis), with its
     // defaults and with a 200 µs window.
     let default = coalesced(url, redis_pid, seconds, 4, 0).await;
@@ -282,6 +274,30 @@ fn request(pipeline: &str, name: &str, tensor: TensorProto) -> PredictRequest {
     }
 }
 
+/// A request to `pipeline` giving one entity's `key` as input `key`.
+fn key_request(pipeline: &str, key: Bytes) -> PredictRequest {
+    let tensor = TensorProto {
+        dtype: DataType::DtString as i32,
+        tensor_shape: Some(encode_shape(&[1])),
+        string_val: vec![key],
+        ..Default::default()
+    };
+    request(pipeline, "key", tensor)
+}
+
+/// Writes `table` (its file: `rows.csv` beside `config`) into Redis at `url`.
+async fn load_table(config: &Path, table: &str, url: &str) {
+    let args = sluice::cli::features_load::LoadArgs {
+        file: config.with_file_name("rows.csv"),
+        config: config.to_path_buf(),
+        table: table.into(),
+        redis: Some(url.to_string()),
+        key: None,
+        chunk: 1000,
+    };
+    println!("{}", sluice::cli::features_load::load(&args).await.expect("load the table into Redis"));
+}
+
 async fn pipeline_cost(config_path: &Path, requests: usize, rounds: usize) {
     let mut sluice = Command::new(env!("CARGO_BIN_EXE_sluice"));
     sluice
@@ -301,18 +317,7 @@ async fn pipeline_cost(config_path: &Path, requests: usize, rounds: usize) {
             ..Default::default()
         },
     );
-    let key = |pipeline: &str| {
-        request(
-            pipeline,
-            "key",
-            TensorProto {
-                dtype: DataType::DtString as i32,
-                tensor_shape: Some(encode_shape(&[1])),
-                string_val: vec![Bytes::from(format!("e{k}"))],
-                ..Default::default()
-            },
-        )
-    };
+    let key = |pipeline: &str| key_request(pipeline, Bytes::from(format!("e{k}")));
     let paths = [
         ("direct (64 floats sent)", direct),
         ("embedded table", key("mlp-embedded")),
@@ -395,31 +400,12 @@ features.x = {{ dtype = "float32", shape = [64] }}
     );
     let path = dir.join("down.toml");
     std::fs::write(&path, config).expect("write config");
-    let args = sluice::cli::features_load::LoadArgs {
-        file: dir.join("rows.csv"),
-        config: path.clone(),
-        table: "live".into(),
-        redis: Some(url.clone()),
-        key: None,
-        chunk: 1000,
-    };
-    println!("{}", sluice::cli::features_load::load(&args).await.expect("load the table into Redis"));
+    load_table(&path, "live", &url).await;
     // The default log level, as users run it: what the outage logs is
     // part of its cost.
     let sluice = support::sluice(&path, &[]);
     let client = PredictionServiceClient::connect(sluice.url()).await.expect("connect");
-    let key = |pipeline: &str, n: usize| {
-        request(
-            pipeline,
-            "key",
-            TensorProto {
-                dtype: DataType::DtString as i32,
-                tensor_shape: Some(encode_shape(&[1])),
-                string_val: vec![all_keys()[(n * 61) % ENTITIES].clone()],
-                ..Default::default()
-            },
-        )
-    };
+    let key = |pipeline: &str, n: usize| key_request(pipeline, all_keys()[(n * 61) % ENTITIES].clone());
     let closed_loop = |pipeline: &'static str| {
         let client = client.clone();
         calls_per_second(seconds, 8, move |_, n| {

@@ -208,6 +208,20 @@ fn probe(pipeline: &str, keys: TensorProto) -> PredictRequest {
 }
 
 /// What `probe-*` answers for key `k` of generation `generation` (y = x + 1).
+/// What `probe-ints` answers for one row of int64 `keys`, the call
+/// expected to succeed (`what` says why it should).
+async fn ints_row(
+    client: &mut sluice::proto::tensorflow::serving::prediction_service_client::PredictionServiceClient<
+        tonic::transport::Channel,
+    >,
+    keys: &[i64],
+    what: &str,
+) -> Vec<f32> {
+    let request = probe("probe-ints", i64_keys(&[1, keys.len() as i64], keys));
+    let answer = client.predict(request).await.unwrap_or_else(|e| panic!("{what}: {e:?}"));
+    f32_values(&answer.into_inner().outputs["y"])
+}
+
 fn expected_row(k: Option<i64>, generation: u32) -> [f32; 3] {
     match k {
         Some(k) if (1..=50).contains(&k) => [k as f32 + 1.0, (k * 10) as f32 + 1.0, generation as f32 + 1.0],
@@ -557,9 +571,7 @@ async fn a_table_file_replaced_while_requests_flow_answers_from_the_old_or_the_n
     }
     assert!(seen.contains(&1) && seen.contains(&3), "generations answered: {seen:?}");
     let mut client = server.predict_client().await;
-    let y = f32_values(
-        &client.predict(probe("probe-ints", i64_keys(&[1, 1], &[4]))).await.expect("after").into_inner().outputs["y"],
-    );
+    let y = ints_row(&mut client, &[4], "after").await;
     assert_eq!(y, expected_row(Some(4), 3), "the last good table serves after a bad file");
 }
 
@@ -669,14 +681,10 @@ async fn with_on_store_error_defaults_a_redis_outage_serves_the_defaults() {
     let (mut redis, config) = loaded_redis(false, "defaults");
     let server = serve(&config);
     let mut client = server.predict_client().await;
-    let y = f32_values(
-        &client.predict(probe("probe-ints", i64_keys(&[1, 1], &[4]))).await.expect("up").into_inner().outputs["y"],
-    );
+    let y = ints_row(&mut client, &[4], "up").await;
     assert_eq!(y, expected_row(Some(4), 1));
     redis.kill();
-    let y = f32_values(
-        &client.predict(probe("probe-ints", i64_keys(&[1, 2], &[4, 5]))).await.expect("down").into_inner().outputs["y"],
-    );
+    let y = ints_row(&mut client, &[4, 5], "down").await;
     assert_eq!(y, [expected_row(None, 1), expected_row(None, 1)].concat(), "the defaults while Redis is down");
     // A pipeline that says nothing fails instead.
     let err = client.predict(probe("probe-strict", i64_keys(&[1], &[4]))).await.expect_err("fail policy");
@@ -690,25 +698,20 @@ async fn with_on_store_error_last_seen_a_redis_outage_serves_what_was_read_last_
     let (mut redis, config) = loaded_redis(false, "last_seen");
     let server = serve(&config);
     let mut client = server.predict_client().await;
-    let y = f32_values(
-        &client.predict(probe("probe-ints", i64_keys(&[1, 2], &[4, 7]))).await.expect("up").into_inner().outputs["y"],
-    );
+    let y = ints_row(&mut client, &[4, 7], "up").await;
     assert_eq!(y, [expected_row(Some(4), 1), expected_row(Some(7), 1)].concat());
     // 8 read, then deleted from Redis and read again: gone from what an
     // outage answers too.
-    client.predict(probe("probe-ints", i64_keys(&[1, 1], &[8]))).await.expect("up");
+    ints_row(&mut client, &[8], "up").await;
     assert_eq!(redis.command(&[b"DEL", b"ints:8"]).as_deref(), Some(":1\r\n"));
-    let y = f32_values(
-        &client.predict(probe("probe-ints", i64_keys(&[1, 1], &[8]))).await.expect("up").into_inner().outputs["y"],
-    );
+    let y = ints_row(&mut client, &[8], "up").await;
     assert_eq!(y, expected_row(None, 1), "deleted: the default");
     redis.kill();
     // 4 and 7 were read before Redis went: their values; 5 never was and 8
     // is deleted: their defaults. The same while Redis is held down and
     // before.
     for _ in 0..20 {
-        let answer = client.predict(probe("probe-ints", i64_keys(&[1, 4], &[7, 5, 4, 8]))).await.expect("down");
-        let y = f32_values(&answer.into_inner().outputs["y"]);
+        let y = ints_row(&mut client, &[7, 5, 4, 8], "down").await;
         let want = [expected_row(Some(7), 1), expected_row(None, 1), expected_row(Some(4), 1), expected_row(None, 1)];
         assert_eq!(y, want.concat());
     }

@@ -95,7 +95,11 @@ impl Breaker {
     /// and an open breaker closes (one line saying so). True when it was
     /// open.
     pub fn succeeded(&self) -> bool {
-        self.failures.store(0, Ordering::Relaxed);
+        // Read first: every answered round trip comes here, and a store
+        // would take the cache line from the other cores each time.
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
         if !self.open.load(Ordering::Acquire) {
             return false;
         }

@@ -24,6 +24,7 @@
 //! `on_store_error = "last_seen"` is answered from while Redis is down.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -87,7 +88,7 @@ struct Connection {
     probe_timeout: Duration,
     /// A PING is out to see whether a trip cut short by its clients'
     /// deadlines was Redis' fault.
-    pinging: std::sync::atomic::AtomicBool,
+    pinging: AtomicBool,
 }
 
 impl RedisClient {
@@ -111,7 +112,7 @@ impl RedisClient {
             url: url.clone(),
             breaker: breaker.clone(),
             probe_timeout: Duration::from_millis(config.connect_timeout_ms.max(config.timeout_ms)),
-            pinging: std::sync::atomic::AtomicBool::new(false),
+            pinging: AtomicBool::new(false),
         });
         tokio::spawn(connect(client, config.clone(), connection.clone()));
         let (queue, waiting) = mpsc::channel(config.queue_capacity);
@@ -135,25 +136,32 @@ impl Connection {
     /// answering is never held down while every client's deadline is
     /// short. One at a time.
     fn ping_in_background(self: &Arc<Self>, timeout: Duration) {
-        use std::sync::atomic::Ordering;
         if self.pinging.swap(true, Ordering::AcqRel) {
             return;
         }
         let connection = self.clone();
         tokio::spawn(async move {
-            if let Some(manager) = connection.manager.load_full() {
-                let mut manager = (*manager).clone();
-                let ping = redis::cmd("PING");
-                match tokio::time::timeout(timeout, ping.query_async::<()>(&mut manager)).await {
-                    Ok(Ok(())) => {
-                        connection.breaker.succeeded();
-                    }
-                    Ok(Err(error)) => connection.failed(&error.to_string()),
-                    Err(_) => connection.failed(&format!("no answer to a PING within {timeout:?}")),
+            match connection.ping(timeout).await {
+                Some(Ok(())) => {
+                    connection.breaker.succeeded();
                 }
+                Some(Err(why)) => connection.failed(&why),
+                None => {}
             }
             connection.pinging.store(false, Ordering::Release);
         });
+    }
+
+    /// One `PING`, answered within `timeout` or why not; `None` before
+    /// the first connection is made.
+    async fn ping(&self, timeout: Duration) -> Option<std::result::Result<(), String>> {
+        let mut manager = ConnectionManager::clone(&*self.manager.load_full()?);
+        let ping = redis::cmd("PING");
+        Some(match tokio::time::timeout(timeout, ping.query_async::<()>(&mut manager)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err(format!("no answer to a PING within {timeout:?}")),
+        })
     }
 }
 
@@ -167,10 +175,7 @@ async fn probe(connection: Arc<Connection>) {
         if !connection.breaker.is_open() {
             return;
         }
-        let Some(manager) = connection.manager.load_full() else { continue };
-        let mut manager = (*manager).clone();
-        let ping = redis::cmd("PING");
-        if let Ok(Ok(())) = tokio::time::timeout(connection.probe_timeout, ping.query_async::<()>(&mut manager)).await {
+        if let Some(Ok(())) = connection.ping(connection.probe_timeout).await {
             connection.breaker.succeeded();
             return;
         }

@@ -203,11 +203,7 @@ fn compile_with(exe: &PathBuf, wasm: &[u8], fuel: bool, cpu: Duration, wall: Dur
         match child.try_wait() {
             Ok(Some(_)) => break None,
             Ok(None) => {}
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(Error::internal(format!("waiting for the plugin compiler failed: {e}")));
-            }
+            Err(e) => return Err(stopped(&mut child, format!("waiting for the plugin compiler failed: {e}"))),
         }
         let spent = cpu_time(pid);
         last_spent = spent;
