@@ -145,10 +145,7 @@ async fn upload_activate_rollback_and_restart_keep_the_chosen_version() {
     let listed = ok(&server, Method::GET, "/admin/v1/plugins", WEB, vec![]).await;
     assert_eq!(listed["plugins"], Value::Array(vec![]), "another team sees nothing of team ml's");
 
-    // The audit line is written as the answer goes out; the test reads
-    // the server's stderr through a pipe, so wait for it to arrive.
-    server.wait_for_log("plugin rollback").await;
-    let log = server.log().join("\n");
+    let log = server.log_through("plugin rollback").await.join("\n");
     assert!(
         log.contains("plugin upload") && log.contains("plugin activate") && log.contains("plugin rollback"),
         "{log}"

@@ -659,7 +659,7 @@ async fn redis_killed_under_load_fails_fast_with_unavailable_and_recovers_withou
     // One line when Redis went down, one when it came back, and the few
     // failed round trips before it was held down (a line a second): not
     // a line per failed request.
-    let lines = server.log();
+    let lines = server.log_through("is back").await;
     assert!(lines.len() < 10, "{} lines logged for one outage: {lines:#?}", lines.len());
     assert!(lines.iter().any(|l| l.contains("is down after") && l.contains("failures in a row")), "{lines:#?}");
     assert!(lines.iter().any(|l| l.contains("is back")), "{lines:#?}");

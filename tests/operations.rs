@@ -347,7 +347,7 @@ async fn sigterm_turns_readiness_off_refuses_new_requests_and_drains_in_flight_o
     }
     let status = server.wait(Duration::from_secs(30)).expect("sluice exits after draining");
     assert!(status.success(), "exit status {status:?}");
-    let log = server.log().join("\n");
+    let log = server.log_through("stopped").await.join("\n");
     assert!(log.contains("SIGTERM received"), "{log}");
     assert!(log.contains("stopped"), "{log}");
 }
@@ -392,8 +392,7 @@ async fn after_sigterm_the_server_reports_not_ready_yet_serves_every_call_for_th
     .expect("waiting for the exit");
     let status = status.expect("sluice exits after the delay and the drain");
     assert!(status.success(), "exit status {status:?}");
-    let log = server.log().join("\n");
-    assert!(log.contains("refusing new requests, closing the ports"), "{log}");
+    let log = server.log_through("refusing new requests, closing the ports").await.join("\n");
 }
 
 #[tokio::test]
@@ -652,7 +651,7 @@ async fn each_k8s_overlays_config_passes_config_check_and_a_pod_starts_with_redi
         // Redis (redis.sluice.svc…) cannot be reached from here: the pod
         // waits start_wait_secs for it, then serves from its own store.
         let server = Server::start(&["--model_config_file", rendered.to_str().expect("utf-8")]);
-        let log = server.log().join("\n");
+        let log = server.log_through("starting from this replica's own plugin store").await.join("\n");
         assert!(log.contains("waiting for the shared plugin registry"), "{relative}: {log}");
         assert!(log.contains("starting from this replica's own plugin store"), "{relative}: {log}");
         let ready = http_get(server.http, "/readyz").await;
@@ -696,9 +695,8 @@ async fn a_drain_that_reaches_its_timeout_exits_cleanly() {
     // SAFETY: sending a signal to our own child process.
     assert_eq!(unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGTERM) }, 0);
     let status = server.wait(Duration::from_secs(60)).expect("the server exits after its drain timeout");
-    let log = server.log().join("\n");
+    let log = server.log_through("drain timeout reached").await.join("\n");
     assert!(status.success(), "exit {status:?}; log:\n{log}");
-    assert!(log.contains("drain timeout reached"), "{log}");
     drop(silent);
 }
 

@@ -365,7 +365,7 @@ async fn a_plugin_importing_what_the_host_lacks_is_refused_with_the_imports_list
         .predict(predict_request("mlp", vec![("x", f32_content(&[1, 64], &values(1, 64)))]))
         .await
         .expect("the model serves beside the failed pipeline");
-    assert!(server.log().iter().any(|l| l.contains("pipeline not served")), "{:?}", server.log());
+    server.wait_for_log("pipeline not served").await;
 }
 
 #[test]

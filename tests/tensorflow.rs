@@ -747,7 +747,8 @@ async fn warmup_files_of_classify_regress_and_multi_inference_records_run_as_tho
         format!("{}{}", model_table("census_tf", &savedmodel, ""), model_table("census_onnx", &onnx, examples));
     let server = Server::with_config(&config);
     // Both versions were warmed up before the server said it was ready.
-    let mut warmed: Vec<String> = server.log().into_iter().filter(|line| line.contains("warmed up")).collect();
+    let log = server.log_through("ready: serving").await;
+    let mut warmed: Vec<String> = log.into_iter().filter(|line| line.contains("warmed up")).collect();
     warmed.sort_by_key(|line| line.contains("census_tf"));
     assert_eq!(warmed.len(), 2, "{warmed:?}");
     let file = |base: &std::path::Path| base.join("1/assets.extra/tf_serving_warmup_requests").display().to_string();

@@ -218,6 +218,23 @@ impl Server {
         .await
     }
 
+    /// The server's log lines since the last read, once one of them
+    /// contains `needle` (stderr comes through a pipe, so a line the
+    /// server wrote before answering may arrive after the answer); fails
+    /// after 30 seconds with the lines seen.
+    pub async fn log_through(&self, needle: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        eventually(&format!("a log line with {needle:?}"), || {
+            lines.extend(self.log());
+            if lines.iter().any(|l| l.contains(needle)) {
+                Ok(std::mem::take(&mut lines))
+            } else {
+                Err(format!("{lines:?}"))
+            }
+        })
+        .await
+    }
+
     /// The server's resident memory, in bytes.
     pub fn rss_bytes(&self) -> u64 {
         self.process.rss_bytes().expect("the server's resident memory")
