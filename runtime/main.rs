@@ -141,7 +141,13 @@ fn init_logging(
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).with_context(|| format!("--log_level {filter}"))?;
+    let mut filter = tracing_subscriber::EnvFilter::try_new(filter).with_context(|| format!("--log_level {filter}"))?;
+    // The object-store client logs each retry at INFO; a store outage is
+    // one line from the mirror instead (name `object_store` in the level
+    // to see them).
+    if !filter.to_string().contains("object_store") {
+        filter = filter.add_directive("object_store=warn".parse().context("the object_store log directive")?);
+    }
     // Lossy: past 128k lines waiting, lines are dropped rather than a
     // request held.
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()

@@ -290,6 +290,15 @@ pub struct TableLabels {
     pub store: &'static str,
 }
 
+/// Labels of a model's object-store operation or outcome.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StorageLabels {
+    /// Model name.
+    pub model: String,
+    /// `list` or `download` (errors); `ok`, `failed`, `refused` (downloads).
+    pub outcome: &'static str,
+}
+
 /// Labels of a feature store's connection.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StoreLabels {
@@ -517,6 +526,21 @@ metric_families! {
     /// Syncs with the shared plugin registry that failed.
     plugin_registry_sync_failures: Counter = Counter::default(),
         "sluice_plugin_registry_sync_failures" => "Syncs with the shared plugin registry that failed";
+    /// 1 while a model's object store cannot be listed.
+    storage_unreachable: Family<ModelNameLabels, Gauge> = Family::default(),
+        "sluice_storage_unreachable" => "1 while a model's object store cannot be listed: loaded versions serve, no new one arrives";
+    /// Failed requests to object stores, by model and operation.
+    storage_errors: Family<StorageLabels, Counter> = Family::default(),
+        "sluice_storage_errors" => "Failed object-store operations, by model and operation (list, download)";
+    /// Version downloads from object stores, by model and outcome.
+    storage_downloads: Family<StorageLabels, Counter> = Family::default(),
+        "sluice_storage_downloads" => "Version downloads from object stores, by model and outcome (ok, failed, refused)";
+    /// Bytes downloaded from object stores.
+    storage_downloaded_bytes: Family<ModelNameLabels, Counter> = Family::default(),
+        "sluice_storage_downloaded_bytes" => "Bytes downloaded from object stores, by model";
+    /// Bytes the local cache of downloaded versions holds.
+    storage_cache_bytes: Gauge = Gauge::default(),
+        "sluice_storage_cache_bytes" => "Bytes the local cache of versions downloaded from object stores holds";
     /// Request log records, by outcome.
     request_log_records: Family<RequestLogLabels, Counter> = Family::default(),
         "sluice_request_log_records" => "Request log records by outcome: written, dropped_queue_full, dropped_failing (the log could not be written)";

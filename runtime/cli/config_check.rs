@@ -57,6 +57,34 @@ pub async fn check(path: &Path) -> Result<Summary, ConfigError> {
     .map_err(|e| ConfigError { source: "config check".into(), message: format!("the check failed: {e}") })?
 }
 
+/// A model in an object store: listed once with the server's
+/// credentials (wrong ones are named here, with the bucket and the
+/// operation), and its policy and labels checked against the versions
+/// that hold a model. Nothing is downloaded.
+fn check_object_store(config: &Config, key: &str, model: &ModelConfig) -> Result<String, Invalid> {
+    let url = model.base_path.display().to_string();
+    let runtime =
+        tokio::runtime::Handle::try_current().map_err(|e| invalid!("no async runtime to list {url} on: {e}"))?;
+    let timeout = std::time::Duration::from_secs(config.storage.request_timeout_secs);
+    let found = runtime
+        .block_on(crate::models::storage::versions_in(&url, timeout))
+        .map_err(|e| invalid!("{key}.base_path = \"{url}\": {}", e.message()))?;
+    let chosen = repository::select(&found, &model.version_policy, &url)
+        .map_err(|e| invalid!("{key}.version_policy: {}", e.message()))?;
+    for (label, version) in &model.version_labels {
+        if !chosen.contains_key(version) {
+            let loaded: Vec<String> = chosen.keys().map(i64::to_string).collect();
+            return Err(invalid!(
+                "{key}.version_labels.{label} = {version}: version {version} is not among the versions loaded ({})",
+                loaded.join(", ")
+            ));
+        }
+    }
+    let versions: Vec<String> =
+        chosen.iter().map(|(v, bytes)| format!("{v} ({:.1} MiB)", *bytes as f64 / 1048576.0)).collect();
+    Ok(format!("model '{}': versions {} in {url} (downloaded when served)", model.name, versions.join(", ")))
+}
+
 /// Every `examples` table checked against the versions of its model the
 /// server would load, as the server checks it: models served under their
 /// own name, and pipelines without stages (a pipeline with stages is
@@ -87,7 +115,7 @@ fn check_examples(config: &Config) -> Result<Vec<String>, Invalid> {
             continue;
         }
         let versions = runtime
-            .block_on(load_selected(model, config.onnxruntime.library.as_deref(), &metrics))
+            .block_on(load_selected(model, config.onnxruntime.library.as_deref(), &config.storage, &metrics))
             .map_err(|e| invalid!("{owner}: loading its model: {}", e.message()))?;
         for version in &versions {
             ExampleColumns::new(examples, version.signature(), version.as_ref())
@@ -130,7 +158,7 @@ fn check_plugins(config: &Config) -> Result<Vec<String>, Invalid> {
     let mut loaded = std::collections::BTreeMap::new();
     for model in &models {
         let versions = runtime
-            .block_on(load_selected(model, config.onnxruntime.library.as_deref(), &metrics))
+            .block_on(load_selected(model, config.onnxruntime.library.as_deref(), &config.storage, &metrics))
             .map_err(|e| invalid!("loading the models the plugins feed: {}", e.message()))?;
         loaded.insert(model.name.clone(), versions);
     }
@@ -205,6 +233,10 @@ pub fn check_files(config: &Config) -> Result<Summary, Invalid> {
         }
         let base = &model.base_path;
         let at = || format!("{key}.base_path = \"{}\"", base.display());
+        if crate::config::is_object_store_url(base) {
+            lines.push(check_object_store(config, &key, model)?);
+            continue;
+        }
         match std::fs::metadata(base) {
             Err(e) => return Err(invalid!("{}: {e}", at())),
             Ok(meta) if !meta.is_dir() => return Err(invalid!("{}: not a directory", at())),

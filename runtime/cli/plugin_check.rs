@@ -130,7 +130,8 @@ fn check_fit(plugin: &Plugin, target: &Target) -> Result<String> {
         stages => stages.iter().find(|(w, _)| *w == plugin.world()).map_or(stages[0].0, |(w, _)| *w),
     };
     let metrics = Metrics::new();
-    let load = load_selected(&target.model, target.library.as_deref(), &metrics);
+    let storage = crate::config::StorageConfig::default();
+    let load = load_selected(&target.model, target.library.as_deref(), &storage, &metrics);
     // The check runs on a blocking thread of the command's runtime.
     let model = tokio::runtime::Handle::try_current()
         .map_err(|e| Error::internal(format!("no async runtime to load the model on: {e}")))?

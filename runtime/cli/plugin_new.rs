@@ -231,7 +231,7 @@ async fn model_side(dir: &Path, world: WorldArg) -> anyhow::Result<Vec<TensorSpe
     let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
     let config = ModelConfig { version_policy: VersionPolicy::Latest(1), ..ModelConfig::from_flags(name, dir.into()) };
     let metrics = Metrics::new();
-    let versions = load_selected(&config, None, &metrics).await?;
+    let versions = load_selected(&config, None, &Default::default(), &metrics).await?;
     let model = versions.last().cloned().ok_or_else(|| anyhow::anyhow!("{}: no version loaded", dir.display()))?;
     let signature = model.signature();
     let side = match world {

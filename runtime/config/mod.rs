@@ -20,6 +20,7 @@ pub mod plugins;
 pub mod redis_access;
 pub mod server;
 pub mod stage;
+pub mod storage;
 pub mod telemetry;
 pub mod tensorflow;
 pub mod tf_model_config;
@@ -46,6 +47,7 @@ pub use self::onnx::OnnxOptions;
 pub use self::plugins::{InstancePolicy, PluginLimits, PluginsConfig};
 pub use self::server::{GrpcThreads, OutputEncoding, ServerConfig, DEFAULT_INLINE_INFERENCE_MICROS};
 pub use self::stage::{StageConfig, StageKind, StageRole};
+pub use self::storage::{is_object_store_url, StorageConfig};
 pub use self::telemetry::TracingConfig;
 pub use self::tls::TlsConfig;
 pub use self::traffic::{CacheConfig, CanaryPolicy, ModelCanary, QuotaConfig, TrafficConfig};
@@ -82,6 +84,9 @@ pub struct Config {
     /// Repository polling, warmup and config reloads.
     #[serde(default)]
     pub lifecycle: LifecycleConfig,
+    /// Model repositories in object storage (s3://, gs://, az://, http(s)://).
+    #[serde(default)]
+    pub storage: StorageConfig,
     /// OpenTelemetry traces of requests; off unless an endpoint is given.
     #[serde(default)]
     pub tracing: TracingConfig,
@@ -223,7 +228,7 @@ impl Config {
         let error = |message: String| ConfigError { source: source.to_string(), message };
         let mut config: Config = toml::from_str(text).map_err(|e| error(e.to_string().trim_end().to_string()))?;
         for model in &mut config.models {
-            if model.upstream.is_none() && model.base_path.is_relative() {
+            if model.upstream.is_none() && model.base_path.is_relative() && !is_object_store_url(&model.base_path) {
                 model.base_path = base.join(&model.base_path);
             }
             if let Some(tls) = model.upstream.as_mut().and_then(|u| u.tls.as_mut()) {
@@ -285,6 +290,22 @@ impl Config {
         }
         check_at_most("lifecycle.max_concurrent_loads", self.lifecycle.max_concurrent_loads, MAX_THREADS)?;
         check_between("lifecycle.warmup_iterations", self.lifecycle.warmup_iterations, 1, 1000)?;
+        check_between("storage.max_concurrent_downloads", self.storage.max_concurrent_downloads, 1, 256)?;
+        if !(self.storage.cache_max_gib > 0.0 && self.storage.cache_max_gib.is_finite()) {
+            return Err(invalid!(
+                "storage.cache_max_gib = {}: expected a positive number of GiB",
+                self.storage.cache_max_gib
+            ));
+        }
+        if let Some(rate) = self.storage.max_download_mib_per_sec.filter(|r| !(*r > 0.0 && r.is_finite())) {
+            return Err(invalid!("storage.max_download_mib_per_sec = {rate}: expected a positive number, or no key"));
+        }
+        if let Some(marker) = self.storage.completion_marker.as_deref().filter(|m| m.is_empty() || m.contains('/')) {
+            return Err(invalid!(
+                "storage.completion_marker = {marker:?}: expected the name of an object in each version's directory"
+            ));
+        }
+        check_between("storage.request_timeout_secs", self.storage.request_timeout_secs as usize, 1, 3600)?;
         check_at_most("lifecycle.max_load_retries", self.lifecycle.max_load_retries as usize, 1000)?;
         if self.lifecycle.load_retry_interval_ms < 10 {
             return Err(invalid!(

@@ -7,13 +7,14 @@
 
 pub mod repository;
 pub mod status;
+pub mod storage;
 pub mod tfrecord;
 pub mod warmup;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
@@ -328,6 +329,7 @@ pub fn place_of(config: &ModelConfig) -> String {
 pub async fn load_selected(
     config: &ModelConfig,
     library: Option<&Path>,
+    storage: &crate::config::StorageConfig,
     metrics: &Arc<Metrics>,
 ) -> Result<Vec<Arc<ModelVersion>>> {
     let context = |e: Error| e.context(format_args!("model '{}'", config.name));
@@ -335,6 +337,13 @@ pub async fn load_selected(
         Some(upstream) => {
             let fleet = Fleet::start(&config.name, upstream, metrics)?;
             fleet.versions().await.map_err(context)?.into_iter().map(|v| (v, Source::Upstream(fleet.clone()))).collect()
+        }
+        None if crate::config::is_object_store_url(&config.base_path) => {
+            let storage = storage::Storage::new(storage, metrics.clone());
+            let repository = storage.repository(&config.name, &config.base_path).map_err(context)?;
+            let settle = Duration::from_secs(1);
+            let found = repository.discover(&Default::default(), &config.version_policy, true, settle).await;
+            found.map_err(context)?.versions.into_iter().map(|(v, file)| (v, Source::File(file))).collect()
         }
         None => repository::discover(&config.base_path)
             .map_err(context)?

@@ -176,6 +176,11 @@ impl Endpoints {
         self.models.load().values().cloned().collect()
     }
 
+    /// The object-store mirrors of models whose base path is a bucket.
+    pub fn storage(&self) -> &Arc<crate::models::storage::Storage> {
+        self.manager.storage()
+    }
+
     /// Re-reads every model's repository: new versions in the policy are
     /// loaded and served, versions that left it are drained and unloaded.
     /// Failures are recorded in each version's status; serving goes on.

@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::models::repository;
 use crate::models::status::VersionState;
+use crate::models::storage::Storage;
 use crate::models::{place_of, LoadSettings, Loader, ModelVersion, Source};
 
 /// How long listing a model's base path may take: past it the poll gives
@@ -72,6 +73,11 @@ pub struct ModelManager {
     labels_may_wait: bool,
     /// Base paths being listed now, and since when.
     listing: Arc<Mutex<BTreeMap<PathBuf, Instant>>>,
+    /// Base paths in object stores, mirrored to local disk.
+    storage: Arc<Storage>,
+    /// How long apart two listings of an object store are, at start-up,
+    /// to see which versions finished uploading: one poll.
+    settle: Duration,
 }
 
 impl ModelManager {
@@ -79,6 +85,7 @@ impl ModelManager {
     pub fn new(
         lifecycle: &LifecycleConfig,
         settings: LoadSettings,
+        storage: Arc<Storage>,
         metrics: Arc<Metrics>,
         drain_timeout: Duration,
     ) -> ModelManager {
@@ -94,7 +101,14 @@ impl ModelManager {
             },
             labels_may_wait: lifecycle.allow_version_labels_for_unavailable_models,
             listing: Arc::default(),
+            storage,
+            settle: Duration::from_secs(lifecycle.file_system_poll_wait_seconds.max(1)),
         }
+    }
+
+    /// The object-store mirrors: a poll is due when a download ends.
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.storage
     }
 
     /// Where loads report.
@@ -125,7 +139,7 @@ impl ModelManager {
     ) -> Result<()> {
         let config = model.config();
         let context = |e: Error| e.context(format_args!("model '{}'", config.name));
-        let found = match self.discover(model, &config).await {
+        let found = match self.discover(model, &config, strict).await {
             Ok(found) => found,
             Err(error) if !strict => {
                 tracing::warn!(model = %config.name, "repository poll failed: {error}");
@@ -314,10 +328,21 @@ fn stamp(source: &Source) -> FileStamp {
 /// The versions `model` could serve now: its repository's, or what its
 /// upstreams serve.
 impl ModelManager {
-    /// The versions `model` offers: its upstreams', or its base path's.
-    async fn discover(&self, model: &ServedModel, config: &ModelConfig) -> Result<BTreeMap<i64, Source>> {
+    /// The versions `model` offers: its upstreams', or its base path's
+    /// (for an object store, those downloaded whole; a version whose
+    /// download failed is recorded in its status as a failed load is).
+    async fn discover(&self, model: &ServedModel, config: &ModelConfig, strict: bool) -> Result<BTreeMap<i64, Source>> {
         Ok(match model.upstream() {
             Some(fleet) => fleet.versions().await?.into_iter().map(|v| (v, Source::Upstream(fleet.clone()))).collect(),
+            None if crate::config::is_object_store_url(&config.base_path) => {
+                let repository = self.storage.repository(&config.name, &config.base_path)?;
+                let serving: BTreeSet<i64> = model.table().versions.keys().copied().collect();
+                let found = repository.discover(&serving, &config.version_policy, strict, self.settle).await?;
+                for (version, error) in found.failed {
+                    model.status().fail(version, error);
+                }
+                found.versions.into_iter().map(|(v, file)| (v, Source::File(file))).collect()
+            }
             None => self.list(&config.base_path).await?.into_iter().map(|(v, file)| (v, Source::File(file))).collect(),
         })
     }

@@ -315,9 +315,11 @@ async fn load(
         optimized_model_cache: config.lifecycle.optimized_model_cache(),
         inline_budget: Duration::from_micros(config.server.inline_inference_micros),
     };
+    let storage = Arc::new(crate::models::storage::Storage::new(&config.storage, metrics.clone()));
     let manager = ModelManager::new(
         &config.lifecycle,
         settings,
+        storage,
         metrics.clone(),
         Duration::from_secs(config.server.drain_timeout_secs),
     );
@@ -373,9 +375,20 @@ fn poll_repositories(config: &Config, state: &ServingState, stopping: watch::Rec
         return;
     }
     let endpoints = state.endpoints.clone();
-    every(Duration::from_secs(seconds), stopping, move || {
-        let endpoints = endpoints.clone();
-        async move { endpoints.poll().await }
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(Duration::from_secs(seconds));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            // A download from an object store that ends is a poll now:
+            // its version serves without waiting for the next tick.
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = endpoints.storage().changed() => {}
+                () = stopped(stopping.clone()) => return,
+            }
+            endpoints.poll().await;
+        }
     });
 }
 

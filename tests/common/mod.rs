@@ -6,6 +6,7 @@
 
 pub mod fixtures;
 pub mod fleet;
+pub mod object_stores;
 pub mod otlp;
 pub mod pki;
 pub mod process;
@@ -85,11 +86,18 @@ impl Server {
     /// [`Server::start`], waiting up to `timeout` for it to be ready (a
     /// config whose plugins compile for long on a cold cache).
     pub fn start_within(args: &[&str], timeout: Duration) -> Server {
+        Server::start_with_env(args, &[], timeout)
+    }
+
+    /// [`Server::start_within`] with `env` set for the server (an object
+    /// store's endpoint and credentials, say).
+    pub fn start_with_env(args: &[&str], env: &[(String, String)], timeout: Duration) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
         command
             .arg("serve")
             .args(["--host", "127.0.0.1", "--port", "0", "--rest_api_port", "0"])
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .current_dir(root());
         let process = ServerProcess::spawn(command, "sluice", "sluice: serving gRPC on ", timeout, true)
             .unwrap_or_else(|e| panic!("{e}"));

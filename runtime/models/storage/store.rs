@@ -1,0 +1,169 @@
+//! Opening an object store from a base-path URL, with the credentials the
+//! clouds and TF Serving's users set today: the AWS environment (keys,
+//! `AWS_REGION`, web-identity tokens for IRSA, container and instance
+//! credentials) and TF Serving's own `S3_ENDPOINT`, `S3_USE_HTTPS` and
+//! `S3_VERIFY_SSL`; GCP application default credentials (a service-account
+//! file, `gcloud`'s, the metadata server of workload identity) and
+//! `STORAGE_EMULATOR_HOST`; Azure's `AZURE_STORAGE_*` keys, service
+//! principals, workload and managed identity, and Azurite. Nothing here
+//! logs or returns a secret: errors pass through [`redact`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::http::HttpBuilder;
+use object_store::path::Path as ObjectPath;
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
+
+use crate::error::{Error, Result};
+
+/// An opened store and the prefix a model's versions are under.
+pub struct Opened {
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: ObjectPath,
+}
+
+/// Opens the store `url` names (`s3://bucket/models/m`, `gs://…`,
+/// `az://container/…`, `abfs(s)://…`, `http(s)://…`). `timeout` bounds
+/// connecting; the caller bounds each request's progress.
+pub fn open(url: &str, timeout: Duration) -> Result<Opened> {
+    let refuse = |why: String| Error::invalid_argument(format!("model base path {url}: {}", redact(&why)));
+    // The HTTP client's TLS runs on ring, as the listening ports do (see
+    // server/tls.rs for why ring); the first store opened installs it.
+    #[allow(deprecated)]
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let parsed = url::Url::parse(url).map_err(|e| refuse(format!("not a URL: {e}")))?;
+    let scheme = parsed.scheme().to_ascii_lowercase();
+    let client = ClientOptions::new()
+        .with_connect_timeout(timeout)
+        // Downloads of large files run for as long as their bytes keep
+        // coming; the mirror bounds how long one may stall instead.
+        .with_timeout_disabled()
+        .with_allow_invalid_certificates(env_is("S3_VERIFY_SSL", "0") && scheme == "s3");
+    // Retries are the mirror's (a version's download is tried again at a
+    // later poll): the client's own stay short, so an outage is seen soon.
+    let retry = RetryConfig { backoff: BackoffConfig::default(), max_retries: 2, retry_timeout: timeout };
+    let (store, path): (Arc<dyn ObjectStore>, String) = match scheme.as_str() {
+        "s3" => {
+            let mut builder = AmazonS3Builder::from_env().with_url(url).with_retry(retry).with_client_options(client);
+            // TF Serving's S3 variables: a host (and port), https unless
+            // S3_USE_HTTPS=0.
+            if let Ok(endpoint) = std::env::var("S3_ENDPOINT") {
+                let plain = env_is("S3_USE_HTTPS", "0");
+                let endpoint = if endpoint.contains("://") {
+                    endpoint
+                } else {
+                    format!("{}://{endpoint}", if plain { "http" } else { "https" })
+                };
+                builder = builder
+                    .with_endpoint(endpoint)
+                    .with_allow_http(plain || std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v == "true"));
+            }
+            let store = builder.build().map_err(|e| refuse(e.to_string()))?;
+            (Arc::new(store), parsed.path().to_string())
+        }
+        "gs" => {
+            let mut builder = GoogleCloudStorageBuilder::from_env()
+                .with_url(url)
+                .with_retry(retry)
+                .with_client_options(client.clone());
+            // The emulator variable Google's own client libraries read.
+            if let Ok(host) = std::env::var("STORAGE_EMULATOR_HOST") {
+                let base = if host.contains("://") { host } else { format!("http://{host}") };
+                let key = serde_json::json!({
+                    "private_key": "", "private_key_id": "", "client_email": "",
+                    "gcs_base_url": base.trim_end_matches('/'), "disable_oauth": true,
+                });
+                builder = builder
+                    .with_service_account_key(key.to_string())
+                    .with_client_options(client.with_allow_http(base.starts_with("http://")));
+            }
+            let store = builder.build().map_err(|e| refuse(e.to_string()))?;
+            (Arc::new(store), parsed.path().to_string())
+        }
+        "az" | "abfs" | "abfss" => {
+            let store = MicrosoftAzureBuilder::from_env()
+                .with_url(url)
+                .with_retry(retry)
+                .with_client_options(client)
+                .build()
+                .map_err(|e| refuse(e.to_string()))?;
+            (Arc::new(store), parsed.path().to_string())
+        }
+        "http" | "https" => {
+            // The store is the server's root; the model is under the path.
+            let root = format!("{}://{}", parsed.scheme(), parsed.host_str().unwrap_or(""));
+            let root = match parsed.port() {
+                Some(port) => format!("{root}:{port}"),
+                None => root,
+            };
+            let store = HttpBuilder::new()
+                .with_url(root)
+                .with_retry(retry)
+                .with_client_options(client.with_allow_http(scheme == "http"))
+                .build()
+                .map_err(|e| refuse(e.to_string()))?;
+            (Arc::new(store), parsed.path().to_string())
+        }
+        other => return Err(refuse(format!("scheme {other}:// is not served (s3, gs, az, abfs, abfss, http, https)"))),
+    };
+    let decoded = percent_encoding::percent_decode_str(path.trim_matches('/'))
+        .decode_utf8()
+        .map_err(|e| refuse(format!("the path is not UTF-8: {e}")))?;
+    let prefix = ObjectPath::parse(decoded.as_ref()).map_err(|e| refuse(format!("bad object path: {e}")))?;
+    Ok(Opened { store, prefix })
+}
+
+fn env_is(name: &str, value: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == value)
+}
+
+/// The environment variables whose values are secrets.
+const SECRET_VARIABLES: &[&str] = &[
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "AZURE_STORAGE_MASTER_KEY",
+    "AZURE_STORAGE_KEY",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_STORAGE_SAS_KEY",
+    "AZURE_STORAGE_TOKEN",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+];
+
+/// `text` on one line, with the value of every secret variable set in the
+/// environment replaced by `<redacted>`: store errors quote requests and
+/// responses (XML bodies over several lines), and none of that may carry
+/// a key into a log line, a metric or an answer.
+pub fn redact(text: &str) -> String {
+    let mut text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    for name in SECRET_VARIABLES {
+        if let Ok(secret) = std::env::var(name) {
+            if secret.len() >= 4 && text.contains(&secret) {
+                text = text.replace(&secret, "<redacted>");
+            }
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_scheme_opens_with_its_prefix_and_others_are_named() {
+        let opened = open("s3://bucket/models/ranker", Duration::from_secs(1)).expect("s3");
+        assert_eq!(opened.prefix.as_ref(), "models/ranker");
+        let opened = open("gs://bucket/m/", Duration::from_secs(1)).expect("gs");
+        assert_eq!(opened.prefix.as_ref(), "m");
+        let opened = open("http://127.0.0.1:9/repo/m%20x", Duration::from_secs(1)).expect("http");
+        assert_eq!(opened.prefix.as_ref(), "repo/m x");
+        let err = open("ftp://host/m", Duration::from_secs(1)).err().expect("ftp refused");
+        assert!(err.to_string().contains("ftp:// is not served"), "{err}");
+    }
+}

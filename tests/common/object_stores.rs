@@ -1,0 +1,217 @@
+//! Object-store emulators for the tests: moto's S3 server and Azurite
+//! (Microsoft's Azure Storage emulator), each a real implementation of its
+//! cloud's protocol, installed by `scripts/setup` into `.cache/` and
+//! started on a free port; objects are put with each cloud's own SDK
+//! (`tests/storage/store.py`), as a team publishing models would.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::fixtures::root;
+
+/// Which cloud's protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// moto's standalone S3 server.
+    S3,
+    /// Azurite's blob service.
+    Azure,
+}
+
+/// A running emulator.
+pub struct ObjectStoreServer {
+    kind: Kind,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    child: Option<Child>,
+    /// Where a persistent emulator keeps its objects across restarts.
+    dir: Option<tempfile::TempDir>,
+}
+
+impl ObjectStoreServer {
+    /// Starts one on a free port and waits until it accepts connections.
+    pub fn start(kind: Kind) -> ObjectStoreServer {
+        let port = super::fleet::free_port();
+        let mut server = ObjectStoreServer { kind, port, child: None, dir: None };
+        server.restart();
+        server
+    }
+
+    /// Starts Azurite keeping its objects on disk, so that a restart finds
+    /// them again (moto keeps them in memory only).
+    pub fn start_persistent() -> ObjectStoreServer {
+        let port = super::fleet::free_port();
+        let dir = Some(tempfile::tempdir().expect("temp dir"));
+        let mut server = ObjectStoreServer { kind: Kind::Azure, port, child: None, dir };
+        server.restart();
+        server
+    }
+
+    /// Kills it at once: the store is unreachable, and (both keep objects
+    /// in memory) empty when it comes back.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops it as an operator would (SIGTERM, then SIGKILL after 10 s): a
+    /// persistent emulator keeps its objects for the restart.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling the test's own child process.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes it (SIGSTOP): connections open, nothing answered, as a hung
+    /// store; `thaw` lets it go on.
+    pub fn freeze(&self) {
+        if let Some(child) = &self.child {
+            // SAFETY: signalling the test's own child process.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGSTOP) };
+        }
+    }
+
+    /// Lets a frozen store go on (SIGCONT).
+    pub fn thaw(&self) {
+        if let Some(child) = &self.child {
+            // SAFETY: signalling the test's own child process.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGCONT) };
+        }
+    }
+
+    /// Starts it (again) on its port and waits until it accepts.
+    pub fn restart(&mut self) {
+        self.kill();
+        let port = self.port.to_string();
+        let mut command = match self.kind {
+            Kind::S3 => {
+                let mut command = Command::new(root().join(".cache/storage-venv/bin/moto_server"));
+                command.args(["-H", "127.0.0.1", "-p", &port]);
+                command
+            }
+            Kind::Azure => {
+                let mut command = Command::new(root().join(".cache/azurite/node_modules/.bin/azurite-blob"));
+                command.args(["--blobHost", "127.0.0.1", "--blobPort", &port]).args([
+                    "--skipApiVersionCheck",
+                    "--disableTelemetry",
+                    "--silent",
+                ]);
+                match &self.dir {
+                    Some(dir) => command.arg("--location").arg(dir.path()),
+                    None => command.arg("--inMemoryPersistence"),
+                };
+                command
+            }
+        };
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the {:?} emulator ({e}): run scripts/setup", self.kind));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "the {:?} emulator did not listen on {} in 60 s", self.kind, self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The base-path URL of `path` in `bucket`.
+    pub fn url(&self, bucket: &str, path: &str) -> String {
+        match self.kind {
+            Kind::S3 => format!("s3://{bucket}/{path}"),
+            Kind::Azure => format!("az://{bucket}/{path}"),
+        }
+    }
+
+    /// The environment a sluice process reads this store with: TF
+    /// Serving's S3 variables, or Azure's emulator ones.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let pairs: Vec<(&str, String)> = match self.kind {
+            Kind::S3 => vec![
+                ("AWS_ACCESS_KEY_ID", "reader".into()),
+                ("AWS_SECRET_ACCESS_KEY", "reader-secret-value".into()),
+                ("AWS_REGION", "us-east-1".into()),
+                ("S3_ENDPOINT", format!("127.0.0.1:{}", self.port)),
+                ("S3_USE_HTTPS", "0".into()),
+            ],
+            Kind::Azure => vec![
+                ("AZURE_STORAGE_USE_EMULATOR", "true".into()),
+                ("AZURITE_BLOB_STORAGE_URL", format!("http://127.0.0.1:{}", self.port)),
+            ],
+        };
+        pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    }
+
+    fn sdk(&self, args: &[&str]) {
+        let kind = match self.kind {
+            Kind::S3 => "s3",
+            Kind::Azure => "azure",
+        };
+        let output = Command::new(root().join(".cache/storage-venv/bin/python"))
+            .arg(root().join("tests/storage/store.py"))
+            .args([kind, &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("run tests/storage/store.py: run scripts/setup");
+        assert!(output.status.success(), "store.py {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    /// Makes bucket (container) `name`.
+    pub fn bucket(&self, name: &str) {
+        self.sdk(&["bucket", name]);
+    }
+
+    /// Uploads `file` as `key`.
+    pub fn put(&self, bucket: &str, key: &str, file: &Path) {
+        self.sdk(&["put", bucket, key, file.to_str().expect("utf-8 path")]);
+    }
+
+    /// Deletes `key`.
+    pub fn delete(&self, bucket: &str, key: &str) {
+        self.sdk(&["delete", bucket, key]);
+    }
+
+    /// Uploads every file under `dir` as `prefix/RELATIVE`, in name order.
+    pub fn publish(&self, bucket: &str, prefix: &str, dir: &Path) {
+        for file in files(dir) {
+            let relative = file.strip_prefix(dir).expect("under dir").to_str().expect("utf-8").to_string();
+            self.put(bucket, &format!("{prefix}/{relative}"), &file);
+        }
+    }
+}
+
+impl Drop for ObjectStoreServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Every file under `dir`, in name order.
+pub fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}

@@ -1,0 +1,345 @@
+//! Model repositories in object storage, driven against real protocol
+//! implementations (moto's S3 server, Azurite) started by the tests:
+//! serving from a bucket as from a directory, a version published object
+//! by object never loaded before it is complete, an object changed under
+//! its download refused and fetched again, the store going away under
+//! load with no failed request, and wrong credentials named at start
+//! without the secret.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::object_stores::{Kind, ObjectStoreServer};
+use common::*;
+
+/// The example model's versions on disk, the reference for answers.
+fn mlp(version: i64) -> std::path::PathBuf {
+    fixtures::root().join(format!("examples/models/mlp/{version}"))
+}
+
+/// A config serving `mlp` from `url`, its cache in `cache`, with `extra`
+/// keys added to `[storage]` and the model table.
+fn config(dir: &Path, url: &str, storage: &str, model: &str) -> std::path::PathBuf {
+    let text = format!(
+        "[lifecycle]\nfile_system_poll_wait_seconds = 1\n\n[storage]\ncache_dir = \"{}\"\n{storage}\n\n\
+         [[models]]\nname = \"mlp\"\nbase_path = \"{url}\"\n{model}\n",
+        dir.join("cache").display()
+    );
+    let path = dir.join("sluice.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn serve(config: &Path, store: &ObjectStoreServer) -> Server {
+    Server::start_with_env(
+        &["--model_config_file", config.to_str().expect("utf-8")],
+        &store.env(),
+        Duration::from_secs(120),
+    )
+}
+
+/// What `version` of the example model answers for `x`, run directly.
+fn expected(version: i64, x: &[f32]) -> Vec<f32> {
+    reference(&mlp(version).join("model.onnx"), vec![("x", RefInput::F32(vec![1, 64], x.to_vec()))], "logits").1
+}
+
+async fn predict(server: &Server, version: Option<i64>, x: &[f32]) -> Result<Vec<f32>, tonic::Status> {
+    let mut request = predict_request("mlp", vec![("x", f32_content(&[1, 64], x))]);
+    request.model_spec = spec("mlp", version);
+    let response = server.predict_client().await.predict(request).await?;
+    Ok(f32_values(&response.into_inner().outputs["logits"]))
+}
+
+/// Clients calling `mlp` in a loop until dropped; counts answers and
+/// failures (with the first failure's status).
+struct Load {
+    ok: Arc<AtomicU64>,
+    failed: Arc<std::sync::Mutex<Vec<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    async fn start(server: &Server) -> Load {
+        let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(std::sync::Mutex::new(Vec::new())));
+        let mut tasks = Vec::new();
+        for seed in 0..4 {
+            let mut client = server.predict_client().await;
+            let (ok, failed) = (ok.clone(), failed.clone());
+            tasks.push(tokio::spawn(async move {
+                let x = values(seed, 64);
+                loop {
+                    match client.predict(predict_request("mlp", vec![("x", f32_content(&[1, 64], &x))])).await {
+                        Ok(_) => ok.fetch_add(1, Ordering::Relaxed),
+                        Err(status) => {
+                            failed.lock().expect("lock").push(format!("{status:?}"));
+                            0
+                        }
+                    };
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }));
+        }
+        Load { ok, failed, tasks }
+    }
+
+    /// Stops the clients; asserts that none failed and that they were served.
+    fn finish(self, what: &str) -> u64 {
+        for task in &self.tasks {
+            task.abort();
+        }
+        let failed = self.failed.lock().expect("lock").clone();
+        assert!(failed.is_empty(), "{what}: {} requests failed, the first: {}", failed.len(), failed[0]);
+        let ok = self.ok.load(Ordering::Relaxed);
+        assert!(ok > 0, "{what}: no request was answered");
+        ok
+    }
+}
+
+#[tokio::test]
+async fn models_serve_from_s3_and_azure_as_from_a_directory() {
+    for kind in [Kind::S3, Kind::Azure] {
+        let store = ObjectStoreServer::start(kind);
+        store.bucket("models");
+        for version in [1, 2] {
+            store.publish("models", &format!("repo/mlp/{version}"), &mlp(version));
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = store.url("models", "repo/mlp");
+        let server = serve(&config(dir.path(), &url, "", "version_policy = \"all\""), &store);
+        let x = values(7, 64);
+        for version in [1, 2] {
+            let got =
+                predict(&server, Some(version), &x).await.unwrap_or_else(|e| panic!("{kind:?} v{version}: {e:?}"));
+            assert_close(&got, &expected(version, &x), 1e-5, &format!("{kind:?} version {version}"));
+        }
+        let states: Vec<(i64, i32)> = server.model_status("mlp").await.iter().map(|s| (s.version, s.state)).collect();
+        assert_eq!(states, [(1, 30), (2, 30)], "{kind:?}: both AVAILABLE");
+        // The cache is the server's own, and holds whole versions only.
+        let cache = dir.path().join("cache");
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&cache).expect("cache").permissions());
+        assert_eq!(mode & 0o077, 0, "{kind:?}: the cache is owner-only");
+        let mirrored = common::object_stores::files(&cache);
+        assert!(
+            mirrored.iter().filter(|f| f.ends_with("model.onnx")).count() == 2,
+            "{kind:?}: both versions' model files in the cache: {mirrored:?}"
+        );
+        assert!(server.metric(r#"sluice_storage_downloads_total{model="mlp",outcome="ok"}"#).await >= 2.0);
+    }
+}
+
+#[tokio::test]
+async fn a_version_published_object_by_object_serves_only_once_marked_complete_with_no_failed_request() {
+    let store = ObjectStoreServer::start(Kind::S3);
+    store.bucket("models");
+    store.publish("models", "repo/mlp/1", &mlp(1));
+    store.put("models", "repo/mlp/1/_SUCCESS", &mlp(1).join("model.onnx"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = store.url("models", "repo/mlp");
+    let server = serve(&config(dir.path(), &url, "completion_marker = \"_SUCCESS\"", ""), &store);
+    let load = Load::start(&server).await;
+    let x = values(3, 64);
+    assert_close(&predict(&server, None, &x).await.expect("v1"), &expected(1, &x), 1e-5, "version 1 serves");
+
+    // Version 2 arrives one object at a time, slowly, the model first:
+    // through several polls it is in the store, incomplete.
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "vocabulary and notes that come after the model").expect("notes");
+    store.put("models", "repo/mlp/2/model.onnx", &mlp(2).join("model.onnx"));
+    for name in ["a", "b", "c"] {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        store.put("models", &format!("repo/mlp/2/assets/{name}.txt"), &notes);
+        let served = predict(&server, None, &x).await.expect("serves while version 2 uploads");
+        assert_close(&served, &expected(1, &x), 1e-5, "version 1 serves until version 2 is marked complete");
+        assert!(
+            !server.model_status("mlp").await.iter().any(|s| s.version == 2),
+            "version 2 was seen before its marker"
+        );
+    }
+    store.put("models", "repo/mlp/2/_SUCCESS", &notes);
+    let mut waited = 0;
+    while predict(&server, None, &x).await.expect("serves") != expected(2, &x) {
+        waited += 1;
+        assert!(waited < 300, "version 2 did not serve within 30 s of its marker");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // It was downloaded whole: every object, the last included.
+    let mirrored = common::object_stores::files(&dir.path().join("cache"));
+    assert!(mirrored.iter().any(|f| f.ends_with("2/assets/c.txt")), "{mirrored:?}");
+    // Version 1 left once version 2 served (its files stay in the cache
+    // while it is in the store and the cache has room: a rollback target).
+    let mut waited = 0;
+    while server.model_status("mlp").await.iter().any(|s| s.version == 1 && s.state != 50) {
+        waited += 1;
+        assert!(waited < 300, "version 1 was not unloaded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let served = load.finish("publishing version 2 through the store");
+    eprintln!("{served} requests served while version 2 was published object by object");
+}
+
+#[tokio::test]
+async fn without_a_marker_a_version_serves_once_its_listing_stops_changing() {
+    let store = ObjectStoreServer::start(Kind::S3);
+    store.bucket("models");
+    store.publish("models", "repo/mlp/1", &mlp(1));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = store.url("models", "repo/mlp");
+    // Polls 3 s apart; an object lands about every second: no two polls
+    // see the same listing of version 2 while its upload runs.
+    let path = config(dir.path(), &url, "", "");
+    let text =
+        std::fs::read_to_string(&path).expect("config").replace("poll_wait_seconds = 1", "poll_wait_seconds = 3");
+    std::fs::write(&path, text).expect("config");
+    let server = serve(&path, &store);
+    let x = values(5, 64);
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "more").expect("notes");
+    store.put("models", "repo/mlp/2/model.onnx", &mlp(2).join("model.onnx"));
+    for i in 0..8 {
+        store.put("models", &format!("repo/mlp/2/assets/{i}.txt"), &notes);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_close(&predict(&server, None, &x).await.expect("serves"), &expected(1, &x), 1e-5, "still version 1");
+    }
+    let mut waited = 0;
+    while predict(&server, None, &x).await.expect("serves") != expected(2, &x) {
+        waited += 1;
+        assert!(waited < 300, "version 2 did not serve within 30 s of its last object");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mirrored = common::object_stores::files(&dir.path().join("cache"));
+    assert!(mirrored.iter().any(|f| f.ends_with("2/assets/7.txt")), "downloaded whole: {mirrored:?}");
+}
+
+#[tokio::test]
+async fn an_object_changed_during_its_download_is_refused_and_the_version_fetched_again() {
+    let store = ObjectStoreServer::start(Kind::S3);
+    store.bucket("models");
+    store.publish("models", "repo/mlp/1", &mlp(1));
+    let dir = tempfile::tempdir().expect("temp dir");
+    // 64 KiB of assets, read first (one object at a time, in name order)
+    // at 32 KiB/s: two seconds in which the model is replaced.
+    let big = dir.path().join("big.bin");
+    std::fs::write(&big, vec![7u8; 64 << 10]).expect("big");
+    let url = store.url("models", "repo/mlp");
+    let storage = "max_concurrent_downloads = 1\nmax_download_mib_per_sec = 0.03125";
+    let server = serve(&config(dir.path(), &url, storage, ""), &store);
+    store.put("models", "repo/mlp/2/assets/big.bin", &big);
+    store.put("models", "repo/mlp/2/model.onnx", &mlp(2).join("model.onnx"));
+    // The download starts once two polls agree; then the model changes.
+    eventually("version 2's download under way", || {
+        let partial = std::fs::read_dir(dir.path().join("cache"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+            .any(|e| e.file_name().to_string_lossy().starts_with(".partial-2-"));
+        partial.then_some(()).ok_or("no partial download yet".to_string())
+    })
+    .await;
+    store.put("models", "repo/mlp/2/model.onnx", &mlp(1).join("model.onnx"));
+    server.wait_for_metric(r#"sluice_storage_downloads_total{model="mlp",outcome="failed"}"#, 1.0).await;
+    // The next poll names it in the version's status, as a failed load.
+    let mut message = String::new();
+    for _ in 0..100 {
+        let status = server.model_status("mlp").await;
+        message = status
+            .iter()
+            .find(|s| s.version == 2)
+            .and_then(|s| s.status.as_ref())
+            .map(|s| s.error_message.clone())
+            .unwrap_or_default();
+        if !message.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(message.contains("repo/mlp/2/model.onnx") && message.contains("downloading"), "{message}");
+    assert!(
+        message.contains("pre-condition") || message.contains("412") || message.contains("Precondition"),
+        "{message}"
+    );
+    // Fetched again once its listing is stable: the model now there serves.
+    let x = values(9, 64);
+    let mut waited = 0;
+    while predict(&server, Some(2), &x).await.ok() != Some(expected(1, &x)) {
+        waited += 1;
+        assert!(waited < 300, "version 2 was not fetched again within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_store_going_away_under_load_fails_no_request_and_is_logged_once() {
+    let mut store = ObjectStoreServer::start_persistent();
+    store.bucket("models");
+    store.publish("models", "repo/mlp/1", &mlp(1));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = store.url("models", "repo/mlp");
+    let server = serve(&config(dir.path(), &url, "request_timeout_secs = 2", ""), &store);
+    let load = Load::start(&server).await;
+    let down = r#"sluice_storage_unreachable{model="mlp"}"#;
+    let list_errors = r#"sluice_storage_errors_total{model="mlp",outcome="list"}"#;
+    // Hung (connections open, no answer), then gone (connections
+    // refused): each outage of several polls is one line when it starts
+    // and one when it ends.
+    for outage in ["hung", "stopped"] {
+        let _ = server.log();
+        let errors = server.metric(list_errors).await;
+        match outage {
+            "hung" => store.freeze(),
+            _ => store.stop(),
+        }
+        server.wait_for_metric(down, 1.0).await;
+        server.wait_for_metric(list_errors, errors + 3.0).await;
+        match outage {
+            "hung" => store.thaw(),
+            _ => store.restart(),
+        }
+        let lines = server.log_through("can be listed again").await;
+        assert_eq!(server.metric(down).await, 0.0, "{outage}: the gauge says the store is back");
+        let warnings: Vec<&String> = lines.iter().filter(|l| l.contains("cannot be listed")).collect();
+        assert_eq!(warnings.len(), 1, "{outage}: one line per outage: {lines:#?}");
+        assert!(lines.len() < 6, "{outage}: an outage of many polls writes two lines: {lines:#?}");
+    }
+    let served = load.finish("the store killed and restarted");
+    // Version 1 served throughout, and a version published after serves.
+    store.publish("models", "repo/mlp/2", &mlp(2));
+    let x = values(11, 64);
+    let mut waited = 0;
+    while predict(&server, None, &x).await.expect("serves") != expected(2, &x) {
+        waited += 1;
+        assert!(waited < 300, "version 2 did not serve after the store came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("{served} requests served while the store was away");
+}
+
+#[test]
+fn wrong_credentials_are_named_at_start_without_the_secret() {
+    let store = ObjectStoreServer::start(Kind::Azure);
+    store.bucket("models");
+    store.publish("models", "repo/mlp/1", &mlp(1));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = config(dir.path(), &store.url("models", "repo/mlp"), "", "");
+    // A well-formed key that is not the account's.
+    let secret = "c2x1aWNlLXdyb25nLWtleS1mb3ItdGhlLWVtdWxhdG9y";
+    let path = config.to_str().expect("utf-8");
+    let serve = ["serve", "--port", "0", "--rest_api_port", "0", "--model_config_file", path];
+    for command in [&serve[..], &["config", "check", path][..]] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(command)
+            .envs(store.env())
+            .env("AZURE_STORAGE_ACCOUNT_KEY", secret)
+            .current_dir(fixtures::root())
+            .output()
+            .expect("run sluice");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{command:?} with a wrong key: {stderr}");
+        assert!(stderr.contains("listing az://models/repo/mlp") && stderr.contains("403"), "{command:?}: {stderr}");
+        assert!(!stderr.contains(secret), "{command:?}: the key reached the output");
+    }
+}
