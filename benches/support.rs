@@ -25,6 +25,9 @@ pub mod fixtures;
 #[path = "../tests/common/fleet.rs"]
 pub mod fleet;
 #[allow(dead_code)]
+#[path = "../tests/common/object_stores.rs"]
+pub mod object_stores;
+#[allow(dead_code)]
 #[path = "../tests/common/otlp.rs"]
 pub mod otlp;
 #[allow(dead_code)]

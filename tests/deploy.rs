@@ -39,9 +39,10 @@ fn command_line() -> String {
 }
 /// Each Kubernetes config with the Deployment files that run it (the base
 /// and the overlay's patches, later ones overriding earlier ones).
-const K8S_CONFIGS: [(&str, &[&str]); 2] = [
+const K8S_CONFIGS: [(&str, &[&str]); 3] = [
     ("deploy/k8s/base/sluice.toml", &[DEPLOYMENT]),
     ("deploy/k8s/overlays/gpu/sluice.toml", &[DEPLOYMENT, "deploy/k8s/overlays/gpu/deployment-gpu.yaml"]),
+    ("deploy/k8s/overlays/bucket/sluice.toml", &[DEPLOYMENT, "deploy/k8s/overlays/bucket/deployment-bucket.yaml"]),
 ];
 /// The config baked into the image as /etc/sluice/sluice.toml.
 const IMAGE_CONFIG: &str = "deploy/sluice.toml";

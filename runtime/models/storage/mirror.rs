@@ -6,10 +6,12 @@
 //! at once when it holds the completion marker: object stores have no
 //! atomic rename, and a version read while its upload runs is the failure
 //! TF Serving is known for. A complete version the policy wants is
-//! downloaded in the background into a hidden directory, each object
-//! checked against its listed size (and its ETag, as a precondition of the
-//! read and, where the ETag is an MD5, against the bytes), then renamed
-//! into place: only whole versions are ever seen by the loader. The store
+//! downloaded in the background into a hidden directory, each object read
+//! on the precondition that its ETag is still the listed one and checked
+//! against its listed size, then renamed into place: only whole versions
+//! are ever seen by the loader. (An S3 ETag is not always the object's
+//! MD5: not for multipart uploads, nor under SSE-KMS or SSE-C encryption;
+//! so it is used as a version tag, never compared with the bytes.) The store
 //! being down changes nothing that serves; it is logged once per outage.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,7 +21,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use md5::Digest;
 use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, ObjectStore};
 use prometheus_client::metrics::counter::Counter;
@@ -433,7 +434,6 @@ impl Repository {
             tokio::fs::create_dir_all(parent).await.map_err(|e| local_error(parent, &e))?;
         }
         let mut out = tokio::fs::File::create(&file).await.map_err(|e| local_error(&file, &e))?;
-        let mut md5 = object.e_tag.as_deref().and_then(md5_of_etag).map(|expected| (expected, md5::Md5::new()));
         let mut written = 0u64;
         while let Some(chunk) = tokio::time::timeout(timeout, stream.next()).await.map_err(|_| stalled())? {
             let chunk = chunk.map_err(|e| self.store_error("downloading", &url, &e))?;
@@ -447,21 +447,12 @@ impl Repository {
             if let Some(bandwidth) = &self.shared.bandwidth {
                 bandwidth.take(chunk.len()).await;
             }
-            if let Some((_, hasher)) = &mut md5 {
-                hasher.update(&chunk);
-            }
             out.write_all(&chunk).await.map_err(|e| local_error(&file, &e))?;
             self.metrics.bytes.inc_by(chunk.len() as u64);
         }
         out.flush().await.map_err(|e| local_error(&file, &e))?;
         if written != object.size {
             return Err(Error::unavailable(format!("{url}: {written} bytes came, {} listed", object.size)));
-        }
-        if let Some((expected, hasher)) = md5 {
-            let got = hex::encode(hasher.finalize());
-            if got != expected {
-                return Err(Error::unavailable(format!("{url}: the bytes' MD5 is {got}, its ETag says {expected}")));
-            }
         }
         Ok(())
     }
@@ -629,14 +620,6 @@ fn take_up(local: &Path) -> BTreeMap<i64, Listing> {
     whole
 }
 
-/// The MD5 an ETag states: S3's (and S3-compatible stores') ETag of an
-/// object uploaded in one part is its MD5 in hex; other ETags (multipart
-/// uploads, GCS, Azure) are opaque and only used as a precondition.
-fn md5_of_etag(e_tag: &str) -> Option<String> {
-    let tag = e_tag.trim_matches('"').to_ascii_lowercase();
-    (tag.len() == 32 && tag.bytes().all(|b| b.is_ascii_hexdigit())).then_some(tag)
-}
-
 fn local_error(path: &Path, error: &std::io::Error) -> Error {
     Error::unavailable(format!("writing the model cache {}: {error}", path.display()))
 }
@@ -644,17 +627,6 @@ fn local_error(path: &Path, error: &std::io::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_plain_md5_etags_are_checked_against_the_bytes() {
-        assert_eq!(
-            md5_of_etag("\"9E107D9D372BB6826BD81D3542A419D6\"").as_deref(),
-            Some("9e107d9d372bb6826bd81d3542a419d6")
-        );
-        assert_eq!(md5_of_etag("\"9e107d9d372bb6826bd81d3542a419d6-3\""), None, "multipart");
-        assert_eq!(md5_of_etag("0x8DC1A2B3C4D5E6F"), None, "Azure");
-        assert_eq!(md5_of_etag("CJ+Gx5GH6oIDEAE="), None, "GCS");
-    }
 
     fn listing(files: &[(&str, u64, &str)]) -> Listing {
         let objects = files
