@@ -62,12 +62,13 @@ pub async fn check(path: &Path) -> Result<Summary, ConfigError> {
 /// operation), and its policy and labels checked against the versions
 /// that hold a model. Nothing is downloaded.
 fn check_object_store(config: &Config, key: &str, model: &ModelConfig) -> Result<String, Invalid> {
-    let url = model.base_path.display().to_string();
+    let real = model.base_path.display().to_string();
+    let url = crate::models::storage::shown(&real);
     let runtime =
         tokio::runtime::Handle::try_current().map_err(|e| invalid!("no async runtime to list {url} on: {e}"))?;
     let timeout = std::time::Duration::from_secs(config.storage.request_timeout_secs);
     let found = runtime
-        .block_on(crate::models::storage::versions_in(&url, timeout))
+        .block_on(crate::models::storage::versions_in(&real, timeout))
         .map_err(|e| invalid!("{key}.base_path = \"{url}\": {}", e.message()))?;
     let chosen = repository::select(&found, &model.version_policy, &url)
         .map_err(|e| invalid!("{key}.version_policy: {}", e.message()))?;

@@ -319,7 +319,7 @@ pub fn batch_sizes(config: &ModelConfig) -> Vec<usize> {
 pub fn place_of(config: &ModelConfig) -> String {
     match &config.upstream {
         Some(upstream) => format!("the upstreams {:?}", upstream.endpoints),
-        None => config.base_path.display().to_string(),
+        None => storage::shown(&config.base_path.display().to_string()),
     }
 }
 

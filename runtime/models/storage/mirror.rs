@@ -546,7 +546,7 @@ async fn list(
 /// second listing that tells a complete upload).
 pub async fn versions_in(url: &str, timeout: Duration) -> Result<BTreeMap<i64, u64>> {
     let opened = super::store::open(url, timeout)?;
-    let listed = list(opened.store.as_ref(), &opened.prefix, url, timeout).await?;
+    let listed = list(opened.store.as_ref(), &opened.prefix, &super::store::shown(url), timeout).await?;
     Ok(listed.into_iter().filter(|(_, l)| l.has_model()).map(|(v, l)| (v, l.bytes())).collect())
 }
 

@@ -19,7 +19,7 @@ use sha2::Digest;
 use tokio::sync::{Notify, Semaphore};
 
 pub use self::mirror::{versions_in, Discovered, Repository};
-pub use self::store::redact;
+pub use self::store::{redact, shown};
 use crate::config::StorageConfig;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -131,7 +131,7 @@ impl Storage {
         let name: String =
             model.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
         let local = self.shared.cache_dir.join(format!("{name}-{digest}"));
-        let repository = Arc::new(Repository::new(model, url, opened, local, self.shared.clone())?);
+        let repository = Arc::new(Repository::new(model, &shown(url), opened, local, self.shared.clone())?);
         repositories.insert(key, repository.clone());
         Ok(repository)
     }

@@ -30,7 +30,7 @@ pub struct Opened {
 /// `az://container/…`, `abfs(s)://…`, `http(s)://…`). `timeout` bounds
 /// connecting; the caller bounds each request's progress.
 pub fn open(url: &str, timeout: Duration) -> Result<Opened> {
-    let refuse = |why: String| Error::invalid_argument(format!("model base path {url}: {}", redact(&why)));
+    let refuse = |why: String| Error::invalid_argument(format!("model base path {}: {}", shown(url), redact(&why)));
     // The HTTP client's TLS runs on ring, as the listening ports do (see
     // server/tls.rs for why ring); the first store opened installs it.
     #[allow(deprecated)]
@@ -121,6 +121,21 @@ fn env_is(name: &str, value: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == value)
 }
 
+/// `url` as log lines and errors may show it: without a user name, a
+/// password or a query (an Azure SAS token rides in the query).
+pub fn shown(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if !parsed.username().is_empty() || parsed.password().is_some() || parsed.query().is_some() => {
+            let query = parsed.query().is_some();
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            parsed.set_query(None);
+            format!("{parsed}{}", if query { "?<redacted>" } else { "" })
+        }
+        _ => url.to_string(),
+    }
+}
+
 /// The environment variables whose values are secrets.
 const SECRET_VARIABLES: &[&str] = &[
     "AWS_SECRET_ACCESS_KEY",
@@ -154,6 +169,21 @@ pub fn redact(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_are_shown_without_their_credentials() {
+        assert_eq!(shown("s3://bucket/models/m"), "s3://bucket/models/m");
+        assert_eq!(
+            shown("https://acct.blob.core.windows.net/c/m?sv=2024&sig=SECRET"),
+            "https://acct.blob.core.windows.net/c/m?<redacted>"
+        );
+        assert_eq!(shown("https://user:SECRET@host/m"), "https://host/m");
+        let err = open("https://user:SECRET@host/m?sig=SECRET", Duration::from_secs(1))
+            .and_then(|_| open("ftp://user:SECRET@host/m", Duration::from_secs(1)))
+            .err()
+            .expect("ftp refused");
+        assert!(!err.to_string().contains("SECRET"), "{err}");
+    }
 
     #[test]
     fn each_scheme_opens_with_its_prefix_and_others_are_named() {
