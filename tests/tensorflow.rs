@@ -198,6 +198,28 @@ async fn every_savedmodel_answers_predict_as_tensorflow_does() {
     }
 }
 
+/// The same cases through TF Serving's official Python client: its
+/// tensors are `tf.make_tensor_proto`'s (packed `tensor_content`, not the
+/// typed fields above), its answers read by `tf.make_ndarray`, every dtype
+/// complex64/128 included.
+#[test]
+fn the_official_python_client_gets_what_tensorflow_computes_for_every_savedmodel() {
+    let server = server();
+    let output = std::process::Command::new(root().join(".cache/tf-venv/bin/python"))
+        .arg(root().join("tests/tensorflow/predict_client.py"))
+        .arg(server.grpc.to_string())
+        .arg(models().join("expected.json"))
+        .args(["keras_mlp", "vocab", "multi", "dtypes", "complex"])
+        .output()
+        .expect("run tests/tensorflow/predict_client.py (scripts/setup installs its TensorFlow)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let summary: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("the client's summary");
+    assert_eq!(summary["failures"], serde_json::json!([]), "{summary}");
+    let cases = summary["cases"].as_u64().expect("cases");
+    assert!(cases >= 10 && summary["passed"] == cases, "{summary}");
+}
+
 #[tokio::test]
 async fn batched_requests_of_many_clients_get_their_own_rows() {
     let expected = expected();
