@@ -343,3 +343,58 @@ fn wrong_credentials_are_named_at_start_without_the_secret() {
         assert!(!stderr.contains(secret), "{command:?}: the key reached the output");
     }
 }
+
+/// `sluice warmup make` on a version in a bucket: the model read from the
+/// store, the warmup file written back beside it (one atomic put), and a
+/// server serving the bucket warms the version up with it.
+#[tokio::test]
+async fn a_warmup_file_is_made_for_a_version_in_a_bucket_and_warms_it_up() {
+    use prost::Message;
+    use sluice::proto::tensorflow::serving::{prediction_log, PredictLog, PredictionLog};
+    let store = ObjectStoreServer::start(Kind::S3);
+    store.bucket("models");
+    store.publish("models", "repo/mlp/1", &mlp(1));
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A request log of 7 logged Predict calls, as the server writes one.
+    let records: Vec<Vec<u8>> = (0..7)
+        .map(|seed| {
+            let request = predict_request("mlp", vec![("x", f32_content(&[1, 64], &values(seed, 64)))]);
+            let log = PredictLog { request: Some(request), response: None };
+            PredictionLog { log_metadata: None, log_type: Some(prediction_log::LogType::PredictLog(log)) }
+                .encode_to_vec()
+        })
+        .collect();
+    let log = dir.path().join("requests.tfrecord");
+    std::fs::write(&log, sluice::models::tfrecord::write(&records)).expect("log");
+    let version = store.url("models", "repo/mlp/1");
+    let make = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["warmup", "make", log.to_str().expect("utf-8"), "--model", &version])
+            .args(extra)
+            .envs(store.env())
+            .current_dir(fixtures::root())
+            .output()
+            .expect("run sluice warmup make")
+    };
+    let made = make(&[]);
+    let stdout = String::from_utf8_lossy(&made.stdout);
+    assert!(made.status.success(), "{stdout}{}", String::from_utf8_lossy(&made.stderr));
+    assert!(
+        stdout.contains("7 of 7 logged requests") && stdout.contains("s3://models/repo/mlp/1/assets.extra"),
+        "{stdout}"
+    );
+    let again = make(&[]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && stderr.contains("exists; give --force"), "{stderr}");
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["warmup", "make", log.to_str().expect("utf-8"), "--model", &store.url("models", "repo/mlp/9")])
+        .envs(store.env())
+        .output()
+        .expect("run sluice warmup make");
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && stderr.contains("repo/mlp/9 has no model.onnx"), "{stderr}");
+    // The server serving the bucket warms version 1 up with the file.
+    let server = serve(&config(dir.path(), &store.url("models", "repo/mlp"), "", ""), &store);
+    let line = server.log_through("warmed up").await.into_iter().find(|l| l.contains("warmed up")).expect("line");
+    assert!(line.contains("requests=7") && line.contains("tf_serving_warmup_requests"), "{line}");
+}

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::infer::onnx::OnnxBackend;
 use crate::metrics::Metrics;
 use crate::models::repository::MODEL_FILE;
+use crate::models::storage;
 use crate::models::warmup::{self, MAX_RECORDS, WARMUP_FILE};
 use crate::models::{tfrecord, ModelVersion};
 use crate::pipeline::request_log;
@@ -32,10 +33,12 @@ pub struct MakeArgs {
     /// `filename_prefix` it was written with.
     pub log: PathBuf,
     /// The model version directory the warmup file is for (`BASE/VERSION`,
-    /// holding model.onnx).
+    /// holding model.onnx), or the version in an object store
+    /// (`s3://bucket/models/cnn/3`: the file is written there).
     #[arg(long)]
     pub model: PathBuf,
-    /// Where to write; default: DIR/assets.extra/tf_serving_warmup_requests.
+    /// Where to write (a path; with a bucket's version, ignored); default:
+    /// DIR/assets.extra/tf_serving_warmup_requests.
     #[arg(long)]
     pub output: Option<PathBuf>,
     /// The most requests in the file.
@@ -60,9 +63,17 @@ pub async fn make(args: &MakeArgs) -> Result<String> {
             args.max_records
         )));
     }
+    let remote = crate::config::is_object_store_url(&args.model).then(|| args.model.display().to_string());
     let output = args.output.clone().unwrap_or_else(|| args.model.join(WARMUP_FILE));
-    if output.exists() && !args.force {
-        return Err(Error::failed_precondition(format!("{} exists; give --force to replace it", output.display())));
+    let exists = match &remote {
+        Some(url) => storage::read_object(url, WARMUP_FILE, STORE_TIMEOUT).await?.is_some(),
+        None => output.exists(),
+    };
+    if exists && !args.force {
+        let shown = remote
+            .as_deref()
+            .map_or(output.display().to_string(), |url| format!("{}/{WARMUP_FILE}", storage::shown(url)));
+        return Err(Error::failed_precondition(format!("{shown} exists; give --force to replace it")));
     }
     let logged = request_log::read_requests(&args.log, args.max_log_mib << 20)?;
     if logged.is_empty() {
@@ -70,7 +81,13 @@ pub async fn make(args: &MakeArgs) -> Result<String> {
     }
     let total = logged.len();
     let chosen = spread(logged, args.max_records);
-    let version = load(&args.model, args.onnxruntime.as_deref())?;
+    // A bucket's version is read into a directory of its own first.
+    let fetched = match &remote {
+        Some(url) => Some(fetch_version(url).await?),
+        None => None,
+    };
+    let model_dir = fetched.as_ref().map_or(args.model.clone(), |f| f.dir.clone());
+    let version = load(&model_dir, args.onnxruntime.as_deref())?;
     // The largest tensor a logged request may carry: the server's default.
     let max_tensor_bytes = crate::config::Config::default().server.max_tensor_bytes;
     let mut checked = Vec::with_capacity(chosen.len());
@@ -93,6 +110,14 @@ pub async fn make(args: &MakeArgs) -> Result<String> {
             .encode_to_vec()
         })
         .collect();
+    if let Some(url) = &remote {
+        storage::write_object(url, WARMUP_FILE, tfrecord::write(&records), STORE_TIMEOUT).await?;
+        return Ok(format!(
+            "{}/{WARMUP_FILE}: {} of {total} logged requests, each checked against and run through {version}",
+            storage::shown(url),
+            records.len()
+        ));
+    }
     if let Some(dir) = output.parent() {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::invalid_argument(format!("cannot make {}: {e}", dir.display())))?;
@@ -118,6 +143,41 @@ fn spread(requests: Vec<PredictRequest>, max: usize) -> Vec<(usize, PredictReque
         return requests.into_iter().enumerate().collect();
     }
     requests.into_iter().enumerate().filter(|(i, _)| (i * max) % total < max).take(max).collect()
+}
+
+/// How long one request to an object store may take.
+const STORE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A bucket's version read into a temporary `NAME/VERSION/` directory,
+/// removed when dropped.
+struct Fetched {
+    dir: PathBuf,
+    root: PathBuf,
+}
+
+impl Drop for Fetched {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Reads the model file of the version `url` names (`…/NAME/VERSION`).
+async fn fetch_version(url: &str) -> Result<Fetched> {
+    let shown = storage::shown(url);
+    let mut parts = url.trim_end_matches('/').rsplit('/');
+    let (version, name) = (parts.next().unwrap_or(""), parts.next().unwrap_or("model"));
+    if version.parse::<i64>().is_err() {
+        return Err(Error::invalid_argument(format!("{shown}: give a version (s3://bucket/models/NAME/VERSION)")));
+    }
+    let model = storage::read_object(url, MODEL_FILE, STORE_TIMEOUT)
+        .await?
+        .ok_or_else(|| Error::not_found(format!("{shown} has no {MODEL_FILE}; give a model version")))?;
+    let root = std::env::temp_dir().join(format!("sluice-warmup-{}-{:08x}", std::process::id(), rand::random::<u32>()));
+    let fetched = Fetched { dir: root.join(name).join(version), root };
+    std::fs::create_dir_all(&fetched.dir)
+        .and_then(|()| std::fs::write(fetched.dir.join(MODEL_FILE), &model))
+        .map_err(|e| Error::internal(format!("writing {}: {e}", fetched.dir.display())))?;
+    Ok(fetched)
 }
 
 /// The version in `dir`, loaded with the server's defaults.

@@ -16,7 +16,7 @@ use object_store::azure::MicrosoftAzureBuilder;
 use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::http::HttpBuilder;
 use object_store::path::Path as ObjectPath;
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
 use crate::error::{Error, Result};
 
@@ -115,6 +115,33 @@ pub fn open(url: &str, timeout: Duration) -> Result<Opened> {
         .map_err(|e| refuse(format!("the path is not UTF-8: {e}")))?;
     let prefix = ObjectPath::parse(decoded.as_ref()).map_err(|e| refuse(format!("bad object path: {e}")))?;
     Ok(Opened { store, prefix })
+}
+
+/// The object `name` under the prefix `url` names (`s3://b/m/3` and
+/// `model.onnx`), whole, or None when there is none; for the command-line
+/// tools, which read one version's files.
+pub async fn read_object(url: &str, name: &str, timeout: Duration) -> Result<Option<bytes::Bytes>> {
+    let opened = open(url, timeout)?;
+    let location = name.split('/').fold(opened.prefix.clone(), ObjectPath::join);
+    let shown = format!("{}/{name}", shown(url).trim_end_matches('/'));
+    let failed = |e: object_store::Error| Error::unavailable(format!("reading {shown}: {}", redact(&e.to_string())));
+    match opened.store.get(&location).await {
+        Ok(got) => Ok(Some(got.bytes().await.map_err(failed)?)),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(failed(e)),
+    }
+}
+
+/// Writes `bytes` as the object `name` under the prefix `url` names, in
+/// one atomic put: a reader sees the old object or the new one, never
+/// half of it.
+pub async fn write_object(url: &str, name: &str, bytes: Vec<u8>, timeout: Duration) -> Result<()> {
+    let opened = open(url, timeout)?;
+    let location = name.split('/').fold(opened.prefix.clone(), ObjectPath::join);
+    opened.store.put(&location, PutPayload::from(bytes)).await.map_err(|e| {
+        Error::unavailable(format!("writing {}/{name}: {}", shown(url).trim_end_matches('/'), redact(&e.to_string())))
+    })?;
+    Ok(())
 }
 
 fn env_is(name: &str, value: &str) -> bool {
