@@ -344,9 +344,11 @@ fn wrong_credentials_are_named_at_start_without_the_secret() {
     }
 }
 
-/// `sluice warmup make` on a version in a bucket: the model read from the
-/// store, the warmup file written back beside it (one atomic put), and a
-/// server serving the bucket warms the version up with it.
+/// `sluice warmup make` on a version in a bucket, from a request log in
+/// the bucket (its `filename_prefix` form): the log and the model read
+/// from the store, the warmup file written back beside the model (one
+/// atomic put), and a server serving the bucket warms the version up with
+/// it.
 #[tokio::test]
 async fn a_warmup_file_is_made_for_a_version_in_a_bucket_and_warms_it_up() {
     use prost::Message;
@@ -364,12 +366,17 @@ async fn a_warmup_file_is_made_for_a_version_in_a_bucket_and_warms_it_up() {
                 .encode_to_vec()
         })
         .collect();
-    let log = dir.path().join("requests.tfrecord");
-    std::fs::write(&log, sluice::models::tfrecord::write(&records)).expect("log");
+    let file = dir.path().join("requests.tfrecord");
+    let (first, second) = records.split_at(4);
+    std::fs::write(&file, sluice::models::tfrecord::write(first)).expect("log");
+    store.put("models", "logs/mlp-20261207-000001.tfrecord", &file);
+    std::fs::write(&file, sluice::models::tfrecord::write(second)).expect("log");
+    store.put("models", "logs/mlp-20261207-000002.tfrecord", &file);
+    let log = store.url("models", "logs/mlp");
     let version = store.url("models", "repo/mlp/1");
     let make = |extra: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["warmup", "make", log.to_str().expect("utf-8"), "--model", &version])
+            .args(["warmup", "make", &log, "--model", &version])
             .args(extra)
             .envs(store.env())
             .current_dir(fixtures::root())
@@ -386,8 +393,11 @@ async fn a_warmup_file_is_made_for_a_version_in_a_bucket_and_warms_it_up() {
     let again = make(&[]);
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(!again.status.success() && stderr.contains("exists; give --force"), "{stderr}");
+    let bounded = make(&["--force", "--max-log-mib", "0"]);
+    let stderr = String::from_utf8_lossy(&bounded.stderr);
+    assert!(!bounded.status.success() && stderr.contains("more than the 0 allowed"), "{stderr}");
     let missing = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["warmup", "make", log.to_str().expect("utf-8"), "--model", &store.url("models", "repo/mlp/9")])
+        .args(["warmup", "make", &log, "--model", &store.url("models", "repo/mlp/9")])
         .envs(store.env())
         .output()
         .expect("run sluice warmup make");

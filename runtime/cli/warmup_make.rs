@@ -75,7 +75,7 @@ pub async fn make(args: &MakeArgs) -> Result<String> {
             .map_or(output.display().to_string(), |url| format!("{}/{WARMUP_FILE}", storage::shown(url)));
         return Err(Error::failed_precondition(format!("{shown} exists; give --force to replace it")));
     }
-    let logged = request_log::read_requests(&args.log, args.max_log_mib << 20)?;
+    let logged = request_log::read_logged(&args.log, args.max_log_mib << 20).await?;
     if logged.is_empty() {
         return Err(Error::invalid_argument(format!("{}: the request log holds no requests", args.log.display())));
     }

@@ -358,6 +358,22 @@ pub fn log_files(path: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// [`read_requests`] of a log on disk or in object storage
+/// (`s3://bucket/logs/mlp`: a directory, a `filename_prefix` or one file
+/// there).
+pub async fn read_logged(path: &Path, max_bytes: u64) -> Result<Vec<PredictRequest>> {
+    if !crate::config::is_object_store_url(path) {
+        return read_requests(path, max_bytes);
+    }
+    let url = path.display().to_string();
+    let timeout = Duration::from_secs(60);
+    let mut requests = Vec::new();
+    for (name, bytes) in crate::models::storage::read_log_objects(&url, max_bytes, timeout).await? {
+        requests.extend(warmup::predict_requests(&bytes).map_err(|e| e.context(format_args!("request log {name}")))?);
+    }
+    Ok(requests)
+}
+
 /// The Predict requests of a request log (any path [`log_files`] takes),
 /// in the order they were logged; at most `max_bytes` of files are read,
 /// and a malformed file is refused naming the file and the record.

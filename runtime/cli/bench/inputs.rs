@@ -171,13 +171,13 @@ pub struct LoggedRequests {
 /// or a `filename_prefix`), in logged order: sent to `model` when given,
 /// else to the name each one called; to `version` when given, else to
 /// whatever the server serves.
-pub fn from_request_log(
+pub async fn from_request_log(
     path: &Path,
     max_bytes: u64,
     model: Option<&str>,
     version: Option<i64>,
 ) -> anyhow::Result<LoggedRequests> {
-    let logged = crate::pipeline::request_log::read_requests(path, max_bytes).map_err(anyhow::Error::new)?;
+    let logged = crate::pipeline::request_log::read_logged(path, max_bytes).await.map_err(anyhow::Error::new)?;
     if logged.is_empty() {
         anyhow::bail!("{}: the request log holds no requests", path.display());
     }

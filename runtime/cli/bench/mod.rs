@@ -171,7 +171,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let (model, pool) = match &args.requests_from {
         Some(log) => {
-            let pool = inputs::from_request_log(log, args.max_log_mib << 20, args.model.as_deref(), args.version)?;
+            let pool =
+                inputs::from_request_log(log, args.max_log_mib << 20, args.model.as_deref(), args.version).await?;
             let model = match (&args.model, pool.models.as_slice()) {
                 (Some(model), _) => model.clone(),
                 (None, [only]) => only.clone(),

@@ -19,7 +19,7 @@ use sha2::Digest;
 use tokio::sync::{Notify, Semaphore};
 
 pub use self::mirror::{versions_in, Discovered, Repository};
-pub use self::store::{read_object, redact, shown, write_object};
+pub use self::store::{read_log_objects, read_object, redact, shown, write_object};
 use crate::config::StorageConfig;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;

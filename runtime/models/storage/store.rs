@@ -144,6 +144,63 @@ pub async fn write_object(url: &str, name: &str, bytes: Vec<u8>, timeout: Durati
     Ok(())
 }
 
+/// The request-log files `url` names, read whole, in name order: the
+/// `*.tfrecord` objects directly under it (a directory), else those whose
+/// name starts with its last segment and `-` (a `filename_prefix`), else
+/// the object itself. More than `max_bytes` in all is refused before any
+/// is read.
+pub async fn read_log_objects(url: &str, max_bytes: u64, timeout: Duration) -> Result<Vec<(String, bytes::Bytes)>> {
+    let opened = open(url, timeout)?;
+    let shown = shown(url);
+    let failed =
+        |what: &str, e: object_store::Error| Error::unavailable(format!("{what} {shown}: {}", redact(&e.to_string())));
+    let listed = |prefix: ObjectPath| {
+        let store = opened.store.clone();
+        async move { store.list_with_delimiter(Some(&prefix)).await.map(|l| l.objects) }
+    };
+    let is_log = |meta: &object_store::ObjectMeta| meta.location.filename().is_some_and(|n| n.ends_with(".tfrecord"));
+    let mut objects: Vec<object_store::ObjectMeta> =
+        listed(opened.prefix.clone()).await.map_err(|e| failed("listing", e))?.into_iter().filter(is_log).collect();
+    if objects.is_empty() {
+        let parts: Vec<String> = opened.prefix.parts().map(|p| p.as_ref().to_string()).collect();
+        if let Some((last, parent)) = parts.split_last() {
+            let parent = ObjectPath::from_iter(parent.iter().map(String::as_str));
+            let start = format!("{last}-");
+            objects = listed(parent)
+                .await
+                .map_err(|e| failed("listing", e))?
+                .into_iter()
+                .filter(|m| is_log(m) && m.location.filename().is_some_and(|n| n.starts_with(&start)))
+                .collect();
+        }
+    }
+    if objects.is_empty() {
+        match opened.store.head(&opened.prefix).await {
+            Ok(meta) => objects.push(meta),
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::invalid_argument(format!(
+                    "{shown}: no request log files (*.tfrecord) there, nor an object of that name"
+                )))
+            }
+            Err(e) => return Err(failed("reading", e)),
+        }
+    }
+    objects.sort_by(|a, b| a.location.cmp(&b.location));
+    let total: u64 = objects.iter().map(|m| m.size).sum();
+    if total > max_bytes {
+        return Err(Error::resource_exhausted(format!(
+            "{shown}: the log files hold {total} bytes, more than the {max_bytes} allowed"
+        )));
+    }
+    let mut read = Vec::with_capacity(objects.len());
+    for meta in objects {
+        let bytes = opened.store.get(&meta.location).await.map_err(|e| failed("reading", e))?;
+        let bytes = bytes.bytes().await.map_err(|e| failed("reading", e))?;
+        read.push((meta.location.to_string(), bytes));
+    }
+    Ok(read)
+}
+
 fn env_is(name: &str, value: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == value)
 }
