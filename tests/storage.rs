@@ -408,3 +408,68 @@ async fn a_warmup_file_is_made_for_a_version_in_a_bucket_and_warms_it_up() {
     let line = server.log_through("warmed up").await.into_iter().find(|l| l.contains("warmed up")).expect("line");
     assert!(line.contains("requests=7") && line.contains("tf_serving_warmup_requests"), "{line}");
 }
+
+/// A request log whose `filename_prefix` is in a bucket, as TF Serving
+/// writes one to `gs://`: each file uploaded when it closes (here at its
+/// 1 s interval), and the open one when the server stops; what lands there
+/// is a log `warmup make` reads back, every request in it.
+#[tokio::test]
+async fn request_logs_are_uploaded_to_a_bucket_as_their_files_close_and_at_shutdown() {
+    let store = ObjectStoreServer::start(Kind::S3);
+    store.bucket("models");
+    store.publish("models", "repo/mlp/1", &mlp(1));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let version = dir.path().join("mlp/1");
+    std::fs::create_dir_all(&version).expect("version dir");
+    std::fs::copy(mlp(1).join("model.onnx"), version.join("model.onnx")).expect("model");
+    // The log in the bucket, read back as a warmup file would be made.
+    let logged = |prefix: &str| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["warmup", "make", &store.url("models", prefix), "--model", version.to_str().expect("utf-8")])
+            .args(["--output", dir.path().join("warmup").to_str().expect("utf-8"), "--force"])
+            .envs(store.env())
+            .current_dir(fixtures::root())
+            .output()
+            .expect("run sluice warmup make");
+        String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr)
+    };
+    let url = store.url("models", "repo/mlp");
+    for (prefix, interval, requests) in [("logs/mlp", 1, 6), ("logs-at-stop/mlp", 3600, 3)] {
+        let logging = format!(
+            "logging = {{ filename_prefix = \"{}\", sampling_rate = 1.0, upload_interval_secs = {interval} }}",
+            store.url("models", prefix)
+        );
+        let sub = dir.path().join(prefix.replace('/', "-"));
+        std::fs::create_dir_all(&sub).expect("dir");
+        let mut server = serve(&config(&sub, &url, "", &logging), &store);
+        for seed in 0..requests {
+            predict(&server, None, &values(seed, 64)).await.expect("served");
+        }
+        let want = format!("{requests} of {requests} logged requests");
+        if interval == 1 {
+            // Closed and uploaded within about a second, the server serving on.
+            let mut waited = 0;
+            loop {
+                let said = logged(prefix);
+                if said.contains(&want) {
+                    break;
+                }
+                waited += 1;
+                assert!(waited < 60, "the log never reached the bucket whole: {said}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        } else {
+            // Nothing is uploaded before the file closes: at the stop.
+            assert!(!logged(prefix).contains(&want), "uploaded before the file closed");
+            // SAFETY: signalling the test's own child process.
+            assert_eq!(unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGTERM) }, 0);
+            let status = tokio::task::spawn_blocking(move || server.wait(Duration::from_secs(60)))
+                .await
+                .expect("wait")
+                .expect("the server stops");
+            assert!(status.success(), "{status:?}");
+            let said = logged(prefix);
+            assert!(said.contains(&want), "the open file was not uploaded at the stop: {said}");
+        }
+    }
+}

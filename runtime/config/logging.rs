@@ -26,7 +26,10 @@ pub struct LoggingConfig {
     #[serde(default = "default_collector", rename = "type")]
     pub collector: String,
     /// Where the files go: `PREFIX-<start ms>-<seq>.tfrecord`, the
-    /// directory made when missing. Relative to the config file.
+    /// directory made when missing. Relative to the config file. An
+    /// object-store URL (`s3://bucket/logs/mlp`, as TF Serving writes to
+    /// `gs://`): files are written locally and each is uploaded once it is
+    /// closed.
     pub filename_prefix: PathBuf,
     /// The share of requests logged, uniformly at random, in `[0, 1]`.
     pub sampling_rate: f64,
@@ -42,6 +45,15 @@ pub struct LoggingConfig {
     /// full is dropped and counted, never waited for.
     #[serde(default = "default_queue_capacity")]
     pub queue_capacity: usize,
+    /// With a `filename_prefix` in object storage: a file is closed and
+    /// uploaded at most this many seconds after it was started, so a quiet
+    /// model's records reach the bucket too.
+    #[serde(default = "default_upload_interval_secs")]
+    pub upload_interval_secs: u64,
+}
+
+fn default_upload_interval_secs() -> u64 {
+    60
 }
 
 fn default_collector() -> String {
@@ -71,6 +83,7 @@ impl LoggingConfig {
             max_file_mib: default_max_file_mib(),
             max_files: default_max_files(),
             queue_capacity: default_queue_capacity(),
+            upload_interval_secs: default_upload_interval_secs(),
         }
     }
 
@@ -102,6 +115,12 @@ impl LoggingConfig {
         )?;
         check_between(&format!("{key}.max_files"), self.max_files, 0, MAX_COUNT)?;
         check_between(&format!("{key}.queue_capacity"), self.queue_capacity, 1, MAX_COUNT)?;
+        check_between(
+            &format!("{key}.upload_interval_secs"),
+            usize::try_from(self.upload_interval_secs).unwrap_or(usize::MAX),
+            1,
+            86_400,
+        )?;
         Ok(())
     }
 }

@@ -235,7 +235,7 @@ impl Config {
                 tls.resolve(base);
             }
             if let Some(logging) = &mut model.logging {
-                if logging.filename_prefix.is_relative() {
+                if logging.filename_prefix.is_relative() && !is_object_store_url(&logging.filename_prefix) {
                     logging.filename_prefix = base.join(&logging.filename_prefix);
                 }
             }

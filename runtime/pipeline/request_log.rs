@@ -11,6 +11,13 @@
 //! be written (disk full, directory gone) stops with a log line and a
 //! metric, drops what comes meanwhile, and tries again a few seconds later:
 //! serving never waits for the log.
+//!
+//! A `filename_prefix` in object storage (`s3://bucket/logs/mlp`) is
+//! written to an owner-only staging directory and each file uploaded, in
+//! one atomic put, when it is closed: at its size, at
+//! `upload_interval_secs` after it started, and when the log stops. A
+//! file whose upload fails stays staged (within `max_files`) and is tried
+//! again at the next close.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -21,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::metrics::counter::Counter;
-use prost::Message;
+use prost::Message as _;
 
 use crate::config::{LoggingConfig, OutputEncoding};
 use crate::error::{Error, Result};
@@ -62,10 +69,57 @@ pub struct LogEntry {
     pub outputs: Vec<(String, Tensor)>,
 }
 
+/// What the writer thread is sent.
+enum Message {
+    /// A record to write.
+    Entry(LogEntry),
+    /// Write and close what is open (uploading it, for a log in object
+    /// storage), then say so: the server is stopping.
+    Stop(SyncSender<()>),
+}
+
+/// Every log started, for [`stop_all`].
+static LOGS: std::sync::Mutex<Vec<std::sync::Weak<RequestLog>>> = std::sync::Mutex::new(Vec::new());
+
+/// Has every log still open write and close its file (and upload it, for
+/// a log in object storage), waiting at most `timeout` in all: the
+/// server's last step, so that a stopping pod's records are not lost.
+pub fn stop_all(timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let logs: Vec<Arc<RequestLog>> = LOGS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .collect();
+    let mut acks = Vec::new();
+    for log in &logs {
+        let (ack, done) = mpsc::sync_channel(1);
+        let mut message = Message::Stop(ack);
+        // The queue may be full of records: wait for room, within the bound.
+        loop {
+            match log.sender.try_send(message) {
+                Ok(()) => {
+                    acks.push(done);
+                    break;
+                }
+                Err(mpsc::TrySendError::Full(back)) if Instant::now() < deadline => {
+                    message = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    for done in acks {
+        let _ = done.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    }
+}
+
 /// A model's request log: the sampler and the queue to its writer thread.
 pub struct RequestLog {
     config: LoggingConfig,
-    sender: SyncSender<LogEntry>,
+    sender: SyncSender<Message>,
     queue_full: Counter,
 }
 
@@ -77,6 +131,10 @@ impl RequestLog {
         let (sender, receiver) = mpsc::sync_channel(config.queue_capacity);
         let handles = metrics.request_log(model);
         let queue_full = handles.dropped_queue_full.clone();
+        let (upload, staged) = Upload::of(model, config)?;
+        let local = LoggingConfig { filename_prefix: staged, ..config.clone() };
+        let config_given = config;
+        let config = &local;
         if let Some(dir) = config.filename_prefix.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| {
                 Error::invalid_argument(format!(
@@ -85,12 +143,17 @@ impl RequestLog {
                 ))
             })?;
         }
-        let writer = Writer::new(model, config, handles);
+        let mut writer = Writer::new(model, config, handles);
+        writer.upload = upload;
         std::thread::Builder::new()
             .name(format!("request-log-{model}"))
             .spawn(move || writer.run(receiver))
             .map_err(|e| Error::internal(format!("cannot start the request log thread of model '{model}': {e}")))?;
-        Ok(Arc::new(RequestLog { config: config.clone(), sender, queue_full }))
+        let log = Arc::new(RequestLog { config: config_given.clone(), sender, queue_full });
+        let mut logs = LOGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        logs.retain(|l| l.strong_count() > 0);
+        logs.push(Arc::downgrade(&log));
+        Ok(log)
     }
 
     /// What it was started with (a reload restarts a log whose config
@@ -110,7 +173,7 @@ impl RequestLog {
     pub fn submit(&self, entry: LogEntry) {
         // Disconnected too: the writer only ends once every sender is
         // gone, or if it died, and then the record is dropped all the same.
-        if self.sender.try_send(entry).is_err() {
+        if self.sender.try_send(Message::Entry(entry)).is_err() {
             self.queue_full.inc();
         }
     }
@@ -135,6 +198,57 @@ struct Writer {
     pending_records: u64,
     /// While the log is failing: when it tries again.
     retry_at: Option<Instant>,
+    /// Where closed files go, for a log in object storage.
+    upload: Option<Upload>,
+    /// When the open file started.
+    opened_at: Option<Instant>,
+}
+
+/// A log in object storage: the directory URL its files are uploaded to,
+/// and a runtime of the writer thread's own to upload them on.
+struct Upload {
+    /// The URL of the prefix's directory (`s3://bucket/logs`).
+    dir: String,
+    interval: Duration,
+    runtime: tokio::runtime::Runtime,
+    /// Whether the last upload failed (one line per failing streak).
+    failing: bool,
+}
+
+impl Upload {
+    /// For a `filename_prefix` in object storage: the upload, and the
+    /// local prefix files are staged under (owner-only, one directory per
+    /// model and URL). Otherwise none, and the prefix itself.
+    fn of(model: &str, config: &LoggingConfig) -> Result<(Option<Upload>, PathBuf)> {
+        let prefix = &config.filename_prefix;
+        if !crate::config::is_object_store_url(prefix) {
+            return Ok((None, prefix.clone()));
+        }
+        let url = prefix.display().to_string();
+        let (dir, name) = url.rsplit_once('/').unwrap_or((url.as_str(), "requests"));
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        let digest: String = {
+            use sha2::Digest;
+            hex::encode(&sha2::Sha256::digest(url.as_bytes())[..6])
+        };
+        let root = std::env::temp_dir().join(format!("sluice-request-logs-{uid}"));
+        crate::private_files::ensure_private_dir(&root, "the request log staging directory")?;
+        let staging = root.join(format!("{model}-{digest}"));
+        std::fs::create_dir_all(&staging)
+            .map_err(|e| Error::unavailable(format!("model '{model}': cannot make {}: {e}", staging.display())))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::internal(format!("model '{model}': the request log's upload runtime: {e}")))?;
+        let upload = Upload {
+            dir: dir.to_string(),
+            interval: Duration::from_secs(config.upload_interval_secs),
+            runtime,
+            failing: false,
+        };
+        Ok((Some(upload), staging.join(name)))
+    }
 }
 
 impl Writer {
@@ -153,23 +267,96 @@ impl Writer {
             pending: Vec::new(),
             pending_records: 0,
             retry_at: None,
+            upload: None,
+            opened_at: None,
         }
     }
 
-    fn run(mut self, receiver: Receiver<LogEntry>) {
+    fn run(mut self, receiver: Receiver<Message>) {
         // Each burst of queued records is written together: one write per
         // burst at high rates, whole records in the file at every moment.
-        while let Ok(entry) = receiver.recv() {
-            self.add(entry);
+        loop {
+            // A log in object storage wakes to close and upload a file
+            // that has been open for its interval.
+            let entry = match self.upload.as_ref().map(|u| u.interval) {
+                None => receiver.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+                Some(interval) => {
+                    let left = self.opened_at.map_or(interval, |at| interval.saturating_sub(at.elapsed()));
+                    receiver.recv_timeout(left)
+                }
+            };
+            match entry {
+                Ok(Message::Entry(entry)) => self.add(entry),
+                Ok(Message::Stop(ack)) => {
+                    self.flush();
+                    self.close();
+                    let _ = ack.send(());
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.close();
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
             while self.pending.len() < MAX_PENDING_BYTES {
                 match receiver.try_recv() {
-                    Ok(entry) => self.add(entry),
+                    Ok(Message::Entry(entry)) => self.add(entry),
+                    Ok(Message::Stop(ack)) => {
+                        self.flush();
+                        self.close();
+                        let _ = ack.send(());
+                    }
                     Err(_) => break,
                 }
             }
             self.flush();
         }
         self.flush();
+        self.close();
+    }
+
+    /// Closes the open file; a log in object storage uploads every closed
+    /// file still staged, oldest first, and removes each uploaded.
+    fn close(&mut self) {
+        self.file = None;
+        self.opened_at = None;
+        let Some(upload) = &mut self.upload else { return };
+        while let Some(path) = self.kept.front().cloned() {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let shipped = std::fs::read(&path)
+                .map_err(|e| Error::unavailable(format!("reading {}: {e}", path.display())))
+                .and_then(|bytes| {
+                    upload.runtime.block_on(crate::models::storage::write_object(
+                        &upload.dir,
+                        &name,
+                        bytes,
+                        Duration::from_secs(60),
+                    ))
+                });
+            match shipped {
+                Ok(()) => {
+                    if upload.failing {
+                        upload.failing = false;
+                        tracing::info!(model = %self.model, "request log files upload again");
+                    }
+                    self.kept.pop_front();
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(error) => {
+                    self.metrics.failures.inc();
+                    if !upload.failing {
+                        upload.failing = true;
+                        tracing::error!(
+                            model = %self.model,
+                            "a request log file could not be uploaded; it stays staged (within max_files) and \
+                             is tried again when the next file closes: {error}"
+                        );
+                    }
+                    return;
+                }
+            }
+        }
     }
 
     fn failing(&mut self) -> bool {
@@ -198,7 +385,7 @@ impl Writer {
             let next = self.pending.split_off(start);
             self.pending_records -= 1;
             self.flush();
-            self.file = None;
+            self.close();
             self.pending = next;
             self.pending_records = 1;
         }
@@ -232,6 +419,7 @@ impl Writer {
         if self.file.is_none() {
             let opened = self.open_next()?;
             self.file = Some(opened);
+            self.opened_at = Some(Instant::now());
         }
         let Some((file, path, written)) = &mut self.file else {
             return Err(std::io::Error::other("the request log file vanished, this is a bug"));

@@ -294,6 +294,9 @@ pub async fn serve(
         let _ = std::fs::remove_file(path);
     }
     drop(endpoints);
+    // Request logs write and close their files (and upload them, for a log
+    // in object storage) before the process ends.
+    let _ = tokio::task::spawn_blocking(|| crate::pipeline::request_log::stop_all(Duration::from_secs(30))).await;
     tracing::info!("stopped");
     Ok(())
 }
