@@ -47,6 +47,39 @@ fn expected(version: i64, x: &[f32]) -> Vec<f32> {
     reference(&mlp(version).join("model.onnx"), vec![("x", RefInput::F32(vec![1, 64], x.to_vec()))], "logits").1
 }
 
+/// Waits up to 30 s until calls to `version` (None: the latest) get what
+/// the example model's version `example` answers.
+async fn answers_as(server: &Server, version: Option<i64>, example: i64, what: &str) {
+    let x = values(17, 64);
+    let want = expected(example, &x);
+    for _ in 0..300 {
+        if predict(server, version, &x).await.ok() == Some(want.clone()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what}: not within 30 s");
+}
+
+/// The error GetModelStatus gives `version` of `mlp` once it has one
+/// (a failed download is reported at the poll after it), within 10 s.
+async fn failure_of(server: &Server, version: i64) -> String {
+    for _ in 0..100 {
+        let status = server.model_status("mlp").await;
+        let message = status
+            .iter()
+            .find(|s| s.version == version)
+            .and_then(|s| s.status.as_ref())
+            .map(|s| s.error_message.clone())
+            .unwrap_or_default();
+        if !message.is_empty() {
+            return message;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    String::new()
+}
+
 async fn predict(server: &Server, version: Option<i64>, x: &[f32]) -> Result<Vec<f32>, tonic::Status> {
     let mut request = predict_request("mlp", vec![("x", f32_content(&[1, 64], x))]);
     request.model_spec = spec("mlp", version);
@@ -160,12 +193,7 @@ async fn a_version_published_object_by_object_serves_only_once_marked_complete_w
         );
     }
     store.put("models", "repo/mlp/2/_SUCCESS", &notes);
-    let mut waited = 0;
-    while predict(&server, None, &x).await.expect("serves") != expected(2, &x) {
-        waited += 1;
-        assert!(waited < 300, "version 2 did not serve within 30 s of its marker");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    answers_as(&server, None, 2, "version 2 after its marker").await;
     // It was downloaded whole: every object, the last included.
     let mirrored = common::object_stores::files(&dir.path().join("cache"));
     assert!(mirrored.iter().any(|f| f.ends_with("2/assets/c.txt")), "{mirrored:?}");
@@ -204,12 +232,7 @@ async fn without_a_marker_a_version_serves_once_its_listing_stops_changing() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_close(&predict(&server, None, &x).await.expect("serves"), &expected(1, &x), 1e-5, "still version 1");
     }
-    let mut waited = 0;
-    while predict(&server, None, &x).await.expect("serves") != expected(2, &x) {
-        waited += 1;
-        assert!(waited < 300, "version 2 did not serve within 30 s of its last object");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    answers_as(&server, None, 2, "version 2 after its last object").await;
     let mirrored = common::object_stores::files(&dir.path().join("cache"));
     assert!(mirrored.iter().any(|f| f.ends_with("2/assets/7.txt")), "downloaded whole: {mirrored:?}");
 }
@@ -243,33 +266,14 @@ async fn an_object_changed_during_its_download_is_refused_and_the_version_fetche
     store.put("models", "repo/mlp/2/model.onnx", &mlp(1).join("model.onnx"));
     server.wait_for_metric(r#"sluice_storage_downloads_total{model="mlp",outcome="failed"}"#, 1.0).await;
     // The next poll names it in the version's status, as a failed load.
-    let mut message = String::new();
-    for _ in 0..100 {
-        let status = server.model_status("mlp").await;
-        message = status
-            .iter()
-            .find(|s| s.version == 2)
-            .and_then(|s| s.status.as_ref())
-            .map(|s| s.error_message.clone())
-            .unwrap_or_default();
-        if !message.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let message = failure_of(&server, 2).await;
     assert!(message.contains("repo/mlp/2/model.onnx") && message.contains("downloading"), "{message}");
     assert!(
         message.contains("pre-condition") || message.contains("412") || message.contains("Precondition"),
         "{message}"
     );
     // Fetched again once its listing is stable: the model now there serves.
-    let x = values(9, 64);
-    let mut waited = 0;
-    while predict(&server, Some(2), &x).await.ok() != Some(expected(1, &x)) {
-        waited += 1;
-        assert!(waited < 300, "version 2 was not fetched again within 30 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    answers_as(&server, Some(2), 1, "version 2 fetched again").await;
 }
 
 #[tokio::test]
@@ -308,13 +312,7 @@ async fn the_store_going_away_under_load_fails_no_request_and_is_logged_once() {
     let served = load.finish("the store killed and restarted");
     // Version 1 served throughout, and a version published after serves.
     store.publish("models", "repo/mlp/2", &mlp(2));
-    let x = values(11, 64);
-    let mut waited = 0;
-    while predict(&server, None, &x).await.expect("serves") != expected(2, &x) {
-        waited += 1;
-        assert!(waited < 300, "version 2 did not serve after the store came back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    answers_as(&server, None, 2, "version 2 after the store came back").await;
     eprintln!("{served} requests served while the store was away");
 }
 
@@ -472,4 +470,52 @@ async fn request_logs_are_uploaded_to_a_bucket_as_their_files_close_and_at_shutd
             assert!(said.contains(&want), "the open file was not uploaded at the stop: {said}");
         }
     }
+}
+
+/// The cache holds at most `cache_max_gib`: a new version that does not
+/// fit evicts a version neither served nor wanted; one that cannot fit
+/// beside what serves is refused, named in its status, and what serves
+/// goes on serving.
+#[tokio::test]
+async fn the_cache_evicts_what_nothing_needs_and_refuses_what_cannot_fit() {
+    let model_bytes = std::fs::metadata(mlp(1).join("model.onnx")).expect("model").len() as f64;
+    let gib = |bytes: f64| bytes / f64::from(1u32 << 30);
+    let publish = |store: &ObjectStoreServer, version: i64| {
+        let file = mlp(if version % 2 == 1 { 1 } else { 2 }).join("model.onnx");
+        store.put("models", &format!("repo/mlp/{version}/model.onnx"), &file);
+        store.put("models", &format!("repo/mlp/{version}/_SUCCESS"), &fixtures::root().join("Cargo.toml"));
+    };
+    let marker_bytes = std::fs::metadata(fixtures::root().join("Cargo.toml")).expect("marker").len() as f64;
+    let version_bytes = model_bytes + marker_bytes;
+
+    // Room for two versions: the third evicts the first (not served, not wanted).
+    let store = ObjectStoreServer::start(Kind::S3);
+    store.bucket("models");
+    publish(&store, 1);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let storage = format!("completion_marker = \"_SUCCESS\"\ncache_max_gib = {}", gib(version_bytes * 2.5));
+    let server = serve(&config(dir.path(), &store.url("models", "repo/mlp"), &storage, ""), &store);
+    publish(&store, 2);
+    answers_as(&server, None, 2, "version 2 serving").await;
+    publish(&store, 3);
+    answers_as(&server, None, 1, "version 3 (version 1's model) serving").await;
+    server.wait_for_log("evicted from the model cache").await;
+    let files = common::object_stores::files(&dir.path().join("cache"));
+    assert!(!files.iter().any(|f| f.to_string_lossy().contains("/1/")), "version 1 evicted: {files:?}");
+    assert!(server.metric("sluice_storage_cache_bytes").await <= version_bytes * 2.5);
+    drop(server);
+
+    // Room for one: the next version cannot fit beside the one serving.
+    let store = ObjectStoreServer::start(Kind::S3);
+    store.bucket("models");
+    publish(&store, 1);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let storage = format!("completion_marker = \"_SUCCESS\"\ncache_max_gib = {}", gib(version_bytes * 1.5));
+    let server = serve(&config(dir.path(), &store.url("models", "repo/mlp"), &storage, ""), &store);
+    publish(&store, 2);
+    server.wait_for_metric(r#"sluice_storage_downloads_total{model="mlp",outcome="refused"}"#, 1.0).await;
+    let message = failure_of(&server, 2).await;
+    assert!(message.contains("storage.cache_max_gib"), "{message}");
+    let x = values(2, 64);
+    assert_close(&predict(&server, None, &x).await.expect("v1 serves"), &expected(1, &x), 1e-5, "version 1 serves on");
 }
