@@ -1,5 +1,6 @@
 //! Model repositories in object storage, driven against real protocol
-//! implementations (moto's S3 server, Azurite) started by the tests:
+//! implementations (moto's S3 server, Azurite, WsgiDAV for `http://` base
+//! paths) started by the tests:
 //! serving from a bucket as from a directory, a version published object
 //! by object never loaded before it is complete, an object changed under
 //! its download refused and fetched again, the store going away under
@@ -133,8 +134,8 @@ impl Load {
 }
 
 #[tokio::test]
-async fn models_serve_from_s3_and_azure_as_from_a_directory() {
-    for kind in [Kind::S3, Kind::Azure] {
+async fn models_serve_from_s3_azure_and_webdav_as_from_a_directory() {
+    for kind in [Kind::S3, Kind::Azure, Kind::WebDav] {
         let store = ObjectStoreServer::start(kind);
         store.bucket("models");
         for version in [1, 2] {
@@ -161,6 +162,11 @@ async fn models_serve_from_s3_and_azure_as_from_a_directory() {
             "{kind:?}: both versions' model files in the cache: {mirrored:?}"
         );
         assert!(server.metric(r#"sluice_storage_downloads_total{model="mlp",outcome="ok"}"#).await >= 2.0);
+        // The credentials it was given appear nowhere in its log.
+        let log = server.log().join("\n");
+        for (name, value) in store.env() {
+            assert!(!name.contains("SECRET") || !log.contains(&value), "{kind:?}: {name}'s value is in the log");
+        }
     }
 }
 

@@ -1,8 +1,10 @@
-//! Object-store emulators for the tests: moto's S3 server and Azurite
-//! (Microsoft's Azure Storage emulator), each a real implementation of its
-//! cloud's protocol, installed by `scripts/setup` into `.cache/` and
-//! started on a free port; objects are put with each cloud's own SDK
-//! (`tests/storage/store.py`), as a team publishing models would.
+//! Object-store emulators for the tests: moto's S3 server, Azurite
+//! (Microsoft's Azure Storage emulator) and WsgiDAV (a WebDAV server, for
+//! `http(s)://` base paths), each a real implementation of its protocol,
+//! installed by `scripts/setup` into `.cache/` and started on a free port;
+//! objects are put with each cloud's own SDK (`tests/storage/store.py`),
+//! as a team publishing models would, or written into the WebDAV server's
+//! directory, as a web server's files are published.
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -18,6 +20,8 @@ pub enum Kind {
     S3,
     /// Azurite's blob service.
     Azure,
+    /// WsgiDAV serving a directory over HTTP with WebDAV listings.
+    WebDav,
 }
 
 /// A running emulator.
@@ -34,7 +38,9 @@ impl ObjectStoreServer {
     /// Starts one on a free port and waits until it accepts connections.
     pub fn start(kind: Kind) -> ObjectStoreServer {
         let port = super::fleet::free_port();
-        let mut server = ObjectStoreServer { kind, port, child: None, dir: None };
+        // WsgiDAV serves a directory of its own.
+        let dir = (kind == Kind::WebDav).then(|| tempfile::tempdir().expect("temp dir"));
+        let mut server = ObjectStoreServer { kind, port, child: None, dir };
         server.restart();
         server
     }
@@ -113,6 +119,12 @@ impl ObjectStoreServer {
                 };
                 command
             }
+            Kind::WebDav => {
+                let mut command = Command::new(root().join(".cache/storage-venv/bin/wsgidav"));
+                command.args(["--host", "127.0.0.1", "--port", &port, "--auth", "anonymous", "--no-config", "--root"]);
+                command.arg(self.dir.as_ref().expect("a WebDAV root").path());
+                command
+            }
         };
         let child = command
             .stdout(Stdio::null())
@@ -132,6 +144,7 @@ impl ObjectStoreServer {
         match self.kind {
             Kind::S3 => format!("s3://{bucket}/{path}"),
             Kind::Azure => format!("az://{bucket}/{path}"),
+            Kind::WebDav => format!("http://127.0.0.1:{}/{bucket}/{path}", self.port),
         }
     }
 
@@ -150,6 +163,7 @@ impl ObjectStoreServer {
                 ("AZURE_STORAGE_USE_EMULATOR", "true".into()),
                 ("AZURITE_BLOB_STORAGE_URL", format!("http://127.0.0.1:{}", self.port)),
             ],
+            Kind::WebDav => Vec::new(),
         };
         pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
     }
@@ -158,6 +172,7 @@ impl ObjectStoreServer {
         let kind = match self.kind {
             Kind::S3 => "s3",
             Kind::Azure => "azure",
+            Kind::WebDav => return self.webdav(args),
         };
         let output = Command::new(root().join(".cache/storage-venv/bin/python"))
             .arg(root().join("tests/storage/store.py"))
@@ -166,6 +181,21 @@ impl ObjectStoreServer {
             .output()
             .expect("run tests/storage/store.py: run scripts/setup");
         assert!(output.status.success(), "store.py {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    /// What the SDK calls do, on the WebDAV server's directory.
+    fn webdav(&self, args: &[&str]) {
+        let root = self.dir.as_ref().expect("a WebDAV root").path();
+        match args {
+            ["bucket", name] => std::fs::create_dir_all(root.join(name)).expect("bucket dir"),
+            ["put", bucket, key, file] => {
+                let to = root.join(bucket).join(key);
+                std::fs::create_dir_all(to.parent().expect("a parent")).expect("dirs");
+                std::fs::copy(file, &to).expect("copy");
+            }
+            ["delete", bucket, key] => std::fs::remove_file(root.join(bucket).join(key)).expect("delete"),
+            other => panic!("no such WebDAV step {other:?}"),
+        }
     }
 
     /// Makes bucket (container) `name`.
