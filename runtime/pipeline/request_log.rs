@@ -93,23 +93,29 @@ pub fn stop_all(timeout: Duration) {
         .filter_map(std::sync::Weak::upgrade)
         .collect();
     let mut acks = Vec::new();
-    for log in &logs {
-        let (ack, done) = mpsc::sync_channel(1);
-        let mut message = Message::Stop(ack);
-        // The queue may be full of records: wait for room, within the bound.
-        loop {
+    // Every log is told at once; one whose queue is full is told again
+    // while the bound lasts, so one stuck log holds none of the others.
+    let mut waiting: Vec<(&Arc<RequestLog>, Message, Receiver<()>)> = logs
+        .iter()
+        .map(|log| {
+            let (ack, done) = mpsc::sync_channel(1);
+            (log, Message::Stop(ack), done)
+        })
+        .collect();
+    while !waiting.is_empty() {
+        let mut full = Vec::new();
+        for (log, message, done) in waiting {
             match log.sender.try_send(message) {
-                Ok(()) => {
-                    acks.push(done);
-                    break;
-                }
-                Err(mpsc::TrySendError::Full(back)) if Instant::now() < deadline => {
-                    message = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(_) => break,
+                Ok(()) => acks.push(done),
+                Err(mpsc::TrySendError::Full(back)) => full.push((log, back, done)),
+                Err(mpsc::TrySendError::Disconnected(_)) => {}
             }
         }
+        if full.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        waiting = full;
+        std::thread::sleep(Duration::from_millis(5));
     }
     for done in acks {
         let _ = done.recv_timeout(deadline.saturating_duration_since(Instant::now()));
@@ -225,6 +231,13 @@ impl Upload {
             return Ok((None, prefix.clone()));
         }
         let url = prefix.display().to_string();
+        if url.contains('?') {
+            return Err(Error::invalid_argument(format!(
+                "model '{model}': logging.filename_prefix {}: a query (a SAS token, say) would name every log \
+                 file; give the store's credentials through the environment",
+                crate::models::storage::shown(&url)
+            )));
+        }
         let (dir, name) = url.rsplit_once('/').unwrap_or((url.as_str(), "requests"));
         // SAFETY: geteuid has no preconditions.
         let uid = unsafe { libc::geteuid() };
@@ -311,6 +324,11 @@ impl Writer {
                 }
             }
             self.flush();
+            // Under steady traffic the wait above never times out: a file
+            // open past its interval closes here.
+            if self.upload.as_ref().zip(self.opened_at).is_some_and(|(u, at)| at.elapsed() >= u.interval) {
+                self.close();
+            }
         }
         self.flush();
         self.close();

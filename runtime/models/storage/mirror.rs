@@ -60,8 +60,10 @@ struct Listing {
 }
 
 impl Listing {
+    /// Its bytes in all; saturating, so that sizes a broken or hostile
+    /// store lists cannot wrap around to a small number that fits.
     fn bytes(&self) -> u64 {
-        self.objects.iter().map(|o| o.size).sum()
+        self.objects.iter().fold(0u64, |sum, o| sum.saturating_add(o.size))
     }
 
     fn has(&self, path: &str) -> bool {
@@ -89,8 +91,9 @@ struct Outage {
 
 #[derive(Default)]
 struct State {
-    /// The last listing that succeeded; None before the first.
-    listed: Option<BTreeMap<i64, Listing>>,
+    /// The last listing that succeeded and when it was taken; None before
+    /// the first.
+    listed: Option<(Instant, BTreeMap<i64, Listing>)>,
     /// Versions whole on disk, with what they were downloaded from.
     downloaded: BTreeMap<i64, Listing>,
     downloading: BTreeSet<i64>,
@@ -200,20 +203,47 @@ impl Repository {
                 }
                 // Nothing changes while the store is away.
                 let mut state = self.state();
-                let known: BTreeSet<i64> = state.listed.iter().flat_map(|l| l.keys().copied()).collect();
+                let known: BTreeSet<i64> = state.listed.iter().flat_map(|(_, l)| l.keys().copied()).collect();
                 let versions = self.on_disk(&state, &known);
                 return Ok(Discovered { versions, failed: std::mem::take(&mut state.unreported) });
             }
         };
         self.reachable();
-        let mut previous = self.state().listed.replace(listed.clone());
+        let present: BTreeSet<i64> = listed.keys().copied().collect();
+        let earlier = self.state().listed.as_ref().map(|(at, _)| at.elapsed());
+        if !strict && earlier.is_some_and(|age| age < settle / 2) {
+            // A poll soon after the last (a download just ended): two
+            // listings this close prove nothing about an upload in
+            // progress, so this one only shows what is on disk now. (Half
+            // a poll: regular polls come a poll apart, give or take how
+            // long each listing took.)
+            let mut state = self.state();
+            let versions = self.on_disk(&state, &present);
+            return Ok(Discovered { versions, failed: std::mem::take(&mut state.unreported) });
+        }
+        let mut previous = self.state().listed.replace((Instant::now(), listed.clone())).map(|(_, l)| l);
         if previous.is_none() && self.shared.marker.is_none() {
             // Completeness needs two listings: take the second now.
             tokio::time::sleep(settle).await;
             previous = Some(std::mem::replace(&mut listed, self.list().await.inspect_err(|e| self.unreachable(e))?));
-            self.state().listed = Some(listed.clone());
+            self.state().listed = Some((Instant::now(), listed.clone()));
         }
         let complete = complete(&listed, previous.as_ref(), self.shared.marker.as_deref());
+        // A version on disk that the store now lists differently (rewritten
+        // in place, or a copy a previous run left) is fetched again, unless
+        // it serves: a served version is not changed under its requests.
+        let stale: Vec<i64> = {
+            let state = self.state();
+            state
+                .downloaded
+                .iter()
+                .filter(|(v, had)| complete.get(v).is_some_and(|now| now != *had) && !serving.contains(v))
+                .map(|(v, _)| *v)
+                .collect()
+        };
+        for version in stale {
+            self.remove(version).await;
+        }
         let wanted = if strict {
             repository::select(&complete, policy, &self.url)?
         } else {
@@ -232,23 +262,29 @@ impl Repository {
                 .map(|(v, l)| (*v, l.clone()))
                 .collect()
         };
+        // What a download may not evict to make room: what serves, what is
+        // wanted, and what of this poll's versions on disk the policy picks
+        // (the lifecycle may be about to load it).
+        let mut keep: BTreeSet<i64> = serving.iter().chain(wanted.keys()).copied().collect();
+        let on_disk = self.on_disk(&self.state(), &present);
+        keep.extend(repository::select_present(&on_disk, policy).keys());
+        let keep = Arc::new(keep);
         for (version, listing) in missing {
             self.state().downloading.insert(version);
             if strict {
-                let downloaded = self.download(version, &listing, serving, &wanted).await;
+                let downloaded = self.download(version, &listing, &keep).await;
                 self.finish(version, listing, downloaded.clone(), false);
                 downloaded?;
             } else {
-                let (repository, serving, wanted) = (self.clone(), serving.clone(), wanted.clone());
+                let (repository, keep) = (self.clone(), keep.clone());
                 tokio::spawn(async move {
-                    let downloaded = repository.download(version, &listing, &serving, &wanted).await;
+                    let downloaded = repository.download(version, &listing, &keep).await;
                     repository.finish(version, listing, downloaded, true);
                     repository.shared.changed.notify_one();
                 });
             }
         }
         let mut state = self.state();
-        let present: BTreeSet<i64> = listed.keys().copied().collect();
         let versions = self.on_disk(&state, &present);
         Ok(Discovered { versions, failed: std::mem::take(&mut state.unreported) })
     }
@@ -313,19 +349,13 @@ impl Repository {
     }
 
     /// Downloads `version` whole into the mirror, or nothing.
-    async fn download(
-        &self,
-        version: i64,
-        listing: &Listing,
-        serving: &BTreeSet<i64>,
-        wanted: &BTreeMap<i64, Listing>,
-    ) -> Result<()> {
+    async fn download(&self, version: i64, listing: &Listing, keep: &BTreeSet<i64>) -> Result<()> {
         let bytes = listing.bytes();
         if !self.shared.reserve(bytes) {
             // Make room from this model's versions nobody needs, then try once more.
             let spare: Vec<i64> = {
                 let state = self.state();
-                state.downloaded.keys().copied().filter(|v| !serving.contains(v) && !wanted.contains_key(v)).collect()
+                state.downloaded.keys().copied().filter(|v| !keep.contains(v)).collect()
             };
             for old in spare {
                 self.remove(old).await;
@@ -522,7 +552,11 @@ async fn list(
         let Some(parts) = meta.location.prefix_match(prefix) else { continue };
         let parts: Vec<String> = parts.map(|p| p.as_ref().to_string()).collect();
         let [version, inside @ ..] = parts.as_slice() else { continue };
-        let Some(version) = version.parse::<i64>().ok().filter(|v| *v >= 0) else { continue };
+        // Only a version's own spelling: `05` or `+5` beside `5` would
+        // merge two folders into one listing.
+        let Some(version) = version.parse::<i64>().ok().filter(|v| *v >= 0 && v.to_string() == *version) else {
+            continue;
+        };
         // A directory placeholder (`1/`), or a name that could leave the
         // version's directory on disk, is not downloaded.
         if inside.is_empty() || inside.iter().any(|p| p.is_empty() || p == "." || p == "..") {
@@ -537,6 +571,18 @@ async fn list(
     }
     for listing in versions.values_mut() {
         listing.objects.sort_by(|a, b| a.path.cmp(&b.path));
+        // A "folder" a console made (`1/variables/`, an empty object) is
+        // a directory on disk, not a file beside its contents.
+        let folders: BTreeSet<String> = listing
+            .objects
+            .iter()
+            .filter(|o| {
+                o.size == 0 && listing.objects.iter().any(|other| other.path.starts_with(&format!("{}/", o.path)))
+            })
+            .map(|o| o.path.clone())
+            .collect();
+        listing.objects.retain(|o| !folders.contains(&o.path));
+        listing.objects.dedup_by(|a, b| a.path == b.path);
     }
     Ok(versions)
 }
@@ -607,8 +653,13 @@ fn take_up(local: &Path) -> BTreeMap<i64, Listing> {
         let listing = version
             .and_then(|v| std::fs::read(manifest(local, v)).ok())
             .and_then(|text| serde_json::from_slice::<Listing>(&text).ok());
+        // Every file there at its listed size: a crash between the writes
+        // and the rename's reaching the disk leaves none taken up half.
+        let intact = |listing: &Listing| {
+            listing.objects.iter().all(|o| std::fs::metadata(path.join(&o.path)).is_ok_and(|m| m.len() == o.size))
+        };
         match (version, listing) {
-            (Some(version), Some(listing)) if path.is_dir() => {
+            (Some(version), Some(listing)) if path.is_dir() && intact(&listing) => {
                 whole.insert(version, listing);
             }
             _ if name.ends_with(".listing") || name == ".lock" => {}
@@ -672,11 +723,45 @@ mod tests {
             }],
         };
         std::fs::create_dir_all(local.join("1")).expect("1");
+        std::fs::write(local.join("1/model.onnx"), b"abc").expect("model");
         std::fs::write(manifest(local, 1), serde_json::to_vec(&listing).expect("json")).expect("manifest");
         std::fs::create_dir_all(local.join("2")).expect("2 without a manifest");
         std::fs::create_dir_all(local.join(".partial-3-0000abcd")).expect("partial");
+        // A crash left version 4's file short of its listed size.
+        std::fs::create_dir_all(local.join("4")).expect("4");
+        std::fs::write(local.join("4/model.onnx"), b"a").expect("short");
+        std::fs::write(manifest(local, 4), serde_json::to_vec(&listing).expect("json")).expect("manifest");
         let whole = take_up(local);
         assert_eq!(whole.into_iter().collect::<Vec<_>>(), vec![(1, listing)]);
-        assert!(!local.join("2").exists() && !local.join(".partial-3-0000abcd").exists());
+        for gone in ["2", ".partial-3-0000abcd", "4"] {
+            assert!(!local.join(gone).exists(), "{gone} was not removed");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_listing_skips_folder_placeholders_and_versions_not_spelled_as_numbers() {
+        use object_store::memory::InMemory;
+        use object_store::{ObjectStoreExt, PutPayload};
+        let store = InMemory::new();
+        for (key, bytes) in [
+            ("m/1/model.onnx", &b"onnx"[..]),
+            ("m/1/variables", b""),
+            ("m/1/variables/variables.index", b"ix"),
+            ("m/05/model.onnx", b"other"),
+            ("m/+6/model.onnx", b"other"),
+            ("m/notes.txt", b"not a version"),
+        ] {
+            store.put(&ObjectPath::from(key), PutPayload::from_static(bytes)).await.expect("put");
+        }
+        let listed = list(&store, &ObjectPath::from("m"), "mem://m", Duration::from_secs(5)).await.expect("list");
+        assert_eq!(listed.keys().collect::<Vec<_>>(), [&1], "only version 1 is spelled as a version");
+        let paths: Vec<&str> = listed[&1].objects.iter().map(|o| o.path.as_str()).collect();
+        assert_eq!(paths, ["model.onnx", "variables/variables.index"], "the folder object is not a file");
+        let huge = Listing {
+            objects: (0..2)
+                .map(|i| Object { path: format!("f{i}"), location: String::new(), size: u64::MAX / 2 + 1, e_tag: None })
+                .collect(),
+        };
+        assert_eq!(huge.bytes(), u64::MAX, "listed sizes cannot wrap around to fit the cache");
     }
 }

@@ -121,6 +121,9 @@ impl Storage {
         // One directory per model and store: readable, and unique (the
         // same bucket name at another endpoint is another store).
         let mut hasher = sha2::Sha256::new();
+        // The model's own name too: `a.b` and `a_b` read the same below.
+        hasher.update(model.as_bytes());
+        hasher.update(b"\n");
         hasher.update(url.as_bytes());
         for name in
             ["S3_ENDPOINT", "AWS_ENDPOINT", "AWS_ENDPOINT_URL", "STORAGE_EMULATOR_HOST", "AZURITE_BLOB_STORAGE_URL"]

@@ -138,9 +138,13 @@ pub async fn read_object(url: &str, name: &str, timeout: Duration) -> Result<Opt
 pub async fn write_object(url: &str, name: &str, bytes: Vec<u8>, timeout: Duration) -> Result<()> {
     let opened = open(url, timeout)?;
     let location = name.split('/').fold(opened.prefix.clone(), ObjectPath::join);
-    opened.store.put(&location, PutPayload::from(bytes)).await.map_err(|e| {
-        Error::unavailable(format!("writing {}/{name}: {}", shown(url).trim_end_matches('/'), redact(&e.to_string())))
-    })?;
+    let at = || format!("{}/{name}", shown(url).trim_end_matches('/'));
+    // The client's own timeout is off (downloads run as long as bytes
+    // come): a put that hangs is bounded here.
+    tokio::time::timeout(timeout, opened.store.put(&location, PutPayload::from(bytes)))
+        .await
+        .map_err(|_| Error::unavailable(format!("writing {}: no answer within {} s", at(), timeout.as_secs())))?
+        .map_err(|e| Error::unavailable(format!("writing {}: {}", at(), redact(&e.to_string()))))?;
     Ok(())
 }
 
@@ -186,7 +190,7 @@ pub async fn read_log_objects(url: &str, max_bytes: u64, timeout: Duration) -> R
         }
     }
     objects.sort_by(|a, b| a.location.cmp(&b.location));
-    let total: u64 = objects.iter().map(|m| m.size).sum();
+    let total = objects.iter().fold(0u64, |sum, m| sum.saturating_add(m.size));
     if total > max_bytes {
         return Err(Error::resource_exhausted(format!(
             "{shown}: the log files hold {total} bytes, more than the {max_bytes} allowed"
