@@ -525,3 +525,31 @@ async fn the_cache_evicts_what_nothing_needs_and_refuses_what_cannot_fit() {
     let x = values(2, 64);
     assert_close(&predict(&server, None, &x).await.expect("v1 serves"), &expected(1, &x), 1e-5, "version 1 serves on");
 }
+
+/// A restart with a model renamed (or removed) removes the mirror the old
+/// name left in the cache; the new one is downloaded and served.
+#[tokio::test]
+async fn mirrors_of_models_no_longer_configured_are_removed_at_start() {
+    let store = ObjectStoreServer::start(Kind::S3);
+    store.bucket("models");
+    store.publish("models", "repo/mlp/1", &mlp(1));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = config(dir.path(), &store.url("models", "repo/mlp"), "", "");
+    let mirrors = || -> Vec<String> {
+        std::fs::read_dir(dir.path().join("cache"))
+            .expect("cache")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    drop(serve(&path, &store));
+    assert!(mirrors().iter().any(|m| m.starts_with("mlp-")), "{:?}", mirrors());
+    let text = std::fs::read_to_string(&path).expect("config").replace("name = \"mlp\"", "name = \"renamed\"");
+    std::fs::write(&path, text).expect("config");
+    let server = serve(&path, &store);
+    let mut request = predict_request("renamed", vec![("x", f32_content(&[1, 64], &values(4, 64)))]);
+    request.model_spec = spec("renamed", None);
+    server.predict_client().await.predict(request).await.expect("the renamed model serves");
+    let left = mirrors();
+    assert!(left.iter().all(|m| m.starts_with("renamed-")) && left.len() == 1, "{left:?}");
+}

@@ -300,8 +300,17 @@ impl Endpoints {
         }
         self.pipelines.store(Arc::new(pipelines));
         self.models.store(Arc::new(models));
+        self.retain_mirrors();
         tracing::info!(added = ?outcome.added, removed = ?outcome.removed, kept = ?outcome.kept, "model config reloaded");
         Ok(outcome)
+    }
+
+    /// Purges the object-store mirrors of models no longer served from
+    /// them (at start-up: of models no longer configured).
+    pub fn retain_mirrors(&self) {
+        let served: Vec<(String, std::path::PathBuf)> =
+            self.models().iter().map(|m| (m.name().to_string(), m.config().base_path.clone())).collect();
+        self.storage().retain(&served);
     }
 
     /// Unloads a model a failed reload loaded but never served (no served

@@ -367,6 +367,8 @@ async fn load(
     })
     .await
     .map_err(|e| Error::internal(format!("building the pipelines failed: {e}")))??;
+    // Mirrors a previous run left for models no longer configured go.
+    endpoints.retain_mirrors();
     Ok((Arc::new(endpoints), plugins))
 }
 

@@ -250,6 +250,14 @@ impl Repository {
             repository::select_present(&complete, policy)
         };
         self.evict(&listed, &wanted, serving).await;
+        if strict {
+            // A reload wants what a poll may be downloading now: it waits
+            // for that download (bounded by the store's timeouts) rather
+            // than failing to find the version.
+            while wanted.keys().any(|v| self.state().downloading.contains(v)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         let missing: Vec<(i64, Listing)> = {
             let state = self.state();
             wanted
@@ -334,6 +342,26 @@ impl Repository {
         for version in gone {
             self.remove(version).await;
         }
+    }
+
+    /// The mirror's directory.
+    pub(super) fn local(&self) -> &Path {
+        &self.local
+    }
+
+    /// Empties the mirror of a model no longer served from here (removed,
+    /// or given another base path): its files go and its bytes leave the
+    /// cache's count. Versions still draining were loaded from these files
+    /// and no longer need them.
+    pub(super) fn purge(&self) {
+        let versions: Vec<Listing> = std::mem::take(&mut self.state().downloaded).into_values().collect();
+        for listing in versions {
+            self.shared.release(listing.bytes());
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.local) {
+            tracing::warn!(model = %self.model, "cannot remove {} from the model cache: {e}", self.local.display());
+        }
+        tracing::info!(model = %self.model, "model cache of {} removed: no model is served from it", self.url);
     }
 
     /// Takes `version` out of the mirror.
@@ -599,6 +627,15 @@ pub async fn versions_in(url: &str, timeout: Duration) -> Result<BTreeMap<i64, u
 /// A store error with no secret in it.
 fn store_error(operation: &str, url: &str, error: &object_store::Error) -> Error {
     Error::unavailable(format!("{operation} {url}: {}", redact(&error.to_string())))
+}
+
+/// Whether another process holds the mirror `local` (its lock is taken).
+pub(super) fn held_elsewhere(local: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(file) = std::fs::File::open(local.join(".lock")) else { return false };
+    // SAFETY: flock on a descriptor this function owns; closing it drops
+    // the lock taken here, if any.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
 }
 
 /// Locks the mirror `local` for this process: another process mirroring

@@ -139,6 +139,35 @@ impl Storage {
         Ok(repository)
     }
 
+    /// Keeps the mirrors of the models `served` (name and base path) and
+    /// purges the rest: models a reload removed or moved, and directories
+    /// a previous run left for models no longer configured (unless another
+    /// process holds them). Called at start-up and after each reload.
+    pub fn retain(&self, served: &[(String, std::path::PathBuf)]) {
+        let keys: std::collections::HashSet<(String, String)> =
+            served.iter().map(|(name, path)| (name.clone(), path.display().to_string())).collect();
+        let mut repositories = self.repositories.lock().unwrap_or_else(PoisonError::into_inner);
+        let gone: Vec<(String, String)> = repositories.keys().filter(|k| !keys.contains(*k)).cloned().collect();
+        for key in gone {
+            if let Some(repository) = repositories.remove(&key) {
+                repository.purge();
+            }
+        }
+        let live: Vec<std::path::PathBuf> = repositories.values().map(|r| r.local().to_path_buf()).collect();
+        drop(repositories);
+        let Ok(entries) = std::fs::read_dir(&self.shared.cache_dir) else { return };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            // Only a mirror (it has the lock file a mirror makes): a cache_dir
+            // pointed at a directory with other things in it keeps them.
+            let mirror = dir.join(".lock").is_file();
+            if mirror && dir.is_dir() && !live.contains(&dir) && !mirror::held_elsewhere(&dir) {
+                tracing::info!("removing {} from the model cache: no configured model uses it", dir.display());
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+
     /// Resolves when a background download has ended: the versions on
     /// disk changed, and a poll now serves the new one without waiting.
     pub async fn changed(&self) {
