@@ -50,6 +50,18 @@ enum Command {
     /// Work with TF Serving warmup files.
     #[command(subcommand)]
     Warmup(WarmupCommand),
+    /// Work with model versions.
+    #[command(subcommand)]
+    Model(ModelCommand),
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Convert a SavedModel version to ONNX (tf2onnx), run both on its
+    /// warmup and logged requests, report per output how far the answers
+    /// differ and each one's CPU per request, and with --publish write the
+    /// verified twin as the next version. Exits 1 when it does not verify.
+    Twin(sluice::cli::model_twin::TwinArgs),
 }
 
 #[derive(Subcommand)]
@@ -335,6 +347,15 @@ fn main() -> ExitCode {
             Command::Warmup(WarmupCommand::Make(args)) => {
                 println!("{}", sluice::cli::warmup_make::make(&args).await?);
                 Ok(())
+            }
+            Command::Model(ModelCommand::Twin(args)) => {
+                let outcome = sluice::cli::model_twin::twin(&args).await?;
+                println!("{}", outcome.shown);
+                if outcome.verified {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!("the twin did not verify: {}", outcome.problems.join("; ")))
+                }
             }
             Command::Config(ConfigCommand::Convert(args)) => {
                 print!("{}", sluice::cli::config_convert::convert(&args)?);

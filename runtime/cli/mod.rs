@@ -3,7 +3,8 @@
 //! plugin check`, `new` and `push`/`list`/… ([`plugin_check`],
 //! [`plugin_new`], [`plugin_push`]), `sluice
 //! config check` ([`config_check`]), `sluice features load`
-//! ([`features_load`]) and `sluice warmup make` ([`warmup_make`]). They
+//! ([`features_load`]), `sluice warmup make` ([`warmup_make`]) and
+//! `sluice model twin` ([`model_twin`]). They
 //! sit above the library: they use
 //! it, nothing in it uses them.
 
@@ -11,6 +12,7 @@ pub mod bench;
 pub mod config_check;
 pub mod config_convert;
 pub mod features_load;
+pub mod model_twin;
 pub mod plugin_check;
 pub mod plugin_new;
 pub mod plugin_push;

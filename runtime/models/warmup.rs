@@ -173,7 +173,7 @@ pub fn from_file(
             .map_err(record_error)?;
         let made = match log.log_type {
             Some(prediction_log::LogType::PredictLog(log)) => {
-                predict_warmup(log.request.unwrap_or_default(), version, max_tensor_bytes).map(|r| vec![r])
+                predict_request(log.request.unwrap_or_default(), version, max_tensor_bytes).map(|r| vec![r])
             }
             Some(prediction_log::LogType::ClassifyLog(log)) => {
                 let request = log.request.unwrap_or_default();
@@ -202,9 +202,14 @@ pub fn from_file(
     Ok(requests)
 }
 
-/// A Predict record: the signature it names (a SavedModel's other
-/// signatures too), its inputs checked against it.
-fn predict_warmup(request: PredictRequest, version: &ModelVersion, max_tensor_bytes: usize) -> Result<WarmupRequest> {
+/// A Predict request (a warmup record, a logged request): the signature
+/// it names (a SavedModel's other signatures too), its inputs checked
+/// against it.
+pub fn predict_request(
+    request: PredictRequest,
+    version: &ModelVersion,
+    max_tensor_bytes: usize,
+) -> Result<WarmupRequest> {
     let key = request.model_spec.as_ref().map_or("", |spec| spec.signature_name.as_str());
     // Predict runs any signature, whatever its method (as TF Serving's).
     let (signature_key, signature) = signature_of(version, key, None)?;

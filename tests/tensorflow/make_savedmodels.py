@@ -24,6 +24,13 @@ Models (TF Serving's layout, OUT_DIR/NAME/VERSION/saved_model.pb):
                `im` float32 [None] in, `z` complex64 out).
   resource/1   a signature that returns a resource handle (refused by
                name at load).
+  lookup/1     a StaticHashTable alone: `words` string [None] in; `ids`
+               int64 [None] (unknown words -1) and `score` float32 [None]
+               (ids / 4) out (vocab/1 also upper-cases, an op whose ONNX
+               form needs a locale).
+  hashed/1     `words` string [None] hashed into 1000 buckets
+               (StringToHashBucketFast, an op tf2onnx cannot convert
+               without its contrib ops): `sluice model twin` refuses it.
 
 OUT_DIR/expected.json holds, per model, every signature as TensorFlow's
 MetaGraphDef declares it (what `saved_model_cli show` prints) and cases:
@@ -145,6 +152,19 @@ class Resource(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
     def serve(self, x):
         return {"handle": self.v.handle, "y": x + 1.0}
+
+
+class Lookup(Vocab):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="words")])
+    def serve(self, words):
+        ids = self.table.lookup(words)
+        return {"ids": ids, "score": tf.cast(ids, tf.float32) / 4.0}
+
+
+class Hashed(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="words")])
+    def serve(self, words):
+        return {"bucket": tf.strings.to_hash_bucket_fast(words, 1000)}
 
 
 def signatures_of(path):
@@ -276,6 +296,22 @@ def main():
     resource = Resource()
     tf.saved_model.save(resource, path, signatures={"serving_default": resource.serve})
     expected["resource"] = {"signatures": signatures_of(path), "cases": []}
+
+    path = os.path.join(out_dir, "lookup", "1")
+    lookup = Lookup()
+    tf.saved_model.save(lookup, path, signatures={"serving_default": lookup.serve})
+    expected["lookup"] = {
+        "signatures": signatures_of(path),
+        "cases": cases(path, "serving_default", [{"words": tf.constant(["banana", "kiwi", "apple"])}]),
+    }
+
+    path = os.path.join(out_dir, "hashed", "1")
+    hashed = Hashed()
+    tf.saved_model.save(hashed, path, signatures={"serving_default": hashed.serve})
+    expected["hashed"] = {
+        "signatures": signatures_of(path),
+        "cases": cases(path, "serving_default", [{"words": tf.constant(["apple", "kiwi"])}]),
+    }
 
     with open(os.path.join(out_dir, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)

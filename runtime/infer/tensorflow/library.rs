@@ -35,15 +35,8 @@ pub fn candidates(explicit: Option<&Path>) -> Vec<PathBuf> {
     if let Some(path) = std::env::var_os(LIBRARY_ENV) {
         return vec![PathBuf::from(path)];
     }
-    let mut roots = Vec::new();
-    if let Ok(cwd) = std::env::current_dir() {
-        roots.push(cwd);
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        roots.extend(exe.ancestors().skip(1).take(6).map(Path::to_path_buf));
-    }
     let mut paths = Vec::new();
-    for root in roots {
+    for root in search_roots() {
         let lib = root.join(".cache/tf-venv/lib");
         let Ok(entries) = std::fs::read_dir(&lib) else { continue };
         let mut pythons: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
@@ -60,6 +53,20 @@ pub fn candidates(explicit: Option<&Path>) -> Vec<PathBuf> {
         paths.push(Path::new(dir).join(WHEEL_LIBRARY));
     }
     paths
+}
+
+/// The directories whose `.cache/tf-venv/` may hold TensorFlow: the
+/// current one and those above the executable (a checkout's `target/`
+/// sits below it).
+pub fn search_roots() -> Vec<PathBuf> {
+    let mut roots = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        roots.push(cwd);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(exe.ancestors().skip(1).take(6).map(Path::to_path_buf));
+    }
+    roots
 }
 
 /// The process-wide C API, loading the library on first use. Later calls
