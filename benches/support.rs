@@ -200,6 +200,27 @@ where
     done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// The server's CPU per request (µs) and its requests per second over a
+/// closed loop of `streams` against `server`'s model of `pool`, after a
+/// second of warm-up.
+pub fn closed_loop_cost(
+    runtime: &tokio::runtime::Runtime,
+    server: &ServerProcess,
+    pool: &RequestPool,
+    streams: usize,
+    duration: Duration,
+) -> (f64, f64) {
+    let plan = |duration| LoadPlan { warmup: Duration::ZERO, ..LoadPlan::closed(&server.url(), streams, duration) };
+    let run = |duration| runtime.block_on(load::run(&plan(duration), pool.requests.clone(), pool.rows));
+    run(Duration::from_secs(1)).expect("warm-up");
+    let before = cpu_seconds(Some(server.pid()));
+    let summary = run(duration).expect("load");
+    let cpu = cpu_seconds(Some(server.pid())) - before;
+    eprintln!("  {}", summary.text().replace('\n', "\n  "));
+    assert!(summary.errors.is_empty(), "the load failed: {:?}", summary.errors);
+    (cpu * 1e6 / summary.requests.max(1) as f64, summary.requests_per_second)
+}
+
 /// CPU seconds (user + system) process `pid` (this one when `None`) has used.
 pub fn cpu_seconds(pid: Option<u32>) -> f64 {
     let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));

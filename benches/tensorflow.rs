@@ -18,35 +18,23 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sluice::cli::bench::inputs::RequestPool;
-use sluice::cli::bench::load::{self, LoadPlan};
 use sluice::config::tensorflow::TensorflowOptions;
 use sluice::infer::tensorflow::TensorflowBackend;
 use sluice::infer::{Backend, Batch};
 use sluice::tensor::Tensor;
 use support::process::ServerProcess;
-use support::{arg, cpu_seconds, pool, sluice_binary, SERVER_TABLE};
+use support::{arg, pool, sluice_binary, SERVER_TABLE};
 
 /// Streams in flight, over 4 connections, as the cost bench loads the MLP.
 const STREAMS: usize = 64;
 
-/// The server's CPU per request and its requests per second over a
-/// closed loop of [`STREAMS`], after a second of warm-up.
 fn measure(
     runtime: &tokio::runtime::Runtime,
     server: &ServerProcess,
-    pool: &RequestPool,
+    pool: &sluice::cli::bench::inputs::RequestPool,
     duration: Duration,
 ) -> (f64, f64) {
-    let plan = |duration| LoadPlan { warmup: Duration::ZERO, ..LoadPlan::closed(&server.url(), STREAMS, duration) };
-    let run = |duration| runtime.block_on(load::run(&plan(duration), pool.requests.clone(), pool.rows));
-    run(Duration::from_secs(1)).expect("warm-up");
-    let before = cpu_seconds(Some(server.pid()));
-    let summary = run(duration).expect("load");
-    let cpu = cpu_seconds(Some(server.pid())) - before;
-    eprintln!("  {}", summary.text().replace('\n', "\n  "));
-    assert!(summary.errors.is_empty(), "the load failed: {:?}", summary.errors);
-    (cpu * 1e6 / summary.requests.max(1) as f64, summary.requests_per_second)
+    support::closed_loop_cost(runtime, server, pool, STREAMS, duration)
 }
 
 /// Mean µs of one batch-1 run of the SavedModel in process through the

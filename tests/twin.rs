@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::fixtures::copy_dir;
 use common::*;
 use prost::Message;
 use serde_json::Value;
@@ -34,18 +35,6 @@ fn base_with(name: &str) -> (tempfile::TempDir, PathBuf) {
     let base = dir.path().join(name);
     copy_dir(&savedmodel(name), &base.join("1"));
     (dir, base)
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read dir") {
-        let entry = entry.expect("entry");
-        if entry.file_type().expect("type").is_dir() {
-            copy_dir(&entry.path(), &to.join(entry.file_name()));
-        } else {
-            std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
-        }
-    }
 }
 
 /// `sluice model twin ARGS…` (CPU measured briefly): exit code, stdout,

@@ -148,3 +148,16 @@ file = "$ROOT/examples/features/items.jsonl"
 key = "item_id"
 features.stats = { dtype = "float32", shape = [13] }
 "#;
+
+/// Copies the directory tree `from` to `to` (a model version, say).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+        }
+    }
+}
