@@ -8,7 +8,12 @@ MODE `plain`: one channel to TARGET, retries off, so a refused stream is
 seen as the client's own status. MODE `retry`: TARGET lists several
 servers (`ipv4:127.0.0.1:A,127.0.0.1:B`), balanced round robin, with a
 retry policy on UNAVAILABLE and RESOURCE_EXHAUSTED: what a fleet's
-clients are configured with. WAVES waves of WAVE calls at once.
+clients are configured with. WAVES waves of WAVE calls at once; in
+`plain` mode each finished call is replaced at once, for at least one
+second, so refusals stand without the pauses between waves (the server
+pushes back only once it has refused for 100 ms without a pause, and on
+a loaded machine the client's pause between waves can be longer than
+the refusals of a wave).
 """
 
 import json
@@ -55,6 +60,10 @@ def main():
     tensor.shape.extend([1, 3, 32, 32])
     request.raw_input_contents.append(image.tobytes())
     codes, messages = {}, {}
+    if mode == "plain":
+        keep_in_flight(stub, request, waves * wave, wave, codes, messages)
+        print(json.dumps({"codes": codes, "messages": messages}))
+        return
     for _ in range(waves):
         calls = [stub.ModelInfer.future(request, timeout=30) for _ in range(wave)]
         for call in calls:
@@ -66,6 +75,39 @@ def main():
                 messages.setdefault(code, error.details())
             codes[code] = codes.get(code, 0) + 1
     print(json.dumps({"codes": codes, "messages": messages}))
+
+
+def keep_in_flight(stub, request, total, in_flight, codes, messages):
+    """At least `total` calls and one second of calls, `in_flight` at a
+    time, each finished one replaced at once."""
+    import threading
+    import time
+
+    lock = threading.Lock()
+    deadline = time.monotonic() + 1.0
+    sent = [0]
+
+    def worker():
+        while True:
+            with lock:
+                if sent[0] >= total and time.monotonic() >= deadline:
+                    return
+                sent[0] += 1
+            try:
+                stub.ModelInfer(request, timeout=30)
+                code = "OK"
+            except grpc.RpcError as error:
+                code = error.code().name
+                with lock:
+                    messages.setdefault(code, error.details())
+            with lock:
+                codes[code] = codes.get(code, 0) + 1
+
+    threads = [threading.Thread(target=worker) for _ in range(in_flight)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 if __name__ == "__main__":
