@@ -86,8 +86,18 @@ impl OutputDiff {
             return;
         }
         let per_row = saved.len().checked_div(rows).unwrap_or(0);
-        let over = match (numbers(saved), numbers(twin)) {
-            (Some((a, exact)), Some((b, _))) => self.add_numbers(&a, &b, exact, tolerance),
+        // Elements over tolerance: a complex element is two numbers.
+        let width = if matches!(saved.dtype(), DType::Complex64 | DType::Complex128) { 2 } else { 1 };
+        let over: Vec<usize> = match (numbers(saved), numbers(twin)) {
+            (Some((a, exact)), Some((b, _))) => {
+                let close = self.add_numbers(&a, &b, exact, tolerance);
+                // Integers compare by their bytes: as f64, two int64 values
+                // above 2^53 may round to the same number.
+                let over = if exact { unequal_elements(saved, twin) } else { close };
+                let mut elements: Vec<usize> = over.into_iter().map(|i| i / width).collect();
+                elements.dedup();
+                elements
+            }
             _ => strings_over(saved, twin),
         };
         let mut rows_over = std::collections::BTreeSet::new();
@@ -131,6 +141,17 @@ impl OutputDiff {
         if self.first_over.is_none() {
             self.first_over = Some(first());
         }
+    }
+}
+
+/// The elements of two fixed-width tensors of one dtype whose bytes differ.
+fn unequal_elements(saved: &Tensor, twin: &Tensor) -> Vec<usize> {
+    let size = saved.dtype().size().unwrap_or(1).max(1);
+    match (saved.bytes(), twin.bytes()) {
+        (Some(a), Some(b)) => {
+            a.chunks(size).zip(b.chunks(size)).enumerate().filter(|(_, (a, b))| a != b).map(|(i, _)| i).collect()
+        }
+        _ => (0..saved.len()).collect(),
     }
 }
 
@@ -183,8 +204,8 @@ fn numbers(tensor: &Tensor) -> Option<(Vec<f64>, bool)> {
         DType::I8 => all::<i8>(tensor, f64::from)?,
         DType::I16 => all::<i16>(tensor, f64::from)?,
         DType::I32 => all::<i32>(tensor, f64::from)?,
-        // Integers compare exactly below 2^53, where every one has its own
-        // f64; beyond it two neighbours may compare equal.
+        // Beyond 2^53 two neighbours may be one f64: equality is checked on
+        // the bytes (`unequal_elements`), the f64 only measures how far.
         DType::I64 => all::<i64>(tensor, |x| x as f64)?,
         DType::U8 | DType::Bool => all::<u8>(tensor, f64::from)?,
         DType::U16 => all::<u16>(tensor, f64::from)?,
@@ -295,6 +316,36 @@ mod tests {
         );
         assert_eq!(diff.rows_over, 2);
         assert!(diff.first_over.unwrap().contains("DT_FLOAT [2, 1], the twin DT_FLOAT [1, 2]"));
+    }
+
+    #[test]
+    fn large_integers_differing_by_one_are_caught() {
+        let mut ids = OutputDiff::new(&spec("ids", DType::I64));
+        let big = (1i64 << 60) + 1;
+        ids.add(&Tensor::from_values(vec![1], &[big]), &Tensor::from_values(vec![1], &[big + 1]), TIGHT, "0");
+        assert_eq!(ids.rows_over, 1, "{ids:?}");
+    }
+
+    #[test]
+    fn a_complex_value_is_one_element_of_its_row() {
+        let mut diff = OutputDiff::new(&spec("z", DType::Complex64));
+        // Two rows of two complex values; row 1's second value differs in
+        // both parts.
+        let saved = Tensor::from_bytes(
+            DType::Complex64,
+            vec![2, 2],
+            bytemuck::cast_slice(&[1f32, 0.0, 2.0, 0.0, 3.0, 0.0, 4.0, 0.0]).to_vec().into(),
+        )
+        .unwrap();
+        let twin = Tensor::from_bytes(
+            DType::Complex64,
+            vec![2, 2],
+            bytemuck::cast_slice(&[1f32, 0.0, 2.0, 0.0, 3.0, 0.0, 5.0, 1.0]).to_vec().into(),
+        )
+        .unwrap();
+        diff.add(&saved, &twin, TIGHT, "0");
+        assert_eq!((diff.rows, diff.rows_over), (2, 1), "{diff:?}");
+        assert!(diff.first_over.as_deref().unwrap().starts_with("request 0 row 1: saved 4+0i, twin 5+1i"), "{diff:?}");
     }
 
     #[test]

@@ -196,6 +196,8 @@ pub struct Report {
     pub outputs: Vec<OutputDiff>,
     /// CPU per request of each backend.
     pub cost: Vec<CostRow>,
+    /// Why the CPU was not measured, when a run failed.
+    pub cost_error: Option<String>,
     /// Whether the twin verified.
     pub verified: bool,
     /// Why it did not (or was not published).
@@ -212,9 +214,14 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
     let metrics = Metrics::new();
     let saved = load_saved_model(args, &name, version, &dir, &metrics).await?;
 
-    // The staging directory is inside BASE when publishing, so that the
-    // finished version is renamed into place on the same filesystem.
-    let stage = publish::Stage::new(args.publish.then_some(args.base.as_path()), version + 1)?;
+    if args.publish {
+        publish::check_free(&args.base, version + 1)?;
+    }
+    // The requests first: a log that gives none fails before a conversion
+    // that may take minutes.
+    let mut counts = Requests::default();
+    let requests = requests(args, &saved, &dir, &name, &mut counts).await?;
+    let stage = publish::Stage::new()?;
     let twin_file = stage.dir().join(crate::models::repository::MODEL_FILE);
     let converter = match &args.onnx {
         Some(given) => {
@@ -257,22 +264,26 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
         signature: args.signature.clone(),
         converter,
         tolerance: Tolerance { rtol: args.rtol, atol: args.atol },
-        requests: Requests::default(),
+        requests: counts,
         signature_differences: compare::signature_differences(saved.signature(), twin.signature()),
         other_signatures: other_signatures(&saved, &args.signature),
         twin_failures: Vec::new(),
         twin_failure_count: 0,
         outputs: compare::outputs(saved.signature()),
         cost: Vec::new(),
+        cost_error: None,
         verified: false,
         problems: Vec::new(),
         published: None,
     };
 
-    let requests = requests(args, &saved, &dir, &name, &mut report.requests).await?;
     let cheapest = compare_all(&saved, &twin, requests, &mut report).await;
     if let (Some(request), true) = (cheapest, args.cost_seconds > 0.0) {
-        report.cost = costs(&saved, &twin, &request, Duration::from_secs_f64(args.cost_seconds)).await?;
+        // A failed measurement leaves the verification standing.
+        match costs(&saved, &twin, &request, Duration::from_secs_f64(args.cost_seconds)).await {
+            Ok(cost) => report.cost = cost,
+            Err(e) => report.cost_error = Some(e.message().to_string()),
+        }
     }
     report.problems = problems(&report);
     report.verified = report.problems.is_empty();
@@ -287,6 +298,8 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
                 if report.other_signatures.len() > 1 { "them" } else { "it" },
             ));
         } else {
+            // The report kept with the version says where it went.
+            report.published = Some(args.base.join((version + 1).to_string()).display().to_string());
             let record = serde_json::to_vec_pretty(&report)
                 .map_err(|e| Error::internal(format!("writing the report as JSON failed: {e}")))?;
             report.published = Some(stage.publish(&args.base, &dir, version + 1, &record)?.display().to_string());
@@ -321,7 +334,7 @@ fn check_args(args: &TwinArgs) -> Result<()> {
     }
     if args.saved_model_tags.contains(',') {
         return Err(Error::invalid_argument(format!(
-            "--saved_model_tags {}: tf2onnx loads a MetaGraph by one tag",
+            "--saved-model-tags {}: tf2onnx loads a MetaGraph by one tag",
             args.saved_model_tags
         )));
     }
@@ -446,31 +459,78 @@ async fn requests(
         }
     }
     if let Some(log) = &args.requests_from {
-        let logged = request_log::read_logged(log, args.max_log_mib << 20).await?;
+        let max_bytes = args.max_log_mib.checked_mul(1 << 20).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "--max-log-mib {}: too large (at most {})",
+                args.max_log_mib,
+                u64::MAX >> 20
+            ))
+        })?;
+        let logged = request_log::read_logged(log, max_bytes).await?;
         counts.logged_read = logged.len();
+        let mut names_seen = std::collections::BTreeSet::new();
         let of_model: Vec<(usize, PredictRequest)> = logged
             .into_iter()
             .enumerate()
-            .filter(|(_, r)| r.model_spec.as_ref().is_none_or(|spec| spec.name.is_empty() || spec.name == name))
+            .filter(|(_, r)| {
+                let logged_name = r.model_spec.as_ref().map_or("", |spec| spec.name.as_str());
+                if names_seen.len() < 10 {
+                    names_seen.insert(logged_name.to_string());
+                }
+                logged_name.is_empty() || logged_name == name
+            })
             .collect();
+        let of_model_count = of_model.len();
         for (i, request) in spread(of_model, args.max_requests) {
-            match warmup::predict_request(request, saved, max_tensor_bytes) {
-                Ok(WarmupRequest { signature: None, inputs }) => {
+            // A request naming no signature runs the model's main one.
+            let key = request.model_spec.as_ref().map_or("", |spec| spec.signature_name.as_str());
+            let fitted = if key.is_empty() || key == args.signature {
+                warmup::fit(request, saved.signature(), max_tensor_bytes).map(Some)
+            } else {
+                warmup::predict_request(request, saved, max_tensor_bytes).map(|_| None)
+            };
+            match fitted {
+                Ok(Some(inputs)) => {
                     counts.logged += 1;
                     chosen.push((format!("log {i}"), inputs));
                 }
-                Ok(WarmupRequest { signature: Some(_), .. }) => counts.other_signatures += 1,
+                Ok(None) => counts.other_signatures += 1,
                 // A logged request that does not fit the model was refused
                 // when it was sent too.
                 Err(_) => counts.failed_in_saved_model += 1,
             }
         }
+        if counts.logged == 0 {
+            let seen: Vec<String> = names_seen.into_iter().map(|n| format!("'{n}'")).collect();
+            return Err(Error::invalid_argument(format!(
+                "--requests-from {}: none of its {} requests is a Predict request of model '{name}' on signature \
+                 '{}' that fits the SavedModel ({of_model_count} name the model, {} other signatures, {} do not fit); \
+                 model names in the log: {}; give --model-name to pick another",
+                log.display(),
+                counts.logged_read,
+                args.signature,
+                counts.other_signatures,
+                counts.failed_in_saved_model,
+                seen.join(", ")
+            )));
+        }
     }
-    if chosen.is_empty() {
+    // Made-up requests only when the version has no traffic at all; a log
+    // that gave none is refused above.
+    if chosen.is_empty() && !file.is_file() {
         for (i, inputs) in synthetic(saved.signature())?.into_iter().enumerate() {
             counts.synthetic += 1;
             chosen.push((format!("synthetic {i}"), inputs));
         }
+    }
+    if chosen.is_empty() {
+        return Err(Error::failed_precondition(format!(
+            "{}: its {} records are all for other signatures than '{}'; give --requests-from a request log of the \
+             model",
+            file.display(),
+            counts.other_signatures,
+            args.signature
+        )));
     }
     Ok(chosen)
 }
@@ -608,8 +668,9 @@ async fn compare_all(
                 diff.add(saved_output, twin_output, tolerance, &what);
             }
         }
+        // CPU is measured on the smallest request that has rows.
         let rows = |inputs: &[Tensor]| inputs.first().map_or(1, Tensor::rows);
-        if cheapest.as_deref().is_none_or(|best| rows(&inputs) < rows(best)) {
+        if rows(&inputs) > 0 && cheapest.as_deref().is_none_or(|best| rows(&inputs) < rows(best)) {
             cheapest = Some(inputs);
         }
     }
@@ -676,7 +737,10 @@ fn problems(report: &Report) -> Vec<String> {
     }
     let compared = report.outputs.first().map_or(0, |o| o.rows);
     if compared == 0 && report.signature_differences.is_empty() && report.twin_failure_count == 0 {
-        problems.push("no request was compared: every one failed in the SavedModel".to_string());
+        problems.push(format!(
+            "no row was compared: {} requests failed in the SavedModel, and the others had no rows",
+            report.requests.failed_in_saved_model
+        ));
     }
     problems
 }

@@ -1,7 +1,9 @@
-//! Where the twin is made and how it becomes the next version: a staging
-//! directory (inside BASE when publishing, so the rename stays on one
-//! filesystem; a temporary one otherwise), removed unless published, and
-//! one rename that a polling server sees as the whole version appearing.
+//! Where the twin is made and how it becomes the next version. It is made
+//! in a temporary directory (a conversion may run for minutes, and an
+//! interrupted one must not leave anything in the model's base path);
+//! publishing then fills a staging directory inside BASE (so the rename
+//! stays on one filesystem) and renames it into place without replacing
+//! anything, which a polling server sees as the whole version appearing.
 //!
 //! The staging directory's name is not a number, so neither sluice nor TF
 //! Serving takes it for a version while it fills.
@@ -13,70 +15,77 @@ use crate::error::{Error, Result};
 /// Where the report goes in the published version, beside the warmup file.
 pub const REPORT_FILE: &str = "assets.extra/sluice_twin_report.json";
 
-/// A directory the twin is made in.
+/// A directory removed when dropped, unless it was renamed into place.
 pub struct Stage {
     dir: PathBuf,
     published: bool,
 }
 
+/// Refuses early when `base/next` exists: the twin of version `next - 1`
+/// is published as `next`, and an existing version is never replaced.
+pub fn check_free(base: &Path, next: i64) -> Result<()> {
+    let target = base.join(next.to_string());
+    if target.exists() {
+        return Err(Error::failed_precondition(format!(
+            "{} exists: the twin of version {} is published as version {next}; remove it or twin the newest \
+             version",
+            target.display(),
+            next - 1
+        )));
+    }
+    Ok(())
+}
+
 impl Stage {
-    /// A new staging directory: in `base` (publishing version `next`), or
-    /// a temporary one.
-    pub fn new(base: Option<&Path>, next: i64) -> Result<Stage> {
-        let unique = format!("{}-{:08x}", std::process::id(), rand::random::<u32>());
-        let dir = match base {
-            Some(base) => {
-                let target = base.join(next.to_string());
-                if target.exists() {
-                    return Err(Error::failed_precondition(format!(
-                        "{} exists: the twin of version {} is published as version {next}; remove it or twin \
-                         the newest version",
-                        target.display(),
-                        next - 1
-                    )));
-                }
-                base.join(format!(".twin-{next}-{unique}"))
-            }
-            None => std::env::temp_dir().join(format!("sluice-twin-{unique}")),
-        };
+    /// A new temporary directory to make the twin in.
+    pub fn new() -> Result<Stage> {
+        Stage::at(std::env::temp_dir().join(format!("sluice-twin-{}", unique())))
+    }
+
+    fn at(dir: PathBuf) -> Result<Stage> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::failed_precondition(format!("cannot make {}: {e}", dir.display())))?;
         Ok(Stage { dir, published: false })
     }
 
-    /// The staging directory.
+    /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    /// Makes the staged model `base/next`: copies `saved`'s `assets.extra/`
-    /// (the warmup file) beside it, writes `report` there, syncs every
-    /// file and renames the directory into place. Answers the version's
-    /// directory.
-    pub fn publish(mut self, base: &Path, saved: &Path, next: i64, report: &[u8]) -> Result<PathBuf> {
+    /// Makes this stage's `model.onnx` the version `base/next`: copies it
+    /// into a staging directory in `base` with `saved`'s `assets.extra/`
+    /// (the warmup file) and `report`, syncs every file and renames the
+    /// directory into place. Answers the version's directory.
+    pub fn publish(&self, base: &Path, saved: &Path, next: i64, report: &[u8]) -> Result<PathBuf> {
         let failed = |what: &str, e: std::io::Error| Error::internal(format!("publishing: {what}: {e}"));
+        let mut staged = Stage::at(base.join(format!(".twin-{next}-{}", unique())))?;
+        let model = crate::models::repository::MODEL_FILE;
+        std::fs::copy(self.dir.join(model), staged.dir.join(model)).map_err(|e| failed("copying the model", e))?;
         let extra = saved.join("assets.extra");
         if extra.is_dir() {
-            copy_dir(&extra, &self.dir.join("assets.extra")).map_err(|e| failed("copying assets.extra", e))?;
+            copy_dir(&extra, &staged.dir.join("assets.extra")).map_err(|e| failed("copying assets.extra", e))?;
         }
-        let report_path = self.dir.join(REPORT_FILE);
+        let report_path = staged.dir.join(REPORT_FILE);
         if let Some(parent) = report_path.parent() {
             std::fs::create_dir_all(parent).map_err(|e| failed("making assets.extra", e))?;
         }
         std::fs::write(&report_path, report).map_err(|e| failed("writing the report", e))?;
-        sync_tree(&self.dir).map_err(|e| failed("syncing the version", e))?;
+        sync_tree(&staged.dir).map_err(|e| failed("syncing the version", e))?;
         let target = base.join(next.to_string());
-        // rename(2) replaces an empty directory; a version made meanwhile
-        // is never replaced.
-        if target.exists() {
-            return Err(Error::failed_precondition(format!(
+        rename_no_replace(&staged.dir, &target).map_err(|e| match e.raw_os_error() {
+            Some(libc::EEXIST | libc::ENOTEMPTY) => Error::failed_precondition(format!(
                 "{} appeared while the twin was made; nothing was published",
                 target.display()
-            )));
+            )),
+            _ => failed(&format!("renaming into {}", target.display()), e),
+        })?;
+        staged.published = true;
+        // The version is in place; a base path that cannot be synced only
+        // means its name may not survive a crash of the machine.
+        if let Err(e) = std::fs::File::open(base).and_then(|dir| dir.sync_all()) {
+            tracing::warn!(base = %base.display(), "published, but syncing the base path failed: {e}");
         }
-        std::fs::rename(&self.dir, &target).map_err(|e| failed(&format!("renaming into {}", target.display()), e))?;
-        self.published = true;
-        std::fs::File::open(base).and_then(|dir| dir.sync_all()).map_err(|e| failed("syncing the base path", e))?;
         Ok(target)
     }
 }
@@ -86,6 +95,30 @@ impl Drop for Stage {
         if !self.published {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+fn unique() -> String {
+    format!("{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+/// rename(2) that fails with EEXIST instead of replacing an (empty)
+/// directory another process made meanwhile.
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |path: &Path| {
+        std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a path holds a NUL byte"))
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: both strings are NUL-terminated and live for the call;
+    // AT_FDCWD makes them relative to the working directory, as rename's.
+    let status =
+        unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE) };
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -131,23 +164,37 @@ mod tests {
         std::fs::create_dir_all(saved.join("assets.extra")).unwrap();
         std::fs::write(saved.join(WARMUP_FILE), b"records").unwrap();
 
-        let dropped = Stage::new(Some(base.path()), 2).unwrap();
-        std::fs::write(dropped.dir().join("model.onnx"), b"onnx").unwrap();
-        drop(dropped);
-        let names: Vec<String> =
-            std::fs::read_dir(base.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
-        assert_eq!(names, vec!["1".to_string()], "a stage not published is removed");
-
-        let stage = Stage::new(Some(base.path()), 2).unwrap();
-        assert!(stage.dir().file_name().unwrap().to_string_lossy().starts_with(".twin-2-"));
+        let names = || -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(base.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into())
+                .collect();
+            names.sort();
+            names
+        };
+        let stage = Stage::new().unwrap();
+        let temporary = stage.dir().to_path_buf();
         std::fs::write(stage.dir().join("model.onnx"), b"onnx").unwrap();
+        check_free(base.path(), 2).unwrap();
         let published = stage.publish(base.path(), &saved, 2, b"{}").unwrap();
         assert_eq!(published, base.path().join("2"));
         assert_eq!(std::fs::read(published.join("model.onnx")).unwrap(), b"onnx");
         assert_eq!(std::fs::read(published.join(WARMUP_FILE)).unwrap(), b"records");
         assert_eq!(std::fs::read(published.join(REPORT_FILE)).unwrap(), b"{}");
+        assert_eq!(names(), vec!["1", "2"], "no staging directory is left");
+        drop(stage);
+        assert!(!temporary.exists(), "the temporary stage is removed");
 
-        let again = Stage::new(Some(base.path()), 2).err().expect("version 2 exists");
+        let again = check_free(base.path(), 2).unwrap_err();
         assert!(again.message().contains("exists"), "{again}");
+        // A version that appears between the check and the rename, even an
+        // empty directory, is never replaced.
+        let stage = Stage::new().unwrap();
+        std::fs::write(stage.dir().join("model.onnx"), b"onnx").unwrap();
+        std::fs::create_dir(base.path().join("3")).unwrap();
+        let raced = stage.publish(base.path(), &saved, 3, b"{}").unwrap_err();
+        assert!(raced.message().contains("appeared while the twin was made"), "{raced}");
+        assert_eq!(names(), vec!["1", "2", "3"], "the staging directory of the refused version is removed");
+        assert!(std::fs::read_dir(base.path().join("3")).unwrap().next().is_none());
     }
 }

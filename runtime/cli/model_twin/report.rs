@@ -82,6 +82,9 @@ pub fn table(report: &Report) -> String {
             );
         }
     }
+    if let Some(error) = &report.cost_error {
+        let _ = writeln!(out, "\nCPU          not measured: {error}");
+    }
     let _ = writeln!(out);
     if report.problems.is_empty() {
         let _ = writeln!(
