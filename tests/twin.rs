@@ -112,9 +112,17 @@ fn a_keras_model_converts_and_verifies_on_its_warmup_and_logged_requests() {
         log.to_str().unwrap(),
         "--output",
         kept.to_str().unwrap(),
+        "--publish",
     ]);
-    assert_eq!(code, Some(0), "{report:#}\n{stderr}");
+    // Keras's export adds a 'serve' signature the log never calls: it is
+    // converted but not verified, so it leaves the twin, and publishing
+    // without it needs --drop-other-signatures.
+    assert_eq!(code, Some(1), "{report:#}\n{stderr}");
     assert_eq!(report["verified"], true, "{report:#}");
+    let not_twinned = report["not_twinned"][0].as_str().unwrap();
+    assert!(not_twinned.starts_with("serve: converted, but no request of it could be compared"), "{report:#}");
+    assert!(stderr.contains("not published") && stderr.contains("--drop-other-signatures"), "{stderr}");
+    assert_eq!(report["published"], Value::Null);
     assert_eq!(report["version"], 1);
     assert!(report["converter"].as_str().unwrap().starts_with("tf2onnx 1.17.0"), "{report:#}");
     let requests = &report["requests"];
@@ -137,7 +145,7 @@ fn a_keras_model_converts_and_verifies_on_its_warmup_and_logged_requests() {
         }
     }
     assert!(kept.is_file(), "--output keeps the converted model");
-    assert_eq!(names_in(&base), vec!["1"], "without --publish nothing is written into the base path");
+    assert_eq!(names_in(&base), vec!["1"], "a refused publish writes nothing into the base path");
 
     // A planted difference: the kept twin with one weight nudged.
     let planted = base.parent().unwrap().join("planted.onnx");
@@ -173,39 +181,84 @@ fn a_keras_model_converts_and_verifies_on_its_warmup_and_logged_requests() {
     assert_eq!(names_in(&base), vec!["1"], "a twin that differs publishes nothing, and leaves no staging directory");
 }
 
-#[test]
-fn a_module_with_several_signatures_twins_its_main_one_and_publishing_says_what_it_would_drop() {
+#[tokio::test]
+async fn a_module_with_several_signatures_is_twinned_whole_and_served_on_every_signature() {
     let (_dir, base) = base_with("multi");
-    // No warmup file, no log: made-up requests, said so.
-    let (code, stdout, stderr) = twin(&[base.to_str().unwrap(), "--publish"]);
-    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
-    assert!(stdout.contains("0 from the warmup file, 0 logged (of 0 in the log), 16 synthetic"), "{stdout}");
+    // No warmup file, no log: made-up requests for every signature (the
+    // scalar 'factor' too), said so.
+    let (code, stdout, stderr) = tokio::task::spawn_blocking({
+        let base = base.clone();
+        move || twin(&[base.to_str().unwrap(), "--publish"])
+    })
+    .await
+    .expect("twin");
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("not twinned  signatures scaled, total (the twin serves 'serving_default' only)"),
+        stdout.contains(
+            "0 from the warmup file, 0 logged (of 0 in the log), 48 synthetic; 32 of them for other signatures"
+        ),
         "{stdout}"
     );
-    assert!(stdout.contains("doubled") && stdout.contains("CPU per request"), "{stdout}");
+    assert!(stdout.contains("also twinned signatures scaled, total"), "{stdout}");
     assert!(
-        stderr.contains("the SavedModel also serves the signatures scaled, total")
-            && stderr.contains("--drop-other-signatures"),
-        "{stderr}"
+        stdout.contains("scaled: y") && stdout.contains("total: sum") && stdout.contains("CPU per request"),
+        "{stdout}"
     );
-    assert_eq!(names_in(&base), vec!["1"], "nothing published, no staging directory left");
-
-    let (code, report, stderr) = twin_json(&[base.to_str().unwrap(), "--publish", "--drop-other-signatures"]);
-    assert_eq!(code, Some(0), "{report:#}\n{stderr}");
-    assert_eq!(report["other_signatures"], serde_json::json!(["scaled", "total"]));
-    assert_eq!(report["outputs"][0]["rows_over"], 0, "{report:#}");
-    assert_eq!(report["published"].as_str().map(PathBuf::from), Some(base.join("2")));
     assert_eq!(names_in(&base), vec!["1", "2"]);
-    assert!(base.join("2/model.onnx").is_file());
+    assert_eq!(names_in(&base.join("2/signatures")), vec!["scaled.onnx", "total.onnx"]);
     let kept: Value =
         serde_json::from_slice(&std::fs::read(base.join("2/assets.extra/sluice_twin_report.json")).expect("report"))
             .expect("JSON");
     assert_eq!(kept["verified"], true, "the published version carries its report");
+    assert_eq!(kept["published"].as_str().map(PathBuf::from), Some(base.join("2")));
+    let outputs: Vec<(&str, &str, u64)> = kept["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["signature"].as_str().unwrap(), o["output"].as_str().unwrap(), o["rows_over"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(outputs, vec![("serving_default", "doubled", 0), ("scaled", "y", 0), ("total", "sum", 0)]);
+
+    // Served: every signature of the twin (version 2) answers as the
+    // SavedModel (version 1) does, and its metadata lists them all.
+    let config = base.parent().unwrap().join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!("[[models]]\nname = \"multi\"\nbase_path = \"{}\"\nversion_policy = \"all\"\n", base.display()),
+    )
+    .expect("config");
+    let server = Server::start(&["--model_config_file", config.to_str().unwrap()]);
+    let mut client = server.predict_client().await;
+    let x = values(3, 12);
+    for (signature, output) in [("", "doubled"), ("total", "sum"), ("scaled", "y")] {
+        let mut answers = Vec::new();
+        for version in [1, 2] {
+            let mut inputs = vec![("x", f32_content(&[3, 4], &x))];
+            if signature == "scaled" {
+                inputs.push(("factor", f32_content(&[], &[-1.5])));
+            }
+            let mut request = predict_request("multi", inputs);
+            request.model_spec = spec("multi", Some(version));
+            if let Some(spec) = request.model_spec.as_mut() {
+                spec.signature_name = signature.into();
+            }
+            let answer = client.predict(request).await.unwrap_or_else(|e| panic!("{signature} v{version}: {e:?}"));
+            answers.push(f32_values(&answer.into_inner().outputs[output]));
+        }
+        assert!(!answers[0].is_empty());
+        assert_close(&answers[1], &answers[0], 1e-5, &format!("signature '{signature}'"));
+    }
+    let mut keys: Vec<String> = server.signature_def_map("multi").await.signature_def.into_keys().collect();
+    keys.sort();
+    assert_eq!(keys, vec!["scaled", "serving_default", "total"], "the twin's metadata");
 
     // Version 2 exists now, so twinning version 1 again publishes nothing.
-    let (code, _, stderr) = twin(&[base.to_str().unwrap(), "--version", "1", "--publish"]);
+    let (code, _, stderr) = tokio::task::spawn_blocking({
+        let base = base.clone();
+        move || twin(&[base.to_str().unwrap(), "--version", "1", "--publish"])
+    })
+    .await
+    .expect("twin");
     assert_eq!(code, Some(1));
     assert!(stderr.contains("2 exists"), "{stderr}");
 }
@@ -326,11 +379,7 @@ async fn a_twin_published_under_load_takes_over_with_no_failed_request() {
 
     let published = {
         let base = base.clone();
-        // Keras's export also writes a 'serve' signature, the same function
-        // as serving_default; these clients call the default one.
-        tokio::task::spawn_blocking(move || twin(&[base.to_str().unwrap(), "--publish", "--drop-other-signatures"]))
-            .await
-            .expect("twin")
+        tokio::task::spawn_blocking(move || twin(&[base.to_str().unwrap(), "--publish"])).await.expect("twin")
     };
     assert_eq!(published.0, Some(0), "{}\n{}", published.1, published.2);
     assert!(published.1.contains("published"), "{}", published.1);
@@ -355,6 +404,13 @@ async fn a_twin_published_under_load_takes_over_with_no_failed_request() {
         }
     })
     .await;
+    // Keras's other signature, 'serve', was twinned too.
+    let mut request = mlp_request(3, 2);
+    if let Some(spec) = request.model_spec.as_mut() {
+        spec.signature_name = "serve".into();
+    }
+    let answer = server.predict_client().await.predict(request).await.expect("'serve' on the twin").into_inner();
+    assert_eq!(dims(&answer.outputs["output_0"]), vec![2, 3]);
     stop.store(true, Ordering::Relaxed);
     for client in clients {
         client.await.expect("client");

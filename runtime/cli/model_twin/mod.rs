@@ -2,8 +2,9 @@
 //! verified on the traffic the model sees, and with `--publish` served as
 //! the next version.
 //!
-//! Version N's main signature is converted by tf2onnx ([`convert`]), then
-//! both models run in this process through the server's own backends
+//! Version N's main signature is converted by tf2onnx ([`convert`]) into
+//! `model.onnx`, each other signature into `signatures/KEY.onnx` (which
+//! the ONNX backend serves as signature KEY), then both models run in this process through the server's own backends
 //! (TensorFlow's C API and ONNX Runtime, with the server's default
 //! settings) on the version's warmup requests and on up to 10,000 logged
 //! requests of the model; each output is compared ([`compare`]) and each
@@ -70,9 +71,9 @@ pub struct TwinArgs {
     /// verifies.
     #[arg(long)]
     pub publish: bool,
-    /// Publish though the SavedModel has signatures besides the main one:
-    /// the twin serves only the main one, so calls to the others fail on
-    /// it.
+    /// Publish though some of the SavedModel's other signatures could not
+    /// be twinned (converted and compared): the twin leaves them out, so
+    /// calls to them fail on it.
     #[arg(long)]
     pub drop_other_signatures: bool,
     /// Relative tolerance of a floating-point output, to the SavedModel's
@@ -146,8 +147,8 @@ pub struct Requests {
     /// Made up from the signature (random values) because neither the
     /// warmup file nor a log gave any.
     pub synthetic: usize,
-    /// Requests for other signatures of the SavedModel, which the twin does
-    /// not have: not compared.
+    /// Of those, requests for the SavedModel's other signatures (compared
+    /// where the signature was twinned).
     pub other_signatures: usize,
     /// Requests the SavedModel itself failed (a log may hold requests that
     /// were refused): not compared.
@@ -186,8 +187,10 @@ pub struct Report {
     pub requests: Requests,
     /// How the twin's signature differs from the SavedModel's.
     pub signature_differences: Vec<String>,
-    /// The SavedModel's signatures besides the twinned one.
-    pub other_signatures: Vec<String>,
+    /// The SavedModel's other signatures the twin serves too.
+    pub twinned_signatures: Vec<String>,
+    /// The other signatures it does not, each with why ("KEY: reason").
+    pub not_twinned: Vec<String>,
     /// Requests the SavedModel answered and the twin failed (the first 5).
     pub twin_failures: Vec<String>,
     /// How many requests the twin failed.
@@ -251,6 +254,14 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
             converter
         }
     };
+    let mut twinned = Vec::new();
+    let mut not_twinned = Vec::new();
+    for key in other_signatures(&saved, &args.signature) {
+        match twin_other(args, &saved, &dir, &key, stage.dir()).await {
+            Ok(()) => twinned.push(key),
+            Err(e) => not_twinned.push(format!("{key}: {}", e.message())),
+        }
+    }
     if let Some(output) = &args.output {
         std::fs::copy(&twin_file, output)
             .map_err(|e| Error::invalid_argument(format!("--output {}: cannot write it: {e}", output.display())))?;
@@ -265,11 +276,15 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
         converter,
         tolerance: Tolerance { rtol: args.rtol, atol: args.atol },
         requests: counts,
-        signature_differences: compare::signature_differences(saved.signature(), twin.signature()),
-        other_signatures: other_signatures(&saved, &args.signature),
+        signature_differences: signature_differences(&saved, &twin, &twinned),
+        outputs: std::iter::once(compare::outputs(&args.signature, saved.signature()))
+            .chain(twinned.iter().filter_map(|key| Some(compare::outputs(key, saved.backend().other_signature(key)?))))
+            .flatten()
+            .collect(),
+        twinned_signatures: twinned,
+        not_twinned,
         twin_failures: Vec::new(),
         twin_failure_count: 0,
-        outputs: compare::outputs(saved.signature()),
         cost: Vec::new(),
         cost_error: None,
         verified: false,
@@ -278,6 +293,20 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
     };
 
     let cheapest = compare_all(&saved, &twin, requests, &mut report).await;
+    // A signature no request reached is not verified: it leaves the twin.
+    for key in std::mem::take(&mut report.twinned_signatures) {
+        let compared = report.outputs.iter().filter(|o| o.signature == key).map(|o| o.rows).max().unwrap_or(0);
+        if compared > 0 {
+            report.twinned_signatures.push(key);
+            continue;
+        }
+        let _ = std::fs::remove_file(stage.dir().join(crate::infer::onnx::SIGNATURES_DIR).join(format!("{key}.onnx")));
+        report.outputs.retain(|o| o.signature != key);
+        report.not_twinned.push(format!(
+            "{key}: converted, but no request of it could be compared (its inputs cannot be made up, and neither the \
+             warmup file nor the log holds one)"
+        ));
+    }
     if let (Some(request), true) = (cheapest, args.cost_seconds > 0.0) {
         // A failed measurement leaves the verification standing.
         match costs(&saved, &twin, &request, Duration::from_secs_f64(args.cost_seconds)).await {
@@ -288,14 +317,11 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
     report.problems = problems(&report);
     report.verified = report.problems.is_empty();
     if args.publish && report.verified {
-        if !report.other_signatures.is_empty() && !args.drop_other_signatures {
+        if !report.not_twinned.is_empty() && !args.drop_other_signatures {
             report.problems.push(format!(
-                "not published: the SavedModel also serves the signature{} {}, which the twin does not (ONNX \
-                 Runtime serves one signature per version), so calls to {} would fail on it; give \
-                 --drop-other-signatures to publish the main signature alone",
-                if report.other_signatures.len() > 1 { "s" } else { "" },
-                report.other_signatures.join(", "),
-                if report.other_signatures.len() > 1 { "them" } else { "it" },
+                "not published: the SavedModel also serves signatures the twin could not take ({}), so calls to \
+                 them would fail on it; give --drop-other-signatures to publish without them",
+                report.not_twinned.join("; ")
             ));
         } else {
             // The report kept with the version says where it went.
@@ -433,15 +459,73 @@ fn other_signatures(saved: &ModelVersion, main: &str) -> Vec<String> {
     })
 }
 
-/// The main-signature requests to compare, each named for the report
-/// ("warmup 3", "log 1207", "synthetic 0"), counted in `counts`.
+/// Converts the SavedModel's signature `key` into `stage/signatures/KEY.onnx`,
+/// as the main one (or copies it from beside `--onnx`).
+async fn twin_other(args: &TwinArgs, saved: &ModelVersion, dir: &Path, key: &str, stage: &Path) -> Result<()> {
+    if key.contains(['/', '\\', '\0']) || key.starts_with('.') {
+        return Err(Error::invalid_argument("the key cannot name a file"));
+    }
+    let signatures = stage.join(crate::infer::onnx::SIGNATURES_DIR);
+    std::fs::create_dir_all(&signatures)
+        .map_err(|e| Error::internal(format!("cannot make {}: {e}", signatures.display())))?;
+    let file = signatures.join(format!("{key}.onnx"));
+    if let Some(given) = &args.onnx {
+        let beside = given.parent().unwrap_or(Path::new(".")).join(crate::infer::onnx::SIGNATURES_DIR);
+        let source = beside.join(format!("{key}.onnx"));
+        std::fs::copy(&source, &file)
+            .map_err(|e| Error::not_found(format!("--onnx: no {} ({e})", source.display())))?;
+        return Ok(());
+    }
+    let python = convert::python(args.python.as_deref())?;
+    let timeout = Duration::from_secs(args.convert_timeout_secs);
+    let converted = convert::convert(&python, dir, &args.saved_model_tags, key, args.opset, &file, timeout).await;
+    if let Err(e) = converted {
+        let _ = std::fs::remove_file(&file);
+        return Err(e);
+    }
+    if let Some(signature) = saved.backend().other_signature(key) {
+        convert::declare_missing_shapes(&python, &file, &known_shapes(signature)).await?;
+    }
+    Ok(())
+}
+
+/// Each output's shape, where its rank is known.
+fn known_shapes(signature: &Signature) -> Vec<(String, Vec<i64>)> {
+    signature
+        .outputs
+        .iter()
+        .filter(|spec| !spec.unknown_rank)
+        .map(|spec| (spec.name.clone(), spec.shape.clone()))
+        .collect()
+}
+
+/// How the twin's signatures differ from the SavedModel's: the main one,
+/// and each other one twinned (named).
+fn signature_differences(saved: &ModelVersion, twin: &ModelVersion, twinned: &[String]) -> Vec<String> {
+    let mut differences = compare::signature_differences(saved.signature(), twin.signature());
+    for key in twinned {
+        match (saved.backend().other_signature(key), twin.backend().other_signature(key)) {
+            (Some(a), Some(b)) => differences
+                .extend(compare::signature_differences(a, b).into_iter().map(|d| format!("signature '{key}': {d}"))),
+            _ => differences.push(format!("signature '{key}' is not served by the twin")),
+        }
+    }
+    differences
+}
+
+/// A request to compare: what it is for the report ("warmup 3", "log
+/// 1207", "synthetic 0"), the signature it runs (`None`: the main one),
+/// and its inputs in that signature's order.
+type Compared = (String, Option<Arc<str>>, Vec<Tensor>);
+
+/// The requests to compare, counted in `counts`.
 async fn requests(
     args: &TwinArgs,
     saved: &ModelVersion,
     dir: &Path,
     name: &str,
     counts: &mut Requests,
-) -> Result<Vec<(String, Vec<Tensor>)>> {
+) -> Result<Vec<Compared>> {
     let max_tensor_bytes = crate::config::Config::default().server.max_tensor_bytes;
     let mut chosen = Vec::new();
     let file = dir.join(WARMUP_FILE);
@@ -449,13 +533,10 @@ async fn requests(
         let records = warmup::from_file(&file, saved, None, max_tensor_bytes)
             .map_err(|e| e.context(format_args!("warmup file {}", file.display())))?;
         for (i, request) in records.into_iter().enumerate() {
-            match request {
-                WarmupRequest { signature: None, inputs } => {
-                    counts.warmup += 1;
-                    chosen.push((format!("warmup {i}"), inputs));
-                }
-                WarmupRequest { signature: Some(_), .. } => counts.other_signatures += 1,
-            }
+            let WarmupRequest { signature, inputs } = request;
+            counts.warmup += 1;
+            counts.other_signatures += usize::from(signature.is_some());
+            chosen.push((format!("warmup {i}"), signature, inputs));
         }
     }
     if let Some(log) = &args.requests_from {
@@ -485,16 +566,16 @@ async fn requests(
             // A request naming no signature runs the model's main one.
             let key = request.model_spec.as_ref().map_or("", |spec| spec.signature_name.as_str());
             let fitted = if key.is_empty() || key == args.signature {
-                warmup::fit(request, saved.signature(), max_tensor_bytes).map(Some)
+                warmup::fit(request, saved.signature(), max_tensor_bytes).map(|inputs| (None, inputs))
             } else {
-                warmup::predict_request(request, saved, max_tensor_bytes).map(|_| None)
+                warmup::predict_request(request, saved, max_tensor_bytes).map(|r| (r.signature, r.inputs))
             };
             match fitted {
-                Ok(Some(inputs)) => {
+                Ok((signature, inputs)) => {
                     counts.logged += 1;
-                    chosen.push((format!("log {i}"), inputs));
+                    counts.other_signatures += usize::from(signature.is_some());
+                    chosen.push((format!("log {i}"), signature, inputs));
                 }
-                Ok(None) => counts.other_signatures += 1,
                 // A logged request that does not fit the model was refused
                 // when it was sent too.
                 Err(_) => counts.failed_in_saved_model += 1,
@@ -503,13 +584,11 @@ async fn requests(
         if counts.logged == 0 {
             let seen: Vec<String> = names_seen.into_iter().map(|n| format!("'{n}'")).collect();
             return Err(Error::invalid_argument(format!(
-                "--requests-from {}: none of its {} requests is a Predict request of model '{name}' on signature \
-                 '{}' that fits the SavedModel ({of_model_count} name the model, {} other signatures, {} do not fit); \
-                 model names in the log: {}; give --model-name to pick another",
+                "--requests-from {}: none of its {} requests is a Predict request of model '{name}' that fits the \
+                 SavedModel ({of_model_count} name the model, {} do not fit); model names in the log: {}; give \
+                 --model-name to pick another",
                 log.display(),
                 counts.logged_read,
-                args.signature,
-                counts.other_signatures,
                 counts.failed_in_saved_model,
                 seen.join(", ")
             )));
@@ -520,16 +599,23 @@ async fn requests(
     if chosen.is_empty() && !file.is_file() {
         for (i, inputs) in synthetic(saved.signature())?.into_iter().enumerate() {
             counts.synthetic += 1;
-            chosen.push((format!("synthetic {i}"), inputs));
+            chosen.push((format!("synthetic {i}"), None, inputs));
+        }
+        // Other signatures of strings stay uncompared, and are reported so.
+        for key in other_signatures(saved, &args.signature) {
+            let Some(signature) = saved.backend().other_signature(&key) else { continue };
+            let key: Arc<str> = Arc::from(key.as_str());
+            for (i, inputs) in synthetic(signature).into_iter().flatten().enumerate() {
+                counts.synthetic += 1;
+                counts.other_signatures += 1;
+                chosen.push((format!("synthetic {key} {i}"), Some(key.clone()), inputs));
+            }
         }
     }
     if chosen.is_empty() {
         return Err(Error::failed_precondition(format!(
-            "{}: its {} records are all for other signatures than '{}'; give --requests-from a request log of the \
-             model",
-            file.display(),
-            counts.other_signatures,
-            args.signature
+            "{}: it holds no record this command can compare; give --requests-from a request log of the model",
+            file.display()
         )));
     }
     Ok(chosen)
@@ -633,15 +719,23 @@ fn random_tensor(dtype: DType, shape: Vec<i64>) -> Result<Tensor> {
 async fn compare_all(
     saved: &ModelVersion,
     twin: &ModelVersion,
-    requests: Vec<(String, Vec<Tensor>)>,
+    requests: Vec<Compared>,
     report: &mut Report,
 ) -> Option<Vec<Tensor>> {
     let tolerance = report.tolerance;
     let mut cheapest: Option<Vec<Tensor>> = None;
-    let twin_index: Vec<Option<usize>> =
-        saved.signature().outputs.iter().map(|spec| twin.signature().output_index(&spec.name)).collect();
-    for (what, inputs) in requests {
-        let expected = match saved.backend().run(Batch::single(inputs.clone())).await {
+    for (what, key, inputs) in requests {
+        let signatures = match &key {
+            None => Some((saved.signature(), twin.signature())),
+            Some(key) => saved.backend().other_signature(key).zip(twin.backend().other_signature(key)),
+        };
+        // A signature the twin does not serve is reported as such.
+        let Some((saved_signature, twin_signature)) = signatures else { continue };
+        let run = |model: &ModelVersion, inputs: Vec<Tensor>| match &key {
+            None => model.backend().run(Batch::single(inputs)),
+            Some(key) => model.backend().run_other(key, inputs),
+        };
+        let expected = match run(saved, inputs.clone()).await {
             Ok(outputs) => outputs,
             Err(_) => {
                 report.requests.failed_in_saved_model += 1;
@@ -649,11 +743,11 @@ async fn compare_all(
             }
         };
         // The twin takes its inputs in its own order, by name.
-        let Some(twin_inputs) = reorder(&inputs, saved.signature(), twin.signature()) else {
+        let Some(twin_inputs) = reorder(&inputs, saved_signature, twin_signature) else {
             // A signature difference, reported once as such.
             continue;
         };
-        let answered = match twin.backend().run(Batch::single(twin_inputs)).await {
+        let answered = match run(twin, twin_inputs).await {
             Ok(outputs) => outputs,
             Err(e) => {
                 report.twin_failure_count += 1;
@@ -663,14 +757,18 @@ async fn compare_all(
                 continue;
             }
         };
-        for ((diff, saved_output), index) in report.outputs.iter_mut().zip(&expected).zip(&twin_index) {
-            if let Some(twin_output) = index.and_then(|i| answered.get(i)) {
+        let key_name = key.as_deref().unwrap_or(report.signature.as_str()).to_string();
+        for (spec, saved_output) in saved_signature.outputs.iter().zip(&expected) {
+            let twin_output = twin_signature.output_index(&spec.name).and_then(|i| answered.get(i));
+            let diff = report.outputs.iter_mut().find(|d| d.signature == key_name && d.output == spec.name);
+            if let (Some(diff), Some(twin_output)) = (diff, twin_output) {
                 diff.add(saved_output, twin_output, tolerance, &what);
             }
         }
-        // CPU is measured on the smallest request that has rows.
+        // CPU is measured on the main signature's smallest request that
+        // has rows.
         let rows = |inputs: &[Tensor]| inputs.first().map_or(1, Tensor::rows);
-        if rows(&inputs) > 0 && cheapest.as_deref().is_none_or(|best| rows(&inputs) < rows(best)) {
+        if key.is_none() && rows(&inputs) > 0 && cheapest.as_deref().is_none_or(|best| rows(&inputs) < rows(best)) {
             cheapest = Some(inputs);
         }
     }
@@ -735,7 +833,7 @@ fn problems(report: &Report) -> Vec<String> {
             output.first_over.as_deref().unwrap_or("?")
         ));
     }
-    let compared = report.outputs.first().map_or(0, |o| o.rows);
+    let compared = report.outputs.iter().find(|o| o.signature == report.signature).map_or(0, |o| o.rows);
     if compared == 0 && report.signature_differences.is_empty() && report.twin_failure_count == 0 {
         problems.push(format!(
             "no row was compared: {} requests failed in the SavedModel, and the others had no rows",

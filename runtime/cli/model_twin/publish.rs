@@ -62,6 +62,11 @@ impl Stage {
         let mut staged = Stage::at(base.join(format!(".twin-{next}-{}", unique())))?;
         let model = crate::models::repository::MODEL_FILE;
         std::fs::copy(self.dir.join(model), staged.dir.join(model)).map_err(|e| failed("copying the model", e))?;
+        let signatures = self.dir.join(crate::infer::onnx::SIGNATURES_DIR);
+        if signatures.is_dir() {
+            copy_dir(&signatures, &staged.dir.join(crate::infer::onnx::SIGNATURES_DIR))
+                .map_err(|e| failed("copying the other signatures", e))?;
+        }
         let extra = saved.join("assets.extra");
         if extra.is_dir() {
             copy_dir(&extra, &staged.dir.join("assets.extra")).map_err(|e| failed("copying assets.extra", e))?;

@@ -23,7 +23,7 @@ pub fn table(report: &Report) -> String {
         r.logged_read,
         r.synthetic,
         if r.other_signatures > 0 {
-            format!("; {} for other signatures, not compared", r.other_signatures)
+            format!("; {} of them for other signatures", r.other_signatures)
         } else {
             String::new()
         },
@@ -40,13 +40,11 @@ pub fn table(report: &Report) -> String {
             let _ = writeln!(out, "signature    {difference}");
         }
     }
-    if !report.other_signatures.is_empty() {
-        let _ = writeln!(
-            out,
-            "not twinned  signatures {} (the twin serves '{}' only)",
-            report.other_signatures.join(", "),
-            report.signature
-        );
+    if !report.twinned_signatures.is_empty() {
+        let _ = writeln!(out, "also twinned signatures {}", report.twinned_signatures.join(", "));
+    }
+    for not in &report.not_twinned {
+        let _ = writeln!(out, "not twinned  signature {not}");
     }
     let _ = writeln!(out);
     let _ = writeln!(
@@ -59,7 +57,7 @@ pub fn table(report: &Report) -> String {
         let _ = writeln!(
             out,
             "{:<20} {:<12} {:>8} {:>6} {:>8.3}% {:>10} {:>10}",
-            o.output,
+            if o.signature == report.signature { o.output.clone() } else { format!("{}: {}", o.signature, o.output) },
             o.dtype,
             o.rows,
             o.rows_over,

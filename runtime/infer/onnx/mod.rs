@@ -14,11 +14,17 @@
 //! when none is. Each session sits behind a mutex for that: its thread
 //! locks it for each batch (uncontended unless an inline run, shorter than
 //! the budget, holds it), inline callers only ever try.
+//!
+//! A version may serve signatures besides its main one, as a SavedModel
+//! does: `signatures/KEY.onnx` beside the model file (what `sluice model
+//! twin` writes for a SavedModel's other signatures) is served as
+//! signature KEY, unbatched, on one session of its own.
 
 pub mod library;
 pub mod optimized;
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::Duration;
 
@@ -33,7 +39,8 @@ use super::{Backend, Batch, Completion};
 use crate::config::onnx::{ExecutionProvider, OnnxOptions};
 use crate::error::{Error, Result};
 use crate::metrics::ModelMetrics;
-use crate::tensor::spec::{Signature, TensorSpec};
+use crate::proto::tensorflow::SignatureDef;
+use crate::tensor::spec::{Signature, TensorSpec, DEFAULT_SIGNATURE};
 use crate::tensor::{batch, dtype, onnx as convert, Tensor};
 
 use self::optimized::CacheOutcome;
@@ -44,6 +51,18 @@ pub struct OnnxBackend {
     jobs: async_channel::Sender<Job>,
     cache: Option<CacheOutcome>,
     runner: Arc<Runner>,
+    /// Every signature, when it has others besides the main one.
+    signature_defs: Option<BTreeMap<String, SignatureDef>>,
+}
+
+/// The directory beside a model file whose `KEY.onnx` files are its other
+/// signatures.
+pub const SIGNATURES_DIR: &str = "signatures";
+
+/// A signature besides the main one, on a session of its own.
+struct OtherSignature {
+    signature: Signature,
+    session: Mutex<Session>,
 }
 
 /// What the inference threads and inline callers share.
@@ -51,6 +70,7 @@ struct Runner {
     sessions: Box<[Mutex<Session>]>,
     inline: InlineRule,
     metrics: ModelMetrics,
+    others: BTreeMap<Arc<str>, OtherSignature>,
 }
 
 impl OnnxBackend {
@@ -100,24 +120,65 @@ impl OnnxBackend {
             ),
         };
         let signature = signature_of(&sessions[0]).map_err(|e| e.context(label))?;
+        let others = other_signatures(environment, path, options).map_err(|e| e.context(label))?;
+        let signature_defs = (!others.is_empty()).then(|| {
+            let def = |signature: &Signature| crate::tensor::proto::signature_def(signature);
+            std::iter::once((DEFAULT_SIGNATURE.to_string(), def(&signature)))
+                .chain(others.iter().map(|(key, other)| (key.to_string(), def(&other.signature))))
+                .collect()
+        });
         let (jobs, queue) = async_channel::bounded::<Job>(options.sessions);
         let runner = Arc::new(Runner {
             sessions: sessions.into_iter().map(Mutex::new).collect(),
             inline: InlineRule::new(inline_budget),
             metrics,
+            others,
         });
         for i in 0..runner.sessions.len() {
             let (queue, runner) = (queue.clone(), runner.clone());
             crate::threads::spawn_compute(format!("infer-{i}"), move || inference_thread(i, &runner, queue))
                 .map_err(|e| Error::internal(format!("{label}: starting an inference thread failed: {e}")))?;
         }
-        Ok(OnnxBackend { signature, jobs, cache, runner })
+        Ok(OnnxBackend { signature, jobs, cache, runner, signature_defs })
     }
 
     /// Whether its optimised graph came from the cache, when it used one.
     pub fn cache_outcome(&self) -> Option<CacheOutcome> {
         self.cache
     }
+}
+
+/// The other signatures of the model in `path`: each `signatures/KEY.onnx`
+/// beside it, on one session with the model's settings.
+fn other_signatures(
+    environment: &'static ort::environment::Environment,
+    path: &Path,
+    options: &OnnxOptions,
+) -> Result<BTreeMap<Arc<str>, OtherSignature>> {
+    let dir = path.parent().unwrap_or(Path::new(".")).join(SIGNATURES_DIR);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(BTreeMap::new());
+    };
+    let mut files: Vec<PathBuf> =
+        entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "onnx")).collect();
+    files.sort();
+    let mut others = BTreeMap::new();
+    for file in files {
+        let key = file.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
+        if key.is_empty() || key == DEFAULT_SIGNATURE || key.starts_with("__") {
+            return Err(Error::invalid_argument(format!(
+                "{}: a signature file is named by its signature key, which may not be '{key}' ({DEFAULT_SIGNATURE} is \
+                 the model file itself)",
+                file.display()
+            )));
+        }
+        let context = |e: Error| e.context(format_args!("signature '{key}' ({})", file.display()));
+        let one = OnnxOptions { sessions: 1, ..options.clone() };
+        let session = build_session(environment, &file, &one, GraphOptimizationLevel::Level3).map_err(context)?;
+        let signature = signature_of(&session).map_err(context)?;
+        others.insert(Arc::from(key.as_str()), OtherSignature { signature, session: Mutex::new(session) });
+    }
+    Ok(others)
 }
 
 fn build_sessions(
@@ -145,6 +206,30 @@ impl Backend for OnnxBackend {
 
     fn parallelism(&self) -> Option<usize> {
         Some(self.runner.sessions.len())
+    }
+
+    fn signature_defs(&self) -> Option<&BTreeMap<String, SignatureDef>> {
+        self.signature_defs.as_ref()
+    }
+
+    fn other_signature(&self, key: &str) -> Option<&Signature> {
+        self.runner.others.get(key).map(|other| &other.signature)
+    }
+
+    fn run_other(&self, key: &str, inputs: Vec<Tensor>) -> BoxFuture<'static, Result<Vec<Tensor>>> {
+        let (runner, key) = (self.runner.clone(), Arc::<str>::from(key));
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let other = runner
+                    .others
+                    .get(&key)
+                    .ok_or_else(|| Error::not_found(format!("the model has no signature '{key}'")))?;
+                let mut session = other.session.lock().unwrap_or_else(PoisonError::into_inner);
+                run_batch(&mut session, &Batch::single(inputs))
+            })
+            .await
+            .map_err(|_| Error::internal("a run of another signature panicked"))?
+        })
     }
 
     fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>> {
