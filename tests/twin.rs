@@ -330,6 +330,23 @@ fn an_op_onnx_has_no_form_for_is_refused_by_name() {
         "{stderr}"
     );
     assert_eq!(names_in(&base), vec!["1"]);
+
+    // tf.io.parse_example in the graph, as recommendation models have it:
+    // the census classifier, with a warmup file of tf.Examples written as
+    // TF Serving's docs write one.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let census = dir.path().join("census");
+    copy_dir(&root().join(".cache/tf-savedmodels/census/1"), &census.join("1"));
+    let made = Command::new(root().join(".cache/tf-venv/bin/python"))
+        .arg(root().join("tests/tfserving/make_warmup.py"))
+        .arg(census.join("1/assets.extra/tf_serving_warmup_requests"))
+        .output()
+        .expect("make_warmup.py");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let (code, stdout, stderr) = twin(&[census.to_str().unwrap(), "--publish"]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stderr.contains("ONNX has no form for the TensorFlow op ParseExampleV2 (1)"), "{stderr}");
+    assert_eq!(names_in(&census), vec!["1"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -257,6 +257,13 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
     let mut twinned = Vec::new();
     let mut not_twinned = Vec::new();
     for key in other_signatures(&saved, &args.signature) {
+        if let Some(method) = non_predict_method(&saved, &key) {
+            not_twinned.push(format!(
+                "{key}: a {method} signature; the twin serves Predict signatures only, so Classify and Regress \
+                 calls on it would fail"
+            ));
+            continue;
+        }
         match twin_other(args, &saved, &dir, &key, stage.dir()).await {
             Ok(()) => twinned.push(key),
             Err(e) => not_twinned.push(format!("{key}: {}", e.message())),
@@ -315,6 +322,13 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
         }
     }
     report.problems = problems(&report);
+    if let Some(method) = non_predict_method(&saved, &args.signature) {
+        report.problems.push(format!(
+            "signature '{}' is a {method} signature; the twin serves Predict signatures only, so Classify and \
+             Regress calls on it would fail",
+            args.signature
+        ));
+    }
     report.verified = report.problems.is_empty();
     if args.publish && report.verified {
         if !report.not_twinned.is_empty() && !args.drop_other_signatures {
@@ -457,6 +471,14 @@ fn other_signatures(saved: &ModelVersion, main: &str) -> Vec<String> {
     saved.backend().signature_defs().map_or_else(Vec::new, |defs| {
         defs.keys().filter(|key| *key != main && !key.starts_with("__")).cloned().collect()
     })
+}
+
+/// The method of the SavedModel's signature `key` when it is not Predict's
+/// (a classification or regression signature, which Classify and Regress
+/// calls need and an ONNX version does not declare).
+fn non_predict_method(saved: &ModelVersion, key: &str) -> Option<String> {
+    let method = &saved.backend().signature_defs()?.get(key)?.method_name;
+    (method != crate::tensor::spec::PREDICT_METHOD && !method.is_empty()).then(|| method.clone())
 }
 
 /// Converts the SavedModel's signature `key` into `stage/signatures/KEY.onnx`,
