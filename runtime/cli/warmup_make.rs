@@ -24,7 +24,7 @@ use crate::models::storage;
 use crate::models::warmup::{self, MAX_RECORDS, WARMUP_FILE};
 use crate::models::{tfrecord, ModelVersion};
 use crate::pipeline::request_log;
-use crate::proto::tensorflow::serving::{prediction_log, PredictLog, PredictRequest, PredictionLog};
+use crate::proto::tensorflow::serving::{prediction_log, PredictLog, PredictionLog};
 
 /// The arguments of `sluice warmup make`.
 #[derive(Debug, clap::Args)]
@@ -80,7 +80,7 @@ pub async fn make(args: &MakeArgs) -> Result<String> {
         return Err(Error::invalid_argument(format!("{}: the request log holds no requests", args.log.display())));
     }
     let total = logged.len();
-    let chosen = spread(logged, args.max_records);
+    let chosen = request_log::spread(logged.into_iter().enumerate().collect(), args.max_records);
     // A bucket's version is read into a directory of its own first.
     let fetched = match &remote {
         Some(url) => Some(fetch_version(url).await?),
@@ -133,16 +133,6 @@ pub async fn make(args: &MakeArgs) -> Result<String> {
         output.display(),
         records.len()
     ))
-}
-
-/// At most `max` of `requests`, evenly spread, in their order, each with
-/// its index in the log.
-fn spread(requests: Vec<PredictRequest>, max: usize) -> Vec<(usize, PredictRequest)> {
-    let total = requests.len();
-    if total <= max {
-        return requests.into_iter().enumerate().collect();
-    }
-    requests.into_iter().enumerate().filter(|(i, _)| (i * max) % total < max).take(max).collect()
 }
 
 /// How long one request to an object store may take.
@@ -202,19 +192,4 @@ fn load(dir: &Path, library: Option<&Path>) -> Result<ModelVersion> {
         Duration::ZERO,
     )?;
     Ok(ModelVersion::new(name, version, Arc::new(backend)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spread_keeps_order_and_reaches_the_end() {
-        let requests = vec![PredictRequest::default(); 10];
-        let picked: Vec<usize> = spread(requests.clone(), 3).into_iter().map(|(i, _)| i).collect();
-        assert_eq!(picked.len(), 3);
-        assert!(picked.windows(2).all(|w| w[0] < w[1]));
-        assert!(*picked.last().unwrap() >= 6, "{picked:?}");
-        assert_eq!(spread(requests, 20).len(), 10);
-    }
 }

@@ -126,23 +126,7 @@ pub fn synthesised(signature: &Signature, batch_sizes: &[usize]) -> Result<Vec<V
     sizes
         .iter()
         .map(|&rows| {
-            signature
-                .inputs
-                .iter()
-                .map(|spec| {
-                    let shape = spec
-                        .shape
-                        .iter()
-                        .enumerate()
-                        .map(|(axis, &d)| match (axis, d) {
-                            (_, d) if d >= 0 => d,
-                            (0, _) => rows,
-                            _ => 1,
-                        })
-                        .collect();
-                    Tensor::zeros(spec.dtype, shape)
-                })
-                .collect()
+            signature.inputs.iter().map(|spec| Tensor::zeros(spec.dtype, spec.shape_with_rows(rows))).collect()
         })
         .collect()
 }

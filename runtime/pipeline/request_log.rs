@@ -564,6 +564,16 @@ pub fn log_files(path: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// At most `max` of `items` (a log's requests), evenly spread over them to
+/// keep the log's mix, in their order.
+pub fn spread<T>(items: Vec<T>, max: usize) -> Vec<T> {
+    let total = items.len();
+    if total <= max {
+        return items;
+    }
+    items.into_iter().enumerate().filter(|(i, _)| (i * max) % total < max).map(|(_, item)| item).take(max).collect()
+}
+
 /// [`read_requests`] of a log on disk or in object storage
 /// (`s3://bucket/logs/mlp`: a directory, a `filename_prefix` or one file
 /// there).
@@ -601,6 +611,17 @@ mod tests {
     use super::*;
     use crate::tensor::spec::TensorSpec;
     use crate::tensor::DType;
+
+    #[test]
+    fn spread_keeps_order_and_reaches_the_end() {
+        let requests: Vec<(usize, PredictRequest)> =
+            vec![PredictRequest::default(); 10].into_iter().enumerate().collect();
+        let picked: Vec<usize> = spread(requests.clone(), 3).into_iter().map(|(i, _)| i).collect();
+        assert_eq!(picked.len(), 3);
+        assert!(picked.windows(2).all(|w| w[0] < w[1]));
+        assert!(*picked.last().unwrap() >= 6, "{picked:?}");
+        assert_eq!(spread(requests, 20).len(), 10);
+    }
 
     fn entry(value: f32) -> LogEntry {
         let spec = |name: &str| TensorSpec::new(name, DType::F32, vec![-1, 1]);

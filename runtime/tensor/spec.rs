@@ -47,6 +47,21 @@ impl TensorSpec {
     pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<i64>) -> TensorSpec {
         TensorSpec { name: name.into(), dtype, shape, unknown_rank: false }
     }
+
+    /// A concrete shape this spec takes for a made-up request of `rows`
+    /// rows: fixed dimensions as declared, a free dimension 0 `rows`,
+    /// other free dimensions 1.
+    pub fn shape_with_rows(&self, rows: i64) -> Vec<i64> {
+        self.shape
+            .iter()
+            .enumerate()
+            .map(|(axis, &d)| match (axis, d) {
+                (_, d) if d >= 0 => d,
+                (0, _) => rows,
+                _ => 1,
+            })
+            .collect()
+    }
 }
 
 impl fmt::Display for TensorSpec {

@@ -84,23 +84,7 @@ pub fn random_pool(
     for _ in 0..pool.max(1) {
         let mut inputs = HashMap::new();
         for input in specs {
-            let shape: Vec<i64> = match shapes.get(&input.name) {
-                Some(shape) => shape.clone(),
-                None => input
-                    .shape
-                    .iter()
-                    .enumerate()
-                    .map(|(axis, &d)| {
-                        if d >= 0 {
-                            d
-                        } else if axis == 0 {
-                            rows
-                        } else {
-                            1
-                        }
-                    })
-                    .collect(),
-            };
+            let shape = shapes.get(&input.name).cloned().unwrap_or_else(|| input.shape_with_rows(rows));
             let n = element_count(&shape).map_err(|e| anyhow::anyhow!("input {}: {e}", input.name))?;
             let tensor = random_tensor(input.dtype, shape, n, &mut rng);
             inputs.insert(input.name.clone(), encode(&tensor, OutputEncoding::TensorContent));
@@ -115,7 +99,9 @@ pub fn random_pool(
     Ok(RequestPool { requests, rows: rows.max(1) as u64 })
 }
 
-fn random_tensor(dtype: DType, shape: Vec<i64>, n: usize, rng: &mut impl Rng) -> Tensor {
+/// `n` random values of `dtype` in `shape` (of `n` elements): floats in
+/// [-1, 1), integers in [0, 10), any byte, either boolean, short strings.
+pub fn random_tensor(dtype: DType, shape: Vec<i64>, n: usize, rng: &mut impl Rng) -> Tensor {
     macro_rules! ints {
         ($ty:ty) => {
             Tensor::from_values(shape, &(0..n).map(|_| rng.random_range(0..10) as $ty).collect::<Vec<$ty>>())

@@ -226,26 +226,18 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
     let requests = requests(args, &saved, &dir, &name, &mut counts).await?;
     let stage = publish::Stage::new()?;
     let twin_file = stage.dir().join(crate::models::repository::MODEL_FILE);
-    let converter = match &args.onnx {
-        Some(given) => {
+    // The converter, unless the twin is given.
+    let python = args.onnx.is_none().then(|| convert::python(args.python.as_deref())).transpose()?;
+    let converter = match &python {
+        None => {
+            let given = given_or(args)?;
             std::fs::copy(given, &twin_file)
                 .map_err(|e| Error::invalid_argument(format!("--onnx {}: cannot read it: {e}", given.display())))?;
             format!("given: {}", given.display())
         }
-        None => {
-            let python = convert::python(args.python.as_deref())?;
-            let timeout = Duration::from_secs(args.convert_timeout_secs);
-            let tag = args.saved_model_tags.as_str();
-            let converted =
-                convert::convert(&python, &dir, tag, &args.signature, args.opset, &twin_file, timeout).await?;
-            let shapes: Vec<(String, Vec<i64>)> = saved
-                .signature()
-                .outputs
-                .iter()
-                .filter(|spec| !spec.unknown_rank)
-                .map(|spec| (spec.name.clone(), spec.shape.clone()))
-                .collect();
-            let declared = convert::declare_missing_shapes(&python, &twin_file, &shapes).await?;
+        Some(python) => {
+            let (converted, declared) =
+                convert_signature(args, python, &dir, &args.signature, saved.signature(), &twin_file).await?;
             let mut converter = format!("{}, opset {}", converted.converter, args.opset);
             if !declared.is_empty() {
                 converter +=
@@ -264,7 +256,7 @@ pub async fn twin(args: &TwinArgs) -> Result<Outcome> {
             ));
             continue;
         }
-        match twin_other(args, &saved, &dir, &key, stage.dir()).await {
+        match twin_other(args, python.as_deref(), &saved, &dir, &key, stage.dir()).await {
             Ok(()) => twinned.push(key),
             Err(e) => not_twinned.push(format!("{key}: {}", e.message())),
         }
@@ -483,7 +475,14 @@ fn non_predict_method(saved: &ModelVersion, key: &str) -> Option<String> {
 
 /// Converts the SavedModel's signature `key` into `stage/signatures/KEY.onnx`,
 /// as the main one (or copies it from beside `--onnx`).
-async fn twin_other(args: &TwinArgs, saved: &ModelVersion, dir: &Path, key: &str, stage: &Path) -> Result<()> {
+async fn twin_other(
+    args: &TwinArgs,
+    python: Option<&Path>,
+    saved: &ModelVersion,
+    dir: &Path,
+    key: &str,
+    stage: &Path,
+) -> Result<()> {
     if key.contains(['/', '\\', '\0']) || key.starts_with('.') {
         return Err(Error::invalid_argument("the key cannot name a file"));
     }
@@ -491,34 +490,57 @@ async fn twin_other(args: &TwinArgs, saved: &ModelVersion, dir: &Path, key: &str
     std::fs::create_dir_all(&signatures)
         .map_err(|e| Error::internal(format!("cannot make {}: {e}", signatures.display())))?;
     let file = signatures.join(format!("{key}.onnx"));
-    if let Some(given) = &args.onnx {
+    let Some(python) = python else {
+        // A given twin's other signatures sit beside it.
+        let given = given_or(args)?;
         let beside = given.parent().unwrap_or(Path::new(".")).join(crate::infer::onnx::SIGNATURES_DIR);
         let source = beside.join(format!("{key}.onnx"));
         std::fs::copy(&source, &file)
             .map_err(|e| Error::not_found(format!("--onnx: no {} ({e})", source.display())))?;
         return Ok(());
+    };
+    // A signature the SavedModel lists but does not serve (a resource
+    // output) could never be compared.
+    let signature = saved
+        .backend()
+        .other_signature(key)
+        .ok_or_else(|| Error::failed_precondition("the SavedModel lists it but does not serve it"))?;
+    match convert_signature(args, python, dir, key, signature, &file).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&file);
+            Err(e)
+        }
     }
-    let python = convert::python(args.python.as_deref())?;
-    let timeout = Duration::from_secs(args.convert_timeout_secs);
-    let converted = convert::convert(&python, dir, &args.saved_model_tags, key, args.opset, &file, timeout).await;
-    if let Err(e) = converted {
-        let _ = std::fs::remove_file(&file);
-        return Err(e);
-    }
-    if let Some(signature) = saved.backend().other_signature(key) {
-        convert::declare_missing_shapes(&python, &file, &known_shapes(signature)).await?;
-    }
-    Ok(())
 }
 
-/// Each output's shape, where its rank is known.
-fn known_shapes(signature: &Signature) -> Vec<(String, Vec<i64>)> {
-    signature
+/// `--onnx`, which the twin was given when no converter was looked for.
+fn given_or(args: &TwinArgs) -> Result<&Path> {
+    args.onnx.as_deref().ok_or_else(|| Error::internal("neither --onnx nor a converter, this is a bug"))
+}
+
+/// Converts the SavedModel's signature `key` (of `signature`) in `dir` to
+/// `file` and declares the output shapes tf2onnx left out: what converted
+/// it, and the outputs declared.
+async fn convert_signature(
+    args: &TwinArgs,
+    python: &Path,
+    dir: &Path,
+    key: &str,
+    signature: &Signature,
+    file: &Path,
+) -> Result<(convert::Converted, Vec<String>)> {
+    let timeout = Duration::from_secs(args.convert_timeout_secs);
+    let converted = convert::convert(python, dir, &args.saved_model_tags, key, args.opset, file, timeout).await?;
+    // Each output's shape, where its rank is known.
+    let shapes: Vec<(String, Vec<i64>)> = signature
         .outputs
         .iter()
         .filter(|spec| !spec.unknown_rank)
         .map(|spec| (spec.name.clone(), spec.shape.clone()))
-        .collect()
+        .collect();
+    let declared = convert::declare_missing_shapes(python, file, &shapes).await?;
+    Ok((converted, declared))
 }
 
 /// How the twin's signatures differ from the SavedModel's: the main one,
@@ -584,7 +606,7 @@ async fn requests(
             })
             .collect();
         let of_model_count = of_model.len();
-        for (i, request) in spread(of_model, args.max_requests) {
+        for (i, request) in request_log::spread(of_model, args.max_requests) {
             // A request naming no signature runs the model's main one.
             let key = request.model_spec.as_ref().map_or("", |spec| spec.signature_name.as_str());
             let fitted = if key.is_empty() || key == args.signature {
@@ -643,21 +665,13 @@ async fn requests(
     Ok(chosen)
 }
 
-/// At most `max` of `requests`, evenly spread, in their order.
-fn spread<T>(requests: Vec<(usize, T)>, max: usize) -> Vec<(usize, T)> {
-    let total = requests.len();
-    if total <= max {
-        return requests;
-    }
-    requests.into_iter().enumerate().filter(|(i, _)| (i * max) % total < max).map(|(_, r)| r).take(max).collect()
-}
-
 /// How many requests are made up when nothing else is there to compare.
 const SYNTHETIC_REQUESTS: usize = 16;
 
-/// Requests of random values shaped as `signature` takes them (free
-/// dimensions 1, the batch dimension 1 to 8): a weaker check than real
-/// traffic, said so in the report. Strings cannot be made up meaningfully.
+/// Requests of random values (`sluice bench`'s: floats in [-1, 1),
+/// integers in [0, 10)) shaped as `signature` takes them (free dimensions
+/// 1, the batch dimension 1 to 8): a weaker check than real traffic, said
+/// so in the report. Strings cannot be made up meaningfully.
 fn synthetic(signature: &Signature) -> Result<Vec<Vec<Tensor>>> {
     if let Some(spec) = signature.inputs.iter().find(|spec| spec.dtype == DType::String) {
         return Err(Error::failed_precondition(format!(
@@ -666,6 +680,7 @@ fn synthetic(signature: &Signature) -> Result<Vec<Vec<Tensor>>> {
             spec.name
         )));
     }
+    let mut rng = rand::rng();
     (0..SYNTHETIC_REQUESTS)
         .map(|i| {
             let rows = [1i64, 8, 3, 1][i % 4];
@@ -673,66 +688,13 @@ fn synthetic(signature: &Signature) -> Result<Vec<Vec<Tensor>>> {
                 .inputs
                 .iter()
                 .map(|spec| {
-                    let shape: Vec<i64> = if spec.unknown_rank {
-                        vec![rows]
-                    } else {
-                        spec.shape
-                            .iter()
-                            .enumerate()
-                            .map(|(axis, &d)| {
-                                if d >= 0 {
-                                    d
-                                } else if axis == 0 {
-                                    rows
-                                } else {
-                                    1
-                                }
-                            })
-                            .collect()
-                    };
-                    random_tensor(spec.dtype, shape)
+                    let shape = if spec.unknown_rank { vec![rows] } else { spec.shape_with_rows(rows) };
+                    let count = crate::tensor::element_count(&shape)?;
+                    Ok(crate::cli::bench::inputs::random_tensor(spec.dtype, shape, count, &mut rng))
                 })
                 .collect()
         })
         .collect()
-}
-
-/// Random values of `dtype`: floats in [-2, 2), integers in [0, 10),
-/// booleans either way.
-fn random_tensor(dtype: DType, shape: Vec<i64>) -> Result<Tensor> {
-    let count = crate::tensor::element_count(&shape)?;
-    let width = if matches!(dtype, DType::Complex64 | DType::Complex128) { 2 } else { 1 };
-    let floats = || (0..count * width).map(|_| rand::random::<f64>() * 4.0 - 2.0);
-    let ints = || (0..count).map(|_| rand::random::<u8>() % 10);
-    Ok(match dtype {
-        DType::F32 | DType::Complex64 => {
-            let values: Vec<f32> = floats().map(|x| x as f32).collect();
-            Tensor::from_bytes(dtype, shape, bytemuck::cast_slice(&values).to_vec().into())?
-        }
-        DType::F64 | DType::Complex128 => {
-            let values: Vec<f64> = floats().collect();
-            Tensor::from_bytes(dtype, shape, bytemuck::cast_slice(&values).to_vec().into())?
-        }
-        DType::F16 => {
-            let values: Vec<half::f16> = floats().map(half::f16::from_f64).collect();
-            Tensor::from_bytes(dtype, shape, bytemuck::cast_slice(&values).to_vec().into())?
-        }
-        DType::BF16 => {
-            let values: Vec<half::bf16> = floats().map(half::bf16::from_f64).collect();
-            Tensor::from_bytes(dtype, shape, bytemuck::cast_slice(&values).to_vec().into())?
-        }
-        DType::Bool => Tensor::from_bools(shape, &ints().map(|v| v % 2 == 1).collect::<Vec<_>>()),
-        DType::String => return Err(Error::internal("no random strings, this is a bug")),
-        _ => {
-            // Little-endian integers of the dtype's width, each in [0, 10).
-            let size = dtype.size().unwrap_or(1);
-            let mut bytes = vec![0u8; count * size];
-            for (slot, value) in bytes.chunks_mut(size).zip(ints()) {
-                slot[0] = value;
-            }
-            Tensor::from_bytes(dtype, shape, bytes.into())?
-        }
-    })
 }
 
 /// Runs every request through both models and adds what their answers
