@@ -1,9 +1,10 @@
 //! Object-store emulators for the tests: moto's S3 server, Azurite
-//! (Microsoft's Azure Storage emulator) and WsgiDAV (a WebDAV server, for
-//! `http(s)://` base paths), each a real implementation of its protocol,
-//! installed by `scripts/setup` into `.cache/` and started on a free port;
-//! objects are put with each cloud's own SDK (`tests/storage/store.py`),
-//! as a team publishing models would, or written into the WebDAV server's
+//! (Microsoft's Azure Storage emulator), fake-gcs-server (a Google Cloud
+//! Storage emulator) and WsgiDAV (a WebDAV server, for `http(s)://` base
+//! paths), each a real implementation of its protocol, installed by
+//! `scripts/setup` into `.cache/` and started on a free port; objects are
+//! put with each cloud's own SDK or API (`tests/storage/store.py`), as a
+//! team publishing models would, or written into the WebDAV server's
 //! directory, as a web server's files are published.
 
 use std::net::TcpStream;
@@ -22,7 +23,27 @@ pub enum Kind {
     Azure,
     /// WsgiDAV serving a directory over HTTP with WebDAV listings.
     WebDav,
+    /// fake-gcs-server, which sluice is pointed at by the given route.
+    Gcs(GcsRoute),
 }
+
+/// The ways a GCS client is pointed at an emulator, each read by sluice:
+/// the variable Google's own client libraries read, and object_store's own
+/// two (a base URL with unsigned requests, or a service-account key that
+/// names the base URL and turns OAuth off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GcsRoute {
+    /// `STORAGE_EMULATOR_HOST=127.0.0.1:PORT`.
+    EmulatorHost,
+    /// `GOOGLE_BASE_URL=http://127.0.0.1:PORT` and `GOOGLE_SKIP_SIGNATURE=true`.
+    BaseUrl,
+    /// `GOOGLE_SERVICE_ACCOUNT_KEY` with `gcs_base_url` and `disable_oauth`.
+    ServiceAccountKey,
+}
+
+/// The private key in the GCS service-account key the tests hand sluice:
+/// never used (OAuth is off), and never to appear in its output.
+pub const GCS_TEST_PRIVATE_KEY: &str = "sluice-test-gcs-private-key-never-logged";
 
 /// A running emulator.
 pub struct ObjectStoreServer {
@@ -125,6 +146,22 @@ impl ObjectStoreServer {
                 command.arg(self.dir.as_ref().expect("a WebDAV root").path());
                 command
             }
+            Kind::Gcs(_) => {
+                // Its XML API (which object_store lists and reads with)
+                // answers only requests whose Host is the public host: the
+                // address and port the clients are given.
+                let address = format!("127.0.0.1:{port}");
+                let mut command = Command::new(root().join(".cache/storage-venv/bin/fake-gcs-server"));
+                command.args(["-scheme", "http", "-host", "127.0.0.1", "-port", &port, "-backend", "memory"]).args([
+                    "-public-host",
+                    &address,
+                    "-external-url",
+                    &format!("http://{address}"),
+                    "-log-level",
+                    "warn",
+                ]);
+                command
+            }
         };
         let child = command
             .stdout(Stdio::null())
@@ -145,11 +182,12 @@ impl ObjectStoreServer {
             Kind::S3 => format!("s3://{bucket}/{path}"),
             Kind::Azure => format!("az://{bucket}/{path}"),
             Kind::WebDav => format!("http://127.0.0.1:{}/{bucket}/{path}", self.port),
+            Kind::Gcs(_) => format!("gs://{bucket}/{path}"),
         }
     }
 
     /// The environment a sluice process reads this store with: TF
-    /// Serving's S3 variables, or Azure's emulator ones.
+    /// Serving's S3 variables, Azure's emulator ones, or GCS's by its route.
     pub fn env(&self) -> Vec<(String, String)> {
         let pairs: Vec<(&str, String)> = match self.kind {
             Kind::S3 => vec![
@@ -164,6 +202,18 @@ impl ObjectStoreServer {
                 ("AZURITE_BLOB_STORAGE_URL", format!("http://127.0.0.1:{}", self.port)),
             ],
             Kind::WebDav => Vec::new(),
+            Kind::Gcs(GcsRoute::EmulatorHost) => vec![("STORAGE_EMULATOR_HOST", format!("127.0.0.1:{}", self.port))],
+            Kind::Gcs(GcsRoute::BaseUrl) => vec![
+                ("GOOGLE_BASE_URL", format!("http://127.0.0.1:{}", self.port)),
+                ("GOOGLE_SKIP_SIGNATURE", "true".into()),
+            ],
+            Kind::Gcs(GcsRoute::ServiceAccountKey) => {
+                let key = format!(
+                    r#"{{"private_key": "{GCS_TEST_PRIVATE_KEY}", "private_key_id": "test", "client_email": "reader@test.iam.gserviceaccount.com", "disable_oauth": true, "gcs_base_url": "http://127.0.0.1:{}"}}"#,
+                    self.port
+                );
+                vec![("GOOGLE_SERVICE_ACCOUNT_KEY", key)]
+            }
         };
         pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
     }
@@ -172,6 +222,7 @@ impl ObjectStoreServer {
         let kind = match self.kind {
             Kind::S3 => "s3",
             Kind::Azure => "azure",
+            Kind::Gcs(_) => "gcs",
             Kind::WebDav => return self.webdav(args),
         };
         let output = Command::new(root().join(".cache/storage-venv/bin/python"))

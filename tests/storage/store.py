@@ -1,12 +1,16 @@
 """Drives the object-store emulators of tests/storage.rs with each cloud's
-own SDK (boto3 for S3, azure-storage-blob for Azure), as a team publishing
-models would: make a bucket, upload a file as an object, delete one.
+own SDK (boto3 for S3, azure-storage-blob for Azure) or API (Cloud
+Storage's JSON API for GCS), as a team publishing models would: make a
+bucket, upload a file as an object, delete one.
 
-usage: store.py s3|azure PORT bucket NAME
-       store.py s3|azure PORT put BUCKET KEY FILE
-       store.py s3|azure PORT delete BUCKET KEY
+usage: store.py s3|azure|gcs PORT bucket NAME
+       store.py s3|azure|gcs PORT put BUCKET KEY FILE
+       store.py s3|azure|gcs PORT delete BUCKET KEY
 """
+import json
 import sys
+import urllib.parse
+import urllib.request
 
 # Azurite's well-known development account.
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -34,7 +38,35 @@ def azure(port):
     )
 
 
+class Gcs:
+    """Cloud Storage's JSON API, as `gsutil` and the client libraries call
+    it: fake-gcs-server takes uploads only this way (a simple media
+    upload), not as object_store's XML-API PUT."""
+
+    def __init__(self, port):
+        self.base = f"http://127.0.0.1:{port}"
+
+    def call(self, method, path, body=b"", content_type="application/octet-stream"):
+        request = urllib.request.Request(
+            self.base + path, data=body, method=method, headers={"Content-Type": content_type}
+        )
+        with urllib.request.urlopen(request) as response:
+            response.read()
+
+    def bucket(self, name):
+        self.call("POST", "/storage/v1/b?project=test", json.dumps({"name": name}).encode(), "application/json")
+
+    def put(self, bucket, key, data):
+        query = urllib.parse.urlencode({"uploadType": "media", "name": key})
+        self.call("POST", f"/upload/storage/v1/b/{bucket}/o?{query}", data)
+
+    def delete(self, bucket, key):
+        self.call("DELETE", f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(key, safe='')}")
+
+
 def main(kind, port, command, *args):
+    if kind == "gcs":
+        return gcs(Gcs(port), command, *args)
     client = s3(port) if kind == "s3" else azure(port)
     if command == "bucket":
         (name,) = args
@@ -55,6 +87,19 @@ def main(kind, port, command, *args):
             client.delete_object(Bucket=bucket, Key=key)
         else:
             client.get_blob_client(bucket, key).delete_blob()
+    else:
+        sys.exit(f"unknown command {command}")
+
+
+def gcs(client, command, *args):
+    if command == "bucket":
+        client.bucket(*args)
+    elif command == "put":
+        bucket, key, path = args
+        with open(path, "rb") as data:
+            client.put(bucket, key, data.read())
+    elif command == "delete":
+        client.delete(*args)
     else:
         sys.exit(f"unknown command {command}")
 

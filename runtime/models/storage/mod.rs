@@ -125,9 +125,14 @@ impl Storage {
         hasher.update(model.as_bytes());
         hasher.update(b"\n");
         hasher.update(url.as_bytes());
-        for name in
-            ["S3_ENDPOINT", "AWS_ENDPOINT", "AWS_ENDPOINT_URL", "STORAGE_EMULATOR_HOST", "AZURITE_BLOB_STORAGE_URL"]
-        {
+        for name in [
+            "S3_ENDPOINT",
+            "AWS_ENDPOINT",
+            "AWS_ENDPOINT_URL",
+            "STORAGE_EMULATOR_HOST",
+            "GOOGLE_BASE_URL",
+            "AZURITE_BLOB_STORAGE_URL",
+        ] {
             hasher.update(format!("\n{name}={}", std::env::var(name).unwrap_or_default()).as_bytes());
         }
         let digest = hex::encode(&hasher.finalize()[..6]);

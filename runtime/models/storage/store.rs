@@ -3,8 +3,9 @@
 //! `AWS_REGION`, web-identity tokens for IRSA, container and instance
 //! credentials) and TF Serving's own `S3_ENDPOINT`, `S3_USE_HTTPS` and
 //! `S3_VERIFY_SSL`; GCP application default credentials (a service-account
-//! file, `gcloud`'s, the metadata server of workload identity) and
-//! `STORAGE_EMULATOR_HOST`; Azure's `AZURE_STORAGE_*` keys, service
+//! file, `gcloud`'s, the metadata server of workload identity),
+//! `STORAGE_EMULATOR_HOST` and object_store's `GOOGLE_*` variables (such as
+//! `GOOGLE_BASE_URL`); Azure's `AZURE_STORAGE_*` keys, service
 //! principals, workload and managed identity, and Azurite. Nothing here
 //! logs or returns a secret: errors pass through [`redact`].
 
@@ -66,10 +67,17 @@ pub fn open(url: &str, timeout: Duration) -> Result<Opened> {
             (Arc::new(store), parsed.path().to_string())
         }
         "gs" => {
+            // `from_env` reads object_store's own GOOGLE_* variables: an
+            // emulator's GOOGLE_BASE_URL with GOOGLE_SKIP_SIGNATURE=true,
+            // or a GOOGLE_SERVICE_ACCOUNT_KEY whose `gcs_base_url` names it
+            // (with `"disable_oauth": true`). Its builder allows plain http
+            // (the base URL is https unless set to an emulator's); the
+            // options set here replace its own, so they keep that, or an
+            // http:// base URL would be refused at the first request.
             let mut builder = GoogleCloudStorageBuilder::from_env()
                 .with_url(url)
                 .with_retry(retry)
-                .with_client_options(client.clone());
+                .with_client_options(client.with_allow_http(true));
             // The emulator variable Google's own client libraries read.
             if let Ok(host) = std::env::var("STORAGE_EMULATOR_HOST") {
                 let base = if host.contains("://") { host } else { format!("http://{host}") };
@@ -77,9 +85,7 @@ pub fn open(url: &str, timeout: Duration) -> Result<Opened> {
                     "private_key": "", "private_key_id": "", "client_email": "",
                     "gcs_base_url": base.trim_end_matches('/'), "disable_oauth": true,
                 });
-                builder = builder
-                    .with_service_account_key(key.to_string())
-                    .with_client_options(client.with_allow_http(base.starts_with("http://")));
+                builder = builder.with_service_account_key(key.to_string());
             }
             let store = builder.build().map_err(|e| refuse(e.to_string()))?;
             (Arc::new(store), parsed.path().to_string())
