@@ -31,6 +31,29 @@ pub struct QueueLabels {
     pub queue: String,
 }
 
+/// Labels of one step of a graph pipeline and what became of it.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The step's name.
+    pub step: String,
+    /// `ran`, `skipped` (its condition, or what it reads, was not there)
+    /// or `failed`.
+    pub outcome: String,
+}
+
+/// The counters of one graph step, resolved once.
+#[derive(Clone)]
+pub struct StepMetrics {
+    /// Requests it ran for.
+    pub ran: Counter,
+    /// Requests it was skipped for.
+    pub skipped: Counter,
+    /// Requests it failed.
+    pub failed: Counter,
+}
+
 /// Labels of a refusal.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectionLabels {
@@ -401,6 +424,12 @@ metric_families! {
     /// Padding rows added to reach an allowed batch size.
     padding_rows: Family<ModelLabels, Counter> = Family::default(),
         "sluice_padding_rows" => "Rows of padding added to batches";
+    /// Batches holding rows of several callers.
+    shared_batches: Family<ModelLabels, Counter> = Family::default(),
+        "sluice_shared_batches" => "Batches a model version ran holding rows of more than one caller (pipelines, or the model called directly)";
+    /// What became of each graph step, per request.
+    graph_steps: Family<StepLabels, Counter> = Family::default(),
+        "sluice_graph_steps" => "Steps of graph pipelines by outcome: ran, skipped (condition false, or what it reads was not made) or failed";
     /// Batches run by the model.
     model_runs: Family<ModelLabels, Counter> = Family::default(),
         "sluice_model_runs" => "Batches run by a model version";
@@ -674,6 +703,18 @@ impl Metrics {
         out
     }
 
+    /// The counters of step `step` of graph pipeline `pipeline`.
+    pub fn graph_step(&self, pipeline: &str, step: &str) -> StepMetrics {
+        let outcome = |outcome: &str| {
+            self.graph_steps.get_or_create_owned(&StepLabels {
+                pipeline: pipeline.to_string(),
+                step: step.to_string(),
+                outcome: outcome.to_string(),
+            })
+        };
+        StepMetrics { ran: outcome("ran"), skipped: outcome("skipped"), failed: outcome("failed") }
+    }
+
     /// The handles of one queue.
     pub fn queue(&self, queue: &str) -> QueueMetrics {
         let labels = QueueLabels { queue: queue.to_string() };
@@ -756,6 +797,7 @@ impl Metrics {
             seconds: self.inference_seconds.get_or_create_owned(&labels),
             batch_rows: self.batch_rows.get_or_create_owned(&labels),
             padding_rows: self.padding_rows.get_or_create_owned(&labels),
+            shared_batches: self.shared_batches.get_or_create_owned(&labels),
         }
     }
 }
@@ -911,6 +953,8 @@ pub struct ModelMetrics {
     pub batch_rows: Histogram,
     /// Padding rows added.
     pub padding_rows: Counter,
+    /// Batches holding rows of more than one caller.
+    pub shared_batches: Counter,
 }
 
 /// The auto batcher's choices for one model version, resolved once.

@@ -292,6 +292,50 @@ def zipmap():
     return model
 
 
+def ranker(seed, hidden):
+    """features [N,16] f32 -> score [N,1]: one linear layer (hidden=0, a
+    coarse ranker) or Gemm 16xH -> Relu -> Gemm Hx1 (a fine ranker)."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+    if hidden == 0:
+        inits += [init("w", (rng.standard_normal((16, 1)) * 0.3).astype(np.float32)),
+                  init("b", np.zeros(1, dtype=np.float32))]
+        nodes.append(helper.make_node("Gemm", ["features", "w", "b"], ["score"]))
+    else:
+        inits += [init("w1", (rng.standard_normal((16, hidden)) * 0.3).astype(np.float32)),
+                  init("b1", (rng.standard_normal(hidden) * 0.1).astype(np.float32)),
+                  init("w2", (rng.standard_normal((hidden, 1)) * 0.3).astype(np.float32)),
+                  init("b2", np.zeros(1, dtype=np.float32))]
+        nodes += [helper.make_node("Gemm", ["features", "w1", "b1"], ["h"]),
+                  helper.make_node("Relu", ["h"], ["a"]),
+                  helper.make_node("Gemm", ["a", "w2", "b2"], ["score"])]
+    graph = helper.make_graph(
+        nodes,
+        "ranker",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])],
+        inits,
+    )
+    return make_model(graph)
+
+
+def tower(seed, width, name):
+    """A two-tower model's tower: NAME [N,width] f32 -> Gemm widthx16 -> Tanh
+    -> embedding [N,16]."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((width, 16)) * 0.3).astype(np.float32)
+    b = (rng.standard_normal(16) * 0.1).astype(np.float32)
+    nodes = [helper.make_node("Gemm", [name, "w", "b"], ["h"]), helper.make_node("Tanh", ["h"], ["embedding"])]
+    graph = helper.make_graph(
+        nodes,
+        "tower",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", 16])],
+        [init("w", w), init("b", b)],
+    )
+    return make_model(graph)
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     examples = os.path.join(root, "examples", "models")
@@ -304,6 +348,12 @@ def main():
     # A second CNN, for benchmarks that switch versions of one shape.
     save(cnn(6), fixtures, "cnn", 2)
     save(recommender(4), examples, "recommender", 1)
+    # Models joined in graph pipelines: a ranking cascade and an ensemble
+    # (the two rankers) and a two-tower retrieval model.
+    save(ranker(8, 0), examples, "ranker_coarse", 1)
+    save(ranker(9, 64), examples, "ranker_fine", 1)
+    save(tower(10, 8, "user"), examples, "user_tower", 1)
+    save(tower(11, 12, "item"), examples, "item_tower", 1)
     save(dtypes(), fixtures, "dtypes", 1)
     save(unshared(), fixtures, "unshared", 1)
     save(anyrank(), fixtures, "anyrank", 1, check=False)

@@ -50,6 +50,7 @@ pub async fn check(path: &Path) -> Result<Summary, ConfigError> {
         let source = path.display().to_string();
         let mut summary = check_files(&config).map_err(|e| e.in_file(source.clone()))?;
         summary.lines.extend(check_examples(&config).map_err(|e| e.in_file(source.clone()))?);
+        summary.lines.extend(check_graphs(&config).map_err(|e| e.in_file(source.clone()))?);
         summary.lines.extend(check_plugins(&config).map_err(|e| e.in_file(source))?);
         Ok(summary)
     })
@@ -133,6 +134,155 @@ fn check_examples(config: &Config) -> Result<Vec<String>, Invalid> {
         ));
     }
     Ok(lines)
+}
+
+/// Every graph pipeline fitted as the server fits it (`pipeline::graph::plan`):
+/// the versions of its models the server would load, its plugins as the
+/// server would load them, its built-ins built; each version of its own
+/// model in turn. A graph with a feature fetch is fitted when the server
+/// builds it, with its tables open.
+fn check_graphs(config: &Config) -> Result<Vec<String>, Invalid> {
+    let graphs: Vec<_> = config.pipelines.iter().filter(|p| p.is_graph()).collect();
+    let mut lines = Vec::new();
+    if graphs.is_empty() {
+        return Ok(lines);
+    }
+    let metrics = Metrics::new();
+    let runtime =
+        tokio::runtime::Handle::try_current().map_err(|e| invalid!("no async runtime to load models on: {e}"))?;
+    let mut loaded: std::collections::BTreeMap<&str, Vec<Arc<crate::models::ModelVersion>>> = Default::default();
+    let engine = if graphs.iter().any(|p| p.uses_plugins()) {
+        Some(Arc::new(PluginEngine::new(&config.plugins).map_err(|e| invalid!("plugins: {}", e.message()))?))
+    } else {
+        None
+    };
+    for pipeline in graphs {
+        let owner = format!("pipeline '{}'", pipeline.name);
+        if pipeline.feature_fetch.is_some() {
+            lines.push(format!(
+                "{owner}: {} steps, fitted when the server opens its feature tables",
+                pipeline.steps.len()
+            ));
+            continue;
+        }
+        for name in pipeline.models() {
+            if loaded.contains_key(name) {
+                continue;
+            }
+            let model = config
+                .models
+                .iter()
+                .find(|m| m.name == name)
+                .ok_or_else(|| invalid!("{owner}: model '{name}' is not configured"))?;
+            if model.upstream.is_some() {
+                return Err(invalid!(
+                    "{owner}: model '{name}' is forwarded to TF Serving; a graph step runs a model served here"
+                ));
+            }
+            let versions = runtime
+                .block_on(load_selected(model, config.onnxruntime.library.as_deref(), &config.storage, &metrics))
+                .map_err(|e| invalid!("{owner}: loading model '{name}': {}", e.message()))?;
+            loaded.insert(name, versions);
+        }
+        let own = loaded.get(pipeline.model.as_str()).cloned().unwrap_or_default();
+        let mut fitted = None;
+        for chosen in &own {
+            let mut signature_of =
+                |step: &crate::config::ModelStep| -> crate::error::Result<crate::tensor::spec::Signature> {
+                    let versions = loaded.get(step.model.as_str()).map(Vec::as_slice).unwrap_or_default();
+                    let labelled = step.version_label.as_ref().map(|label| {
+                        config
+                            .models
+                            .iter()
+                            .find(|m| m.name == step.model)
+                            .and_then(|m| m.version_labels.get(label).copied())
+                    });
+                    let wanted = match (step.version, labelled) {
+                        (Some(number), _) => Some(number),
+                        (None, Some(None)) => {
+                            return Err(crate::error::Error::invalid_argument(format!(
+                                "version_label = \"{}\": model '{}' has no such label",
+                                step.version_label.as_deref().unwrap_or_default(),
+                                step.model
+                            )))
+                        }
+                        (None, Some(Some(number))) => Some(number),
+                        (None, None) if step.model == pipeline.model => Some(chosen.version()),
+                        (None, None) => None,
+                    };
+                    let version = match wanted {
+                        Some(number) => versions.iter().find(|v| v.version() == number),
+                        None => versions.iter().max_by_key(|v| v.version()),
+                    };
+                    version.map(|v| v.signature().clone()).ok_or_else(|| {
+                        crate::error::Error::invalid_argument(format!(
+                            "model '{}' would load no version {}",
+                            step.model,
+                            wanted.map_or("at all".to_string(), |n| n.to_string())
+                        ))
+                    })
+                };
+            let mut stage_of = |step: &crate::config::StepConfig,
+                                kind: &StageKind,
+                                reads: Vec<crate::tensor::spec::TensorSpec>|
+             -> crate::error::Result<(String, Vec<_>, Vec<_>)> {
+                let given = crate::tensor::spec::Signature { inputs: Vec::new(), outputs: reads };
+                if let Some(stage) = crate::pipeline::stages::built_in(kind, &given)? {
+                    return Ok((stage.name().to_string(), stage.inputs().to_vec(), stage.outputs().to_vec()));
+                }
+                let StageKind::Plugin(name) = kind else {
+                    return Err(crate::error::Error::internal("a built-in was not built, this is a bug"));
+                };
+                let engine =
+                    engine.as_ref().ok_or_else(|| crate::error::Error::internal("no plugin engine, this is a bug"))?;
+                let plugin = load_configured_plugin(config, engine, name)
+                    .map_err(|e| crate::error::Error::invalid_argument(format!("step '{}': {e}", step.name)))?;
+                let description = plugin.description();
+                Ok((format!("plugin {}", plugin.label()), description.inputs.clone(), description.outputs.clone()))
+            };
+            let plan = crate::pipeline::graph::plan(pipeline, None, &mut signature_of, &mut stage_of).map_err(|e| {
+                invalid!("{owner} with model '{}' version {}: {}", pipeline.model, chosen.version(), e.message())
+            })?;
+            fitted = Some(plan);
+        }
+        let Some(plan) = fitted else {
+            return Err(invalid!("{owner}: model '{}' would load no version", pipeline.model));
+        };
+        let list = |specs: &[crate::tensor::spec::TensorSpec]| {
+            specs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        };
+        let steps: Vec<String> = pipeline
+            .steps
+            .iter()
+            .zip(&plan.steps)
+            .map(|(step, fitted)| match (step.model(), &fitted.stage) {
+                (Some(model), _) => format!("{} (model {})", step.name, model.model),
+                (None, Some(stage)) => format!("{} ({stage})", step.name),
+                (None, None) => step.name.clone(),
+            })
+            .collect();
+        lines.push(format!(
+            "{owner}: steps {} fit versions {} of model '{}'; clients send [{}] and get [{}]",
+            steps.join(", "),
+            own.iter().map(|v| v.version().to_string()).collect::<Vec<_>>().join(", "),
+            pipeline.model,
+            list(&plan.inputs),
+            list(&plan.outputs)
+        ));
+    }
+    Ok(lines)
+}
+
+/// Plugin `name` as the server would start it: an upload activated in the
+/// store, else `NAME.wasm` in the plugins dir.
+fn load_configured_plugin(config: &Config, engine: &Arc<PluginEngine>, name: &str) -> anyhow::Result<Plugin> {
+    let file = config.plugins.path_of(name).map_err(|e| anyhow::anyhow!("{}", e.message()))?;
+    let uploaded = match &config.plugins.dir {
+        Some(dir) => crate::plugin::registry::active_upload(dir, name).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => None,
+    };
+    let path = uploaded.map_or(file, |(_, blob)| blob);
+    Plugin::load_file(engine, &path, config.plugins.limits_of(name), None).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Every pipeline's plugins, loaded from `[plugins] dir` with their

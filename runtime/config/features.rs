@@ -217,7 +217,7 @@ impl FeatureSpec {
     }
 }
 
-fn dtype_by_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<DType, D::Error> {
+pub(crate) fn dtype_by_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<DType, D::Error> {
     let name = String::deserialize(deserializer)?;
     DType::parse(&name).ok_or_else(|| {
         serde::de::Error::custom(format!(

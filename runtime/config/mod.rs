@@ -12,6 +12,7 @@ pub mod admin;
 pub mod batching;
 pub mod examples;
 pub mod features;
+pub mod graph;
 pub mod lifecycle;
 pub mod logging;
 pub mod model;
@@ -40,6 +41,7 @@ pub use self::admin::{AdminConfig, Role, TokenConfig};
 pub use self::batching::{BatchingMode, BatchingParameters};
 pub use self::examples::ExamplesConfig;
 pub use self::features::{FeatureFetchConfig, FeaturesConfig};
+pub use self::graph::{GraphInput, ModelStep, StepAction, StepConfig};
 pub use self::lifecycle::{LifecycleConfig, ModelDefaults};
 pub use self::logging::LoggingConfig;
 pub use self::model::{check_models, ModelConfig, VersionPolicy};
@@ -133,6 +135,16 @@ pub struct PipelineConfig {
     /// How `tf.Example`s fill its inputs (Classify, Regress, MultiInference,
     /// Predict's `examples` input); refused when absent.
     pub examples: Option<ExamplesConfig>,
+    /// A graph of steps (models, built-ins, plugins) in place of
+    /// preprocess → model → postprocess; see [`graph`].
+    #[serde(default)]
+    pub steps: Vec<StepConfig>,
+    /// With `steps`: the tensors clients send.
+    #[serde(default)]
+    pub inputs: Vec<GraphInput>,
+    /// With `steps`: the tensors it answers with, in this order.
+    #[serde(default)]
+    pub outputs: Vec<String>,
 }
 
 /// How a pipeline runs its stages.
@@ -156,9 +168,23 @@ impl PipelineConfig {
             .filter_map(|(role, stage)| stage.as_ref().map(|s| (role, s)))
     }
 
-    /// True when a stage runs a plugin.
+    /// True when a stage or a step runs a plugin.
     pub fn uses_plugins(&self) -> bool {
-        self.stages().any(|(_, stage)| matches!(stage.kind(), Some(StageKind::Plugin(_))))
+        self.stages()
+            .map(|(_, stage)| stage)
+            .chain(self.steps.iter().filter_map(StepConfig::stage))
+            .any(|stage| matches!(stage.kind(), Some(StageKind::Plugin(_))))
+    }
+
+    /// True when it is a graph of steps.
+    pub fn is_graph(&self) -> bool {
+        !self.steps.is_empty()
+    }
+
+    /// Every model it runs: its own and each model step's.
+    pub fn models(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.model.as_str())
+            .chain(self.steps.iter().filter_map(|s| s.model()).map(|m| m.model.as_str()))
     }
 }
 
@@ -241,7 +267,11 @@ impl Config {
             }
         }
         for pipeline in &mut config.pipelines {
-            for stage in [&mut pipeline.preprocess, &mut pipeline.postprocess].into_iter().flatten() {
+            let steps = pipeline.steps.iter_mut().filter_map(|step| match &mut step.action {
+                StepAction::Stage(stage) => Some(stage),
+                StepAction::Model(_) => None,
+            });
+            for stage in [&mut pipeline.preprocess, &mut pipeline.postprocess].into_iter().flatten().chain(steps) {
                 for path in stage.paths_mut() {
                     if path.is_relative() {
                         *path = base.join(&*path);
@@ -366,6 +396,32 @@ impl Config {
             }
             if let Some(fetch) = &pipeline.feature_fetch {
                 fetch.check(&format!("{key}.feature_fetch"), &self.features)?;
+            }
+            if pipeline.is_graph() {
+                if let Some((role, _)) = pipeline.stages().next() {
+                    return Err(invalid!(
+                        "{key}.{}: a pipeline with steps runs everything as steps; make it a step",
+                        role.key()
+                    ));
+                }
+                graph::check_graph(
+                    &key,
+                    &pipeline.model,
+                    &pipeline.inputs,
+                    &pipeline.outputs,
+                    &pipeline.steps,
+                    pipeline.feature_fetch.as_ref(),
+                    &names,
+                )?;
+                if pipeline.uses_plugins() && self.plugins.dir.is_none() {
+                    return Err(invalid!(
+                        "{key}.steps: a step runs a plugin; set [plugins] dir, where NAME.wasm files are"
+                    ));
+                }
+            } else if !pipeline.inputs.is_empty() || !pipeline.outputs.is_empty() {
+                return Err(invalid!(
+                    "{key}: inputs and outputs belong to a pipeline with steps; without steps its model says them"
+                ));
             }
             for (role, stage) in pipeline.stages() {
                 let role_key = role.key();

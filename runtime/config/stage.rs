@@ -43,11 +43,23 @@ pub enum StageKind {
     /// Pre- or postprocess: a WebAssembly plugin, by name (`NAME.wasm` in
     /// `[plugins] dir`, or its active uploaded version).
     Plugin(String),
+    /// A graph step: the k rows with the highest score, of every tensor it
+    /// reads (a cascade's shortlist).
+    TopRows(TopRowsConfig),
+    /// A graph step: rows of `values` picked by `indices`.
+    Gather(GatherConfig),
+    /// A graph step: a weighted sum of same-shaped scores (an ensemble).
+    Blend(BlendConfig),
+    /// A graph step: each item's dot product with a query (a two-tower).
+    Dot(DotConfig),
+    /// A graph step: tensors joined along their last dimension.
+    Concat(ConcatConfig),
 }
 
 impl StageKind {
     /// Every kind, as the config spells it.
-    pub const NAMES: &'static [&'static str] = &["image_normalize", "softmax", "argmax", "top_k", "plugin"];
+    pub const NAMES: &'static [&'static str] =
+        &["image_normalize", "softmax", "argmax", "top_k", "plugin", "top_rows", "gather", "blend", "dot", "concat"];
 
     /// The key that selects it in the config.
     pub fn name(&self) -> &'static str {
@@ -57,6 +69,11 @@ impl StageKind {
             StageKind::Argmax(_) => "argmax",
             StageKind::TopK(_) => "top_k",
             StageKind::Plugin(_) => "plugin",
+            StageKind::TopRows(_) => "top_rows",
+            StageKind::Gather(_) => "gather",
+            StageKind::Blend(_) => "blend",
+            StageKind::Dot(_) => "dot",
+            StageKind::Concat(_) => "concat",
         }
     }
 
@@ -207,4 +224,46 @@ pub struct TopKConfig {
     pub softmax: bool,
     /// A text file with one label per class, in class order.
     pub labels: Option<PathBuf>,
+}
+
+/// `top_rows`: scores one row each (`by`, shape `[N]` or `[N, 1]`); every
+/// tensor the step reads comes out with only its `k` best rows, best
+/// first, and `indices` says which rows they were.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopRowsConfig {
+    /// How many rows to keep (fewer when fewer come).
+    pub k: usize,
+    /// The input holding each row's score.
+    pub by: String,
+}
+
+/// `gather`: the rows of `values` whose indexes `indices` holds, in its
+/// order.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatherConfig {}
+
+/// `blend`: `blended = Σ weight × input` over its inputs, which share one
+/// shape.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlendConfig {
+    /// Each input's weight, by its name in the step.
+    pub weights: std::collections::BTreeMap<String, f32>,
+}
+
+/// `dot`: `scores[i] = query · items[i]`, with `query` one row (shared by
+/// every item) or one row per item.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DotConfig {}
+
+/// `concat`: its inputs, in this order, joined along the last dimension
+/// into `joined`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcatConfig {
+    /// The inputs, by their names in the step, in the order they join.
+    pub order: Vec<String>,
 }

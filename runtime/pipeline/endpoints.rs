@@ -90,11 +90,21 @@ impl Endpoints {
         let mut failed = BTreeMap::new();
         let mut used_by: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for pipeline in &config.pipelines {
-            used_by.entry(pipeline.model.clone()).or_default().push(pipeline.name.clone());
+            for model in pipeline.models() {
+                let users = used_by.entry(model.to_string()).or_default();
+                if !users.contains(&pipeline.name) {
+                    users.push(pipeline.name.clone());
+                }
+            }
             let served = models.get(&pipeline.model).cloned().ok_or_else(|| {
                 Error::not_found(format!("pipeline '{}': model '{}' is not served", pipeline.name, pipeline.model))
             })?;
-            match Pipeline::build(pipeline, served, cx) {
+            let built = if pipeline.is_graph() {
+                Pipeline::graph(pipeline, served, &models, cx)
+            } else {
+                Pipeline::build(pipeline, served, cx)
+            };
+            match built {
                 Ok(built) => {
                     pipelines.insert(pipeline.name.clone(), built);
                 }
@@ -324,7 +334,7 @@ impl Endpoints {
     /// The served pipelines over `model`, a model served directly
     /// included: what its versions are fitted to as they come and go.
     fn pipelines_over(&self, model: &Arc<ServedModel>) -> Vec<Arc<Pipeline>> {
-        self.pipelines.load().values().filter(|p| Arc::ptr_eq(p.model(), model)).cloned().collect()
+        self.pipelines.load().values().filter(|p| p.runs(model)).cloned().collect()
     }
 
     /// Puts a kept model back as it was before a failed reload: its

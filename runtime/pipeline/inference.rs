@@ -62,9 +62,16 @@ impl InferenceStage {
 
     /// Runs one request's inputs (validated against the signature, in its
     /// order) through the model: batched with others when batching is on.
-    pub async fn run(&self, inputs: Vec<Tensor>, deadline: Deadline, priority: Priority) -> Result<Vec<Tensor>> {
+    /// `caller` is the pipeline (or model) it comes from.
+    pub async fn run(
+        &self,
+        inputs: Vec<Tensor>,
+        deadline: Deadline,
+        priority: Priority,
+        caller: &Arc<str>,
+    ) -> Result<Vec<Tensor>> {
         match &self.batcher {
-            Some(batcher) => batcher.run(inputs, deadline, priority).await,
+            Some(batcher) => batcher.run(inputs, deadline, priority, caller).await,
             None => {
                 deadline.check("before inference")?;
                 let batch = Batch::single(inputs).due(deadline.instant());

@@ -232,7 +232,9 @@ impl ModelManager {
             })?);
         }
         for (pipeline, signature) in pipelines.iter().zip(signatures) {
-            pipeline.add_signature(version, signature);
+            if let Some(signature) = signature {
+                pipeline.add_signature(version, signature);
+            }
         }
         let inference = InferenceStage::start(loaded.clone(), config, &self.metrics);
         model.publish(Arc::new(ServedVersion::new(loaded, inference)));
@@ -254,7 +256,7 @@ impl ModelManager {
             // reference to the loaded version.
             drop(served);
             for pipeline in pipelines {
-                pipeline.remove_signature(version);
+                pipeline.remove_signature(model.name(), version);
             }
             drop(loaded);
             model.status().set(version, VersionState::End);

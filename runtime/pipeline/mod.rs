@@ -28,6 +28,7 @@ pub mod deadline;
 mod endpoints;
 pub mod fetch;
 mod fitting;
+pub mod graph;
 pub mod inference;
 pub mod lanes;
 pub mod lifecycle;
@@ -78,6 +79,8 @@ pub struct Pipeline {
     feature_fetch: Option<FeatureFetch>,
     preprocess: Option<StageRunner>,
     postprocess: Option<StageRunner>,
+    /// A graph of steps in place of the stages and the one model.
+    graph: Option<graph::Graph>,
     /// Answers kept by their inputs, when configured.
     cache: Option<Arc<ResponseCache>>,
     /// What clients see for each model version: the first stage's inputs
@@ -138,6 +141,7 @@ impl Pipeline {
             feature_fetch: None,
             preprocess: None,
             postprocess: None,
+            graph: None,
             cache,
             signatures: ArcSwap::from_pointee(signatures),
             examples,
@@ -164,6 +168,7 @@ impl Pipeline {
                 team: config.team.as_deref(),
                 role,
                 model: &served,
+                step: None,
                 shares: cx.team_shares,
                 cache: cache.as_ref(),
                 canary_key: config.canary_key.as_deref(),
@@ -222,6 +227,7 @@ impl Pipeline {
             feature_fetch,
             preprocess,
             postprocess,
+            graph: None,
             cache,
             signatures: ArcSwap::from_pointee(signatures),
             examples: config.examples.clone(),
@@ -229,6 +235,71 @@ impl Pipeline {
             requests,
         });
         Ok(pipeline)
+    }
+
+    /// A pipeline that is a graph of steps: `model` (its `model` key) is
+    /// the one whose versions clients choose; `models` are every model
+    /// served, its steps' among them.
+    pub fn graph(
+        config: &PipelineConfig,
+        model: Arc<ServedModel>,
+        models: &BTreeMap<String, Arc<ServedModel>>,
+        cx: &BuildContext<'_>,
+    ) -> Result<Arc<Pipeline>> {
+        let name = config.name.clone();
+        let context = |e: Error| e.context(format_args!("pipeline '{name}'"));
+        let fetch = config
+            .feature_fetch
+            .as_ref()
+            .map(|fetch| {
+                FeatureFetch::build(fetch, &name, cx.features, cx.metrics, cx.traffic.config())
+                    .map_err(|e| e.context("feature_fetch"))
+            })
+            .transpose()
+            .map_err(context)?;
+        let graph = graph::Graph::build(config, models, fetch, cx).map_err(context)?;
+        let mut signatures = BTreeMap::new();
+        for version in model.versions() {
+            graph.fits(&version).map_err(context)?;
+            let owner = format!("pipeline '{name}' ({version})");
+            let entry =
+                EntryPoint::new(graph.signature().clone(), config.examples.as_ref(), &owner).map_err(context)?;
+            signatures.insert(version.version(), entry);
+        }
+        let cache = config.cache.as_ref().map(|cache| Arc::new(ResponseCache::new(cache, &name, cx.metrics)));
+        let quota = config.quota.as_ref().map(|quota| (quota, format!("pipelines.{name}.quota")));
+        let max_queue_wait =
+            config.max_queue_wait_ms.map_or_else(|| model.config().max_queue_wait(), Duration::from_millis);
+        let admission = cx
+            .traffic
+            .admission("pipeline", &name, config.max_in_flight, config.team.as_deref(), quota, cx.metrics)
+            .bounded_by(max_queue_wait);
+        let name: Arc<str> = name.into();
+        let requests = cx.metrics.request_handles(&model.name_label(), &name);
+        Ok(Arc::new(Pipeline {
+            name,
+            model,
+            admission,
+            feature_fetch: None,
+            preprocess: None,
+            postprocess: None,
+            graph: Some(graph),
+            cache,
+            signatures: ArcSwap::from_pointee(signatures),
+            examples: config.examples.clone(),
+            max_tensor_bytes: cx.max_tensor_bytes,
+            requests,
+        }))
+    }
+
+    /// True when it is a graph of steps.
+    pub fn is_graph(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// True when it runs `model`: its own, or a step's.
+    pub fn runs(&self, model: &Arc<ServedModel>) -> bool {
+        Arc::ptr_eq(&self.model, model) || self.graph.as_ref().is_some_and(|graph| graph.runs(model))
     }
 
     /// The name clients call.
@@ -267,7 +338,7 @@ impl Pipeline {
 
     /// True when it runs any stage around the model.
     pub fn has_stages(&self) -> bool {
-        self.feature_fetch.is_some() || self.preprocess.is_some() || self.postprocess.is_some()
+        self.feature_fetch.is_some() || self.preprocess.is_some() || self.postprocess.is_some() || self.graph.is_some()
     }
 
     /// The model behind it.
@@ -290,15 +361,25 @@ impl Pipeline {
 
     /// What clients would see with `version` behind this pipeline's
     /// stages: the one check that a new version fits them (and its
-    /// `examples` config).
-    pub(crate) fn signature_over(&self, version: &ModelVersion) -> Result<EntryPoint> {
+    /// `examples` config). `None` for a version of another model a graph
+    /// step runs: it is checked, but clients choose only the pipeline's
+    /// own model's versions.
+    pub(crate) fn signature_over(&self, version: &ModelVersion) -> Result<Option<EntryPoint>> {
+        if let Some(graph) = &self.graph {
+            graph.fits(version)?;
+            if version.model() != self.model.name() {
+                return Ok(None);
+            }
+            let owner = format!("pipeline '{}' ({version})", self.name);
+            return EntryPoint::new(graph.signature().clone(), self.examples.as_ref(), &owner).map(Some);
+        }
         let stages = Stages {
             fetch: self.feature_fetch.as_ref(),
             pre: self.preprocess.as_ref(),
             post: self.postprocess.as_ref(),
         };
         let signature = client_signature(version, &stages)?;
-        EntryPoint::new(signature, self.examples.as_ref(), &format!("pipeline '{}' ({version})", self.name))
+        EntryPoint::new(signature, self.examples.as_ref(), &format!("pipeline '{}' ({version})", self.name)).map(Some)
     }
 
     /// `version` serves this pipeline from now on, as `signature`.
@@ -318,8 +399,12 @@ impl Pipeline {
         }
     }
 
-    /// `version` is gone.
-    pub(crate) fn remove_signature(&self, version: i64) {
+    /// `version` of `model` is gone (a graph's other models' versions
+    /// were never the pipeline's).
+    pub(crate) fn remove_signature(&self, model: &str, version: i64) {
+        if model != self.model.name() {
+            return;
+        }
         self.signatures.rcu(|map| {
             let mut map = BTreeMap::clone(map);
             map.remove(&version);
@@ -332,7 +417,7 @@ impl Pipeline {
     /// `signature`'s order); the outputs come in its output order.
     async fn predict(
         &self,
-        version: &ServedVersion,
+        version: &Arc<ServedVersion>,
         signature: &Signature,
         inputs: Vec<Tensor>,
         deadline: Deadline,
@@ -353,7 +438,8 @@ impl Pipeline {
         };
         // Looked up after the fetch: fetched features are part of the key.
         let cache = self.cache.as_ref().filter(|cache| {
-            let varies = [&self.preprocess, &self.postprocess].into_iter().flatten().any(|s| s.stage().varies());
+            let varies = [&self.preprocess, &self.postprocess].into_iter().flatten().any(|s| s.stage().varies())
+                || self.graph.as_ref().is_some_and(graph::Graph::varies);
             if varies {
                 cache.bypass();
             }
@@ -374,11 +460,14 @@ impl Pipeline {
     /// The stages from preprocess on: preprocess, inference, postprocess.
     async fn infer(
         &self,
-        version: &ServedVersion,
+        version: &Arc<ServedVersion>,
         inputs: Vec<Tensor>,
         deadline: Deadline,
         priority: Priority,
     ) -> Result<Vec<Tensor>> {
+        if let Some(graph) = &self.graph {
+            return graph.run(version, inputs, deadline, priority, &self.name).await;
+        }
         let model = version.signature();
         let model_inputs = match &self.preprocess {
             None => inputs,
@@ -391,8 +480,11 @@ impl Pipeline {
                 order_as(&model.inputs, produced, "the preprocess stage", version)?
             }
         };
-        let outputs =
-            version.inference().run(model_inputs, deadline, priority).instrument(current_step("inference")).await?;
+        let outputs = version
+            .inference()
+            .run(model_inputs, deadline, priority, &self.name)
+            .instrument(current_step("inference"))
+            .await?;
         match &self.postprocess {
             None => Ok(outputs),
             Some(stage) => {

@@ -316,7 +316,9 @@ impl RequestBuilder<'_> {
             })?;
             inputs.push(tensor);
         }
-        if self.signature.is_batched() {
+        // A graph's inputs need not share their rows (one user, many
+        // items): each model step checks the rows it is given.
+        if self.signature.is_batched() && !self.target.pipeline.is_graph() {
             self.signature.check_rows(self.target, &inputs)?;
         }
         Ok(ValidRequest {

@@ -66,6 +66,10 @@ struct Entry {
     deadline: Deadline,
     /// Higher priorities join batches first.
     priority: Priority,
+    /// The pipeline (or model name) that sent it: a batch of several
+    /// callers is counted, to show that pipelines sharing a model share
+    /// its batches.
+    caller: Arc<str>,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Vec<Tensor>>>,
     /// Its rows' place in the queue, freed when the batch leaves the queue.
@@ -176,7 +180,13 @@ impl Batcher {
     /// Runs one request's inputs (signature order, validated) through the
     /// model in a batch with others, and returns its own outputs. Waiting
     /// requests of a higher `priority` join batches first.
-    pub async fn run(&self, inputs: Vec<Tensor>, deadline: Deadline, priority: Priority) -> Result<Vec<Tensor>> {
+    pub async fn run(
+        &self,
+        inputs: Vec<Tensor>,
+        deadline: Deadline,
+        priority: Priority,
+        caller: &Arc<str>,
+    ) -> Result<Vec<Tensor>> {
         if deadline.expired() {
             self.queue_metrics.expired.inc();
             return Err(Error::deadline_exceeded(&format!("before {}", self.name)));
@@ -208,7 +218,7 @@ impl Batcher {
         };
         if rows <= self.max_batch_size {
             return self
-                .enqueue(inputs, rows, deadline, priority, places)?
+                .enqueue(inputs, rows, deadline, priority, caller, places)?
                 .await
                 .unwrap_or_else(|_| Err(self.stopped()));
         }
@@ -226,7 +236,7 @@ impl Batcher {
         let mut answers = Vec::with_capacity(sizes.len());
         for (part, &n) in parts.into_iter().zip(&sizes) {
             let place = places.split(n).ok_or_else(|| Error::internal("row permits do not add up, this is a bug"))?;
-            answers.push(self.enqueue(part, n, deadline, priority, place)?);
+            answers.push(self.enqueue(part, n, deadline, priority, caller, place)?);
         }
         let mut outputs: Vec<Vec<Tensor>> = Vec::with_capacity(answers.len());
         for answer in answers {
@@ -242,6 +252,7 @@ impl Batcher {
         rows: usize,
         deadline: Deadline,
         priority: Priority,
+        caller: &Arc<str>,
         place: OwnedSemaphorePermit,
     ) -> Result<oneshot::Receiver<Result<Vec<Tensor>>>> {
         let (reply, answer) = oneshot::channel();
@@ -250,6 +261,7 @@ impl Batcher {
             rows,
             deadline,
             priority,
+            caller: caller.clone(),
             enqueued: Instant::now(),
             reply,
             _place: place,
@@ -389,6 +401,8 @@ impl Shared {
         let mut spans = Vec::new();
         // The batch is worth running until its last request gives up.
         let mut due = Some(None);
+        let mut first_caller: Option<Arc<str>> = None;
+        let mut callers_mixed = false;
         for entry in batch {
             queue_metrics.depth.dec_by(entry.rows as i64);
             if entry.reply.is_closed() {
@@ -415,6 +429,10 @@ impl Shared {
                 (Some(Some(latest)), Some(at)) => Some(Some(latest.max(at))),
                 _ => None,
             };
+            match &first_caller {
+                None => first_caller = Some(entry.caller.clone()),
+                Some(first) => callers_mixed |= !Arc::ptr_eq(first, &entry.caller) && **first != *entry.caller,
+            }
             rows.push(entry.rows);
             inputs.push(entry.inputs);
             replies.push(entry.reply);
@@ -430,6 +448,9 @@ impl Shared {
         let padded = self.params.padded_size(total);
         self.model_metrics.batch_rows.observe(total as f64);
         self.model_metrics.padding_rows.inc_by((padded - total) as u64);
+        if callers_mixed {
+            self.model_metrics.shared_batches.inc();
+        }
         let shared = self.clone();
         // Ends when the backend answers, on the thread that ran it.
         let batch_span = trace::batch_span(spans.iter(), padded);
@@ -618,6 +639,12 @@ mod tests {
     use crate::tensor::spec::{Signature, TensorSpec};
     use crate::tensor::DType;
 
+    /// Who sends the tests' requests.
+    fn caller() -> &'static Arc<str> {
+        static CALLER: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("test"));
+        &CALLER
+    }
+
     /// A model that doubles its one input and records every batch it ran:
     /// the rows of each request and the padded size. A slow one takes
     /// (on tokio's clock) a fixed time per batch plus a time per row.
@@ -704,8 +731,8 @@ mod tests {
         };
         let batcher = batcher(&backend, params);
         let (a, b) = tokio::join!(
-            batcher.run(rows(0.0, 1), Deadline::NONE, Priority::Normal),
-            batcher.run(rows(10.0, 2), Deadline::NONE, Priority::Normal)
+            batcher.run(rows(0.0, 1), Deadline::NONE, Priority::Normal, caller()),
+            batcher.run(rows(10.0, 2), Deadline::NONE, Priority::Normal, caller())
         );
         assert_eq!(a.unwrap()[0].to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
         assert_eq!(b.unwrap()[0].to_vec::<f32>().unwrap(), vec![20.0, 22.0, 24.0, 26.0]);
@@ -720,7 +747,7 @@ mod tests {
             BatchingParameters { max_batch_size: 8, batch_timeout_micros: Some(5000), ..BatchingParameters::default() };
         let batcher = Arc::new(batcher(&backend, params));
         let started = tokio::time::Instant::now();
-        let out = batcher.run(rows(1.0, 1), Deadline::NONE, Priority::Normal).await.unwrap();
+        let out = batcher.run(rows(1.0, 1), Deadline::NONE, Priority::Normal, caller()).await.unwrap();
         assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
         // Alone, it waited for the batch timeout (paused time advances
         // straight to it), then ran.
@@ -735,7 +762,7 @@ mod tests {
         let params =
             BatchingParameters { max_batch_size: 2, batch_timeout_micros: Some(0), ..BatchingParameters::default() };
         let batcher = batcher(&backend, params);
-        let out = batcher.run(rows(0.0, 5), Deadline::NONE, Priority::Normal).await.unwrap();
+        let out = batcher.run(rows(0.0, 5), Deadline::NONE, Priority::Normal, caller()).await.unwrap();
         let want: Vec<f32> = (0..10).map(|i| 2.0 * i as f32).collect();
         assert_eq!(out[0].to_vec::<f32>().unwrap(), want);
         assert_eq!(out[0].shape(), &[5, 2]);
@@ -748,7 +775,7 @@ mod tests {
         let backend = Doubler::new();
         let params = BatchingParameters { max_batch_size: 2, max_enqueued_batches: 2, ..BatchingParameters::default() };
         let batcher = batcher(&backend, params);
-        let err = batcher.run(rows(0.0, 5), Deadline::NONE, Priority::Normal).await.unwrap_err();
+        let err = batcher.run(rows(0.0, 5), Deadline::NONE, Priority::Normal, caller()).await.unwrap_err();
         assert_eq!(err.code(), Code::ResourceExhausted);
         assert!(err.message().contains("5 rows"), "{err}");
         assert!(backend.batches.lock().unwrap().is_empty());
@@ -764,7 +791,7 @@ mod tests {
         };
         let batcher = batcher(&backend, params);
         let deadline = Deadline::after(Duration::from_millis(2));
-        let err = batcher.run(rows(0.0, 1), deadline, Priority::Normal).await.unwrap_err();
+        let err = batcher.run(rows(0.0, 1), deadline, Priority::Normal, caller()).await.unwrap_err();
         assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
         assert!(backend.batches.lock().unwrap().is_empty());
     }
@@ -780,7 +807,7 @@ mod tests {
         let batcher = Arc::new(batcher_waiting(version, params, bound));
         let calls = (0..count).map(|i| {
             let batcher = batcher.clone();
-            async move { batcher.run(rows(i as f32, 1), Deadline::NONE, Priority::Normal).await }
+            async move { batcher.run(rows(i as f32, 1), Deadline::NONE, Priority::Normal, caller()).await }
         });
         let answers = futures::future::join_all(calls).await;
         let ran = backend.batches.lock().unwrap().iter().map(|(rows, _)| rows.len()).sum();
@@ -831,7 +858,7 @@ mod tests {
             let first = (i * 2) as f32;
             running.push(tokio::spawn(async move {
                 let sent = Instant::now();
-                match batcher.run(rows(first, 1), Deadline::NONE, Priority::Normal).await {
+                match batcher.run(rows(first, 1), Deadline::NONE, Priority::Normal, caller()).await {
                     Ok(out) => {
                         assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![first * 2.0, first * 2.0 + 2.0]);
                         Some(sent.elapsed())

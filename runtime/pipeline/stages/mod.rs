@@ -1,7 +1,8 @@
 //! The stages a pipeline runs around its model: the built-in transforms,
 //! one file each ([`image_normalize`], [`softmax`], [`argmax`], [`top_k`],
-//! with what the postprocess ones share in [`classes`]), and the plugin
-//! adapter ([`plugin`]).
+//! with what the postprocess ones share in [`classes`]), the steps that
+//! join models in a graph ([`combine`]), and the plugin adapter
+//! ([`plugin`]).
 //!
 //! [`build`] turns a stage's configured kind (`config::StageKind`) into a
 //! running [`Stage`]. Adding a built-in stage is a variant (with its config)
@@ -11,6 +12,7 @@
 pub mod argmax;
 pub mod canary;
 mod classes;
+pub mod combine;
 pub mod image_normalize;
 pub mod plugin;
 pub mod softmax;
@@ -33,17 +35,31 @@ pub fn build(
     place: &PluginPlace<'_>,
     registry: Option<&Arc<PluginRegistry>>,
 ) -> Result<Arc<dyn Stage>> {
-    Ok(match kind {
+    if let StageKind::Plugin(name) = kind {
+        let registry = registry
+            .ok_or_else(|| Error::internal("a plugin stage was built without a plugin registry, this is a bug"))?;
+        return Ok(PluginStage::build(name, place, registry)?);
+    }
+    built_in(kind, model)?.ok_or_else(|| Error::internal("a plugin is no built-in stage, this is a bug"))
+}
+
+/// The built-in stage `kind` describes, checked against `model`; `None`
+/// for a plugin, which needs a registry ([`build`]).
+pub fn built_in(kind: &StageKind, model: &Signature) -> Result<Option<Arc<dyn Stage>>> {
+    Ok(Some(match kind {
         StageKind::ImageNormalize(config) => Arc::new(image_normalize::ImageNormalize::new(config, model)?),
         StageKind::Softmax(config) => Arc::new(softmax::Softmax::new(config, model)?),
         StageKind::Argmax(config) => Arc::new(argmax::Argmax::new(config, model)?),
         StageKind::TopK(config) => Arc::new(top_k::TopK::new(config, model)?),
-        StageKind::Plugin(name) => {
-            let registry = registry
-                .ok_or_else(|| Error::internal("a plugin stage was built without a plugin registry, this is a bug"))?;
-            PluginStage::build(name, place, registry)?
-        }
-    })
+        // The graph built-ins read what their step gives them, passed as
+        // the outputs of `model` (what a postprocess stage reads).
+        StageKind::TopRows(config) => Arc::new(combine::TopRows::new(config, &model.outputs)?),
+        StageKind::Gather(_) => Arc::new(combine::Gather::new(&model.outputs)?),
+        StageKind::Blend(config) => Arc::new(combine::Blend::new(config, &model.outputs)?),
+        StageKind::Dot(_) => Arc::new(combine::Dot::new(&model.outputs)?),
+        StageKind::Concat(config) => Arc::new(combine::Concat::new(config, &model.outputs)?),
+        StageKind::Plugin(_) => return Ok(None),
+    }))
 }
 
 /// What the built-in stages' tests share: a classifier signature, logits,

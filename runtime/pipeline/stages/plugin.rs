@@ -44,7 +44,9 @@ pub struct PluginStage {
     pipeline: String,
     team: Option<String>,
     world: World,
-    model: Arc<ServedModel>,
+    /// The model it feeds or reads; `None` in a graph step, whose graph
+    /// checks what it reads and makes.
+    model: Option<Arc<ServedModel>>,
     current: ArcSwap<Plugin>,
     /// The registry's version of `current` (0: the plugin directory's file).
     version: AtomicU32,
@@ -69,6 +71,9 @@ pub struct PluginPlace<'a> {
     pub role: StageRole,
     /// The model it feeds or reads.
     pub model: &'a Arc<ServedModel>,
+    /// The step it runs as, in a graph pipeline: it may be of either world,
+    /// and the graph, not one model, says what it must read and make.
+    pub step: Option<&'a str>,
     /// Every team's share of plugin calls.
     pub shares: &'a TeamShares,
     /// The pipeline's response cache.
@@ -158,7 +163,7 @@ impl PluginStage {
     /// registry so activations reach it. Each stage gets its own plugin
     /// instance pool: warm instances are never shared between pipelines.
     pub fn build(name: &str, place: &PluginPlace<'_>, registry: &Arc<PluginRegistry>) -> Result<Arc<PluginStage>> {
-        let world = match place.role {
+        let world_of_role = match place.role {
             StageRole::Preprocess => World::Preprocessor,
             StageRole::Postprocess => World::Postprocessor,
         };
@@ -175,6 +180,7 @@ impl PluginStage {
                 }
             };
             let description = plugin.description();
+            let world = if place.step.is_some() { plugin.world() } else { world_of_role };
             let stage = Arc::new(PluginStage {
                 io: StageIo {
                     name: format!("plugin {name}"),
@@ -191,7 +197,7 @@ impl PluginStage {
                 pipeline: place.pipeline.to_string(),
                 team: place.team.map(str::to_string),
                 world,
-                model: place.model.clone(),
+                model: place.step.is_none().then(|| place.model.clone()),
                 current: ArcSwap::new(Arc::new(plugin)),
                 version: AtomicU32::new(version),
             });
@@ -200,7 +206,7 @@ impl PluginStage {
                 failures.push(format!("{source}: {} {e}", current.label()));
                 continue;
             }
-            if let Some(key) = place.canary_key {
+            if let Some(key) = place.canary_key.filter(|_| place.step.is_none()) {
                 if place.role == StageRole::Preprocess && !stage.inputs().iter().any(|spec| spec.name == key) {
                     return Err(Error::invalid_argument(format!(
                         "canary_key = \"{key}\" is not an input of plugin '{name}'; its inputs: [{}]",
@@ -214,7 +220,7 @@ impl PluginStage {
             // shadowing the file, or a fallback, is never silent.
             tracing::info!(
                 pipeline = place.pipeline,
-                stage = place.role.key(),
+                stage = place.step.unwrap_or(place.role.key()),
                 plugin = name,
                 version,
                 declared = %current.label(),
@@ -235,7 +241,8 @@ impl PluginStage {
     /// The plugin is of this stage's world and fits every version of the
     /// model ([`plugin_fits`]).
     fn fits_model(&self, plugin: &Plugin) -> Result<()> {
-        plugin_fits(plugin, self.world, &self.model.loaded_versions())
+        let versions = self.model.as_ref().map(|model| model.loaded_versions()).unwrap_or_default();
+        plugin_fits(plugin, self.world, &versions)
     }
 
     /// `plugin` has this stage's interface: the same inputs and outputs,
