@@ -325,10 +325,12 @@ async fn a_branch_not_taken_runs_no_model_and_a_failing_step_is_named() {
 }
 
 #[tokio::test]
-async fn a_cascade_under_load_fails_no_request_while_its_fine_ranker_is_swapped() {
+async fn a_cascade_under_load_fails_no_request_while_both_its_models_are_swapped() {
     let repo = tempfile::tempdir().expect("temp dir");
     let fine = repo.path().join("ranker_fine");
+    let coarse = repo.path().join("ranker_coarse");
     copy_dir(&root().join("examples/models/ranker_fine/1"), &fine.join("1"));
+    copy_dir(&root().join("examples/models/ranker_coarse/1"), &coarse.join("1"));
     let config = format!(
         r#"
 [lifecycle]
@@ -336,7 +338,7 @@ file_system_poll_wait_seconds = 1
 
 [[models]]
 name = "ranker_coarse"
-base_path = "$ROOT/examples/models/ranker_coarse"
+base_path = "{}"
 batching = {{ max_batch_size = 4096, batch_timeout_micros = 0 }}
 
 [[models]]
@@ -363,6 +365,7 @@ model = "ranker_fine"
 inputs = {{ features = "shortlist.features" }}
 outputs = {{ score = "scores" }}
 "#,
+        coarse.display(),
         fine.display()
     );
     let server = Server::with_config(&config);
@@ -395,17 +398,22 @@ outputs = {{ score = "scores" }}
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // The pipeline's own model (the version requests choose) and a step
+    // model resolved per request, both replaced at once.
     copy_dir(&root().join("examples/models/ranker_fine/1"), &fine.join("2"));
+    copy_dir(&root().join("examples/models/ranker_coarse/1"), &coarse.join("2"));
     let started = Instant::now();
-    loop {
-        let status = server.model_status("ranker_fine").await;
-        let state = |v: i64| status.iter().find(|s| s.version == v).map(|s| s.state);
-        // AVAILABLE is 30, END is 50 (TF Serving's ModelVersionStatus.State).
-        if state(2) == Some(30) && state(1) == Some(50) {
-            break;
+    for model in ["ranker_fine", "ranker_coarse"] {
+        loop {
+            let status = server.model_status(model).await;
+            let state = |v: i64| status.iter().find(|s| s.version == v).map(|s| s.state);
+            // AVAILABLE is 30, END is 50 (TF Serving's ModelVersionStatus.State).
+            if state(2) == Some(30) && state(1) == Some(50) {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "{model} 2 did not replace 1: {status:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(started.elapsed() < Duration::from_secs(60), "version 2 did not replace version 1: {status:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -416,8 +424,10 @@ outputs = {{ score = "scores" }}
         total += ok;
     }
     assert!(total > 0, "no request was answered");
-    let v2_runs = server.metric("sluice_model_runs_total{model=\"ranker_fine\",version=\"2\"}").await;
-    assert!(v2_runs >= 1.0, "the cascade never reached version 2");
+    for model in ["ranker_fine", "ranker_coarse"] {
+        let v2_runs = server.metric(&format!("sluice_model_runs_total{{model=\"{model}\",version=\"2\"}}")).await;
+        assert!(v2_runs >= 1.0, "the cascade never reached {model} version 2");
+    }
 }
 
 /// `sluice config check` on a graph `steps` over the two rankers.

@@ -69,18 +69,24 @@ class OnnxMLP(kserve.Model):
             InferOutput(name=n, shape=list(r.shape), datatype="FP32", data=r)
             for n, r in zip(self.output_names, results)
         ]
-        # gRPC: numpy outputs always go out in raw_output_contents, and
-        # use_binary_outputs must stay False there (kserve 0.21's to_grpc
-        # tests `infer_output.data` for truth when it is True, which fails
-        # on an array). REST: binary outputs when the request asks for them.
-        return InferResponse(
-            # REST requests without an id carry None, which the response
-            # model rejects; gRPC ones carry "" and keep it.
-            response_id=payload.id if payload.id is not None else utils.generate_uuid(),
-            model_name=self.name,
-            infer_outputs=outputs,
-            use_binary_outputs=False if payload.from_grpc else payload.use_binary_outputs,
-        )
+        return answer(self.name, payload, outputs)
+
+
+def answer(model_name: str, payload: InferRequest, outputs) -> InferResponse:
+    """The response to `payload` with `outputs` (numpy data), as both peers
+    send it."""
+    # gRPC: numpy outputs always go out in raw_output_contents, and
+    # use_binary_outputs must stay False there (kserve 0.21's to_grpc
+    # tests `infer_output.data` for truth when it is True, which fails
+    # on an array). REST: binary outputs when the request asks for them.
+    return InferResponse(
+        # REST requests without an id carry None, which the response
+        # model rejects; gRPC ones carry "" and keep it.
+        response_id=payload.id if payload.id is not None else utils.generate_uuid(),
+        model_name=model_name,
+        infer_outputs=outputs,
+        use_binary_outputs=False if payload.from_grpc else payload.use_binary_outputs,
+    )
 
 
 def main() -> None:

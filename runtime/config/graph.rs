@@ -367,8 +367,11 @@ pub fn check_graph(
         }
         waits.push(before);
     }
-    for output in outputs {
+    for (i, output) in outputs.iter().enumerate() {
         known(output).map_err(|e| invalid!("{key}.outputs: {e}"))?;
+        if outputs[..i].contains(output) {
+            return Err(invalid!("{key}.outputs: \"{output}\" is listed twice"));
+        }
     }
     // Kahn's order: what is left when no step is ready is a cycle.
     let mut done = vec![false; steps.len()];

@@ -165,6 +165,12 @@ impl Graph {
                 let queue = cx.metrics.queue(&format!("{}/{}", config.name, step.name));
                 let (workers, capacity) = step.stage().map_or((1, 1), |s| (s.workers, s.queue_capacity));
                 let runner = match config.mode {
+                    // A built-in measured cheap runs in the request's task:
+                    // the hand-off to a worker would cost more than it.
+                    Mode::Pipelined if !matches!(kind, StageKind::Plugin(_)) => {
+                        StageRunner::pipelined(stage.clone(), label, workers, capacity, queue)?
+                            .inline_when_cheap(cx.inline_budget)
+                    }
                     Mode::Pipelined => StageRunner::pipelined(stage.clone(), label, workers, capacity, queue)?,
                     Mode::Sequential => StageRunner::sequential(stage.clone(), label, queue),
                 };

@@ -109,6 +109,9 @@ pub struct BuildContext<'a> {
     pub features: &'a FeatureTables,
     /// Priorities and quotas.
     pub traffic: &'a Arc<TrafficRules>,
+    /// `server.inline_inference_micros`: a graph's built-in steps measured
+    /// cheaper than this run in the request's task, as cheap model runs do.
+    pub inline_budget: Duration,
 }
 
 impl Pipeline {

@@ -19,6 +19,7 @@ use super::lanes::{self, LanesReceiver, LanesSender, Refused};
 use super::priority::Priority;
 use super::trace;
 use crate::error::{Error, Result};
+use crate::infer::inline::InlineRule;
 use crate::metrics::QueueMetrics;
 use crate::tensor::spec::TensorSpec;
 use crate::tensor::NamedTensor;
@@ -112,6 +113,9 @@ struct StageJob {
     span: tracing::Span,
     /// A traced request's wait for a worker, ended when one takes it.
     queue_wait: tracing::Span,
+    /// Where the run's cost is recorded, with its size, when cheap runs
+    /// may run inline.
+    measure: Option<(Arc<InlineRule>, usize)>,
 }
 
 /// Runs one stage of one pipeline, through its own queue and threads or
@@ -123,6 +127,10 @@ pub struct StageRunner {
     queue: Option<LanesSender<StageJob>>,
     capacity: usize,
     metrics: QueueMetrics,
+    /// Present when a request measured cheap may run in the caller's task
+    /// instead of waking a worker (a graph's built-ins: microseconds of
+    /// work, where a hand-off to a worker and back costs tens).
+    inline: Option<Arc<InlineRule>>,
 }
 
 impl StageRunner {
@@ -146,12 +154,24 @@ impl StageRunner {
             })
             .map_err(|e| Error::internal(format!("{label}: starting a worker thread failed: {e}")))?;
         }
-        Ok(StageRunner { stage, label, queue: Some(queue), capacity, metrics })
+        Ok(StageRunner { stage, label, queue: Some(queue), capacity, metrics, inline: None })
+    }
+
+    /// The same runner, running a request in the caller's task when the
+    /// stage's runs of its size are measured to cost no more than
+    /// `budget` (`server.inline_inference_micros`); zero: never. Only for
+    /// the server's own code: a plugin runs on its workers, whatever it
+    /// cost before.
+    pub fn inline_when_cheap(mut self, budget: std::time::Duration) -> StageRunner {
+        if self.queue.is_some() && !budget.is_zero() {
+            self.inline = Some(Arc::new(InlineRule::new(budget)));
+        }
+        self
     }
 
     /// A stage run in the caller's task.
     pub fn sequential(stage: Arc<dyn Stage>, label: String, metrics: QueueMetrics) -> StageRunner {
-        StageRunner { stage, label: label.into(), queue: None, capacity: 0, metrics }
+        StageRunner { stage, label: label.into(), queue: None, capacity: 0, metrics, inline: None }
     }
 
     /// Requests waiting for a worker now.
@@ -178,13 +198,35 @@ impl StageRunner {
             self.metrics.expired.inc();
             return Err(Error::deadline_exceeded(&format!("before {}", self.label)));
         }
+        let elements: usize = tensors.iter().map(|t| t.tensor.len()).sum();
+        let here = self.queue.is_none() || self.inline.as_ref().is_some_and(|rule| rule.allows(elements));
+        if !here {
+            return self.hand_off(tensors, deadline, priority, max_tensor_bytes, elements).await;
+        }
+        // Sequential, or measured cheap: here, now, on this thread.
+        let cx = StageCx::new(deadline, &never_gone, max_tensor_bytes);
+        let span = trace::current_step(self.stage.name());
+        let started = Instant::now();
+        let result = crate::threads::run_blocking_here(|| {
+            span.in_scope(|| run_stage(&*self.stage, &self.label, tensors, &cx, &self.metrics))
+        });
+        if let Some(rule) = &self.inline {
+            rule.record(elements, started.elapsed().as_secs_f64());
+        }
+        result
+    }
+
+    /// Sends one request to the workers and waits for their answer.
+    async fn hand_off(
+        &self,
+        tensors: Vec<NamedTensor>,
+        deadline: Deadline,
+        priority: Priority,
+        max_tensor_bytes: usize,
+        elements: usize,
+    ) -> Result<Vec<NamedTensor>> {
         let Some(queue) = &self.queue else {
-            // Sequential: here, now, on this thread.
-            let cx = StageCx::new(deadline, &never_gone, max_tensor_bytes);
-            let span = trace::current_step(self.stage.name());
-            return crate::threads::run_blocking_here(|| {
-                span.in_scope(|| run_stage(&*self.stage, &self.label, tensors, &cx, &self.metrics))
-            });
+            return Err(Error::internal(format!("{} has no workers, this is a bug", self.label)));
         };
         let (reply, answer) = oneshot::channel();
         let job = StageJob {
@@ -195,6 +237,7 @@ impl StageRunner {
             reply,
             span: tracing::Span::current(),
             queue_wait: trace::current_step("queue_wait"),
+            measure: self.inline.clone().map(|rule| (rule, elements)),
         };
         queue.try_send(priority, job).map_err(|e| match e {
             Refused::Full(_) => {
@@ -237,8 +280,12 @@ fn worker(stage: Arc<dyn Stage>, label: &str, jobs: LanesReceiver<StageJob>, met
         let reply = job.reply;
         let gone = || reply.is_closed();
         let cx = StageCx::new(job.deadline, &gone, job.max_tensor_bytes);
+        let started = Instant::now();
         let result =
             trace::step(&job.span, stage.name()).in_scope(|| run_stage(&*stage, label, job.tensors, &cx, &metrics));
+        if let Some((rule, elements)) = &job.measure {
+            rule.record(*elements, started.elapsed().as_secs_f64());
+        }
         if let Err(Error::Cancelled(_)) = &result {
             metrics.cancelled.inc();
         }

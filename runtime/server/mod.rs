@@ -362,6 +362,7 @@ async fn load(
             team_shares: &team_shares,
             features: &features,
             traffic: &traffic,
+            inline_budget: Duration::from_micros(config.server.inline_inference_micros),
         };
         Endpoints::build(&config, models, manager, &cx, metrics.clone())
     })
