@@ -497,3 +497,43 @@ fn config_check_names_cycles_unknown_tensors_and_misfits() {
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("pipeline 'g': steps fine (model ranker_fine)"), "{out}");
 }
+
+#[tokio::test]
+async fn a_model_steps_share_of_its_models_admission_is_enforced_and_named() {
+    // ranker_coarse admits one request at once; a graph that runs it twice
+    // at once (its batch timeout holds the first run) is refused the
+    // second place, naming the step and the model's queue.
+    let server = Server::with_config(
+        r#"
+[[models]]
+name = "ranker_coarse"
+base_path = "$ROOT/examples/models/ranker_coarse"
+max_in_flight = 1
+batching = { max_batch_size = 64, batch_timeout_micros = 50000 }
+
+[[pipelines]]
+name = "twice"
+model = "ranker_coarse"
+inputs = ["features"]
+outputs = ["a.score", "b.score"]
+[[pipelines.steps]]
+name = "a"
+model = "ranker_coarse"
+[[pipelines.steps]]
+name = "b"
+model = "ranker_coarse"
+"#,
+    );
+    let features = values(5, 16);
+    let refused = predict(&server, "twice", vec![("features", f32_content(&[1, 16], &features))])
+        .await
+        .expect_err("one place for two steps");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+    let message = refused.message();
+    assert!(
+        message.contains("ranker_coarse") && (message.contains("step 'a'") || message.contains("step 'b'")),
+        "{message}"
+    );
+    // The model serves its direct callers on.
+    predict(&server, "ranker_coarse", vec![("features", f32_content(&[1, 16], &features))]).await.expect("direct");
+}

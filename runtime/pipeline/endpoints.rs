@@ -87,6 +87,8 @@ impl Endpoints {
                 Pipeline::direct(served, model, cx.traffic, cx.metrics, cx.max_tensor_bytes)?,
             );
         }
+        // Before any configured pipeline takes a model's name.
+        let direct = pipelines.clone();
         let mut failed = BTreeMap::new();
         let mut used_by: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for pipeline in &config.pipelines {
@@ -100,7 +102,7 @@ impl Endpoints {
                 Error::not_found(format!("pipeline '{}': model '{}' is not served", pipeline.name, pipeline.model))
             })?;
             let built = if pipeline.is_graph() {
-                Pipeline::graph(pipeline, served, &models, cx)
+                Pipeline::graph(pipeline, served, &models, &direct, cx)
             } else {
                 Pipeline::build(pipeline, served, cx)
             };

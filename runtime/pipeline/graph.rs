@@ -66,7 +66,14 @@ impl StepVersion {
 
 /// What a step runs.
 enum StepRun {
-    Model { model: Arc<ServedModel>, version: StepVersion },
+    /// `direct` is the model served under its own name: its admission
+    /// (`max_in_flight`, priorities, quotas) bounds the model's work from
+    /// graphs as from its direct callers.
+    Model {
+        model: Arc<ServedModel>,
+        version: StepVersion,
+        direct: Option<Arc<super::Pipeline>>,
+    },
     Stage(StageRunner),
 }
 
@@ -126,10 +133,12 @@ impl fmt::Display for StepOwner<'_> {
 impl Graph {
     /// Builds the graph of `config` over the served `models`, fitted to
     /// the latest version of each; `fetch` is the pipeline's feature
-    /// fetch, already built.
+    /// fetch, already built; `direct` the pipelines serving each model
+    /// under its own name.
     pub fn build(
         config: &PipelineConfig,
         models: &BTreeMap<String, Arc<ServedModel>>,
+        direct: &BTreeMap<String, Arc<super::Pipeline>>,
         fetch: Option<FeatureFetch>,
         cx: &BuildContext<'_>,
     ) -> Result<Graph> {
@@ -197,7 +206,8 @@ impl Graph {
                     let model = models.get(&model_step.model).cloned().ok_or_else(|| {
                         Error::internal(format!("model '{}' is not loaded, this is a bug", model_step.model))
                     })?;
-                    StepRun::Model { model, version: step_version(model_step, &config.model) }
+                    let direct = direct.get(&model_step.model).cloned();
+                    StepRun::Model { model, version: step_version(model_step, &config.model), direct }
                 }
                 (StepAction::Stage(_), Some(runner)) => StepRun::Stage(runner),
                 (StepAction::Stage(_), None) => {
@@ -431,7 +441,10 @@ impl Graph {
             StepRun::Stage(runner) => {
                 runner.run(inputs, deadline, priority, self.max_tensor_bytes).instrument(span).await
             }
-            StepRun::Model { model, version } => {
+            StepRun::Model { model, version, direct } => {
+                // A place in the model's own admission for the step's run.
+                let _admitted =
+                    direct.as_ref().map(|direct| direct.admission.try_admit(priority, deadline)).transpose()?;
                 let served = match version {
                     StepVersion::Chosen => chosen.clone(),
                     other => model.resolve(other.choice())?,

@@ -242,11 +242,13 @@ impl Pipeline {
 
     /// A pipeline that is a graph of steps: `model` (its `model` key) is
     /// the one whose versions clients choose; `models` are every model
-    /// served, its steps' among them.
+    /// served, its steps' among them, and `direct` the pipeline serving
+    /// each under its own name, whose admission its steps take a place in.
     pub fn graph(
         config: &PipelineConfig,
         model: Arc<ServedModel>,
         models: &BTreeMap<String, Arc<ServedModel>>,
+        direct: &BTreeMap<String, Arc<Pipeline>>,
         cx: &BuildContext<'_>,
     ) -> Result<Arc<Pipeline>> {
         let name = config.name.clone();
@@ -260,7 +262,7 @@ impl Pipeline {
             })
             .transpose()
             .map_err(context)?;
-        let graph = graph::Graph::build(config, models, fetch, cx).map_err(context)?;
+        let graph = graph::Graph::build(config, models, direct, fetch, cx).map_err(context)?;
         let mut signatures = BTreeMap::new();
         for version in model.versions() {
             graph.fits(&version).map_err(context)?;
