@@ -537,3 +537,85 @@ model = "ranker_coarse"
     // The model serves its direct callers on.
     predict(&server, "ranker_coarse", vec![("features", f32_content(&[1, 16], &features))]).await.expect("direct");
 }
+
+#[tokio::test]
+async fn a_plugin_step_feeds_a_model_and_is_checked_like_any_step() {
+    // The `scale` plugin (doubles `x`) before the MLP, beside the MLP on
+    // the raw rows: one request, both answers.
+    let dir = common::fixtures::ConfigDir::new(
+        &[("scale", "scale")],
+        r#"
+[plugins]
+dir = "$PLUGINS"
+
+[[models]]
+name = "mlp"
+base_path = "$ROOT/examples/models/mlp"
+version_policy = "all"
+
+[[pipelines]]
+name = "scaled"
+model = "mlp"
+inputs = ["x"]
+outputs = ["raw", "doubled"]
+[[pipelines.steps]]
+name = "double"
+plugin = "scale"
+[[pipelines.steps]]
+name = "on_doubled"
+model = "mlp"
+version = 1
+inputs = { x = "double.x" }
+outputs = { logits = "doubled" }
+[[pipelines.steps]]
+name = "on_raw"
+model = "mlp"
+version = 1
+outputs = { logits = "raw" }
+"#,
+    );
+    let server = Server::serving(&dir);
+    let x = values(11, 2 * 64);
+    let doubled_x: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+    let outputs = predict(&server, "scaled", vec![("x", f32_content(&[2, 64], &x))]).await.expect("scaled");
+    let (_, raw) = reference(&example_model("mlp", 1), vec![("x", RefInput::F32(vec![2, 64], x.clone()))], "logits");
+    let (_, doubled) =
+        reference(&example_model("mlp", 1), vec![("x", RefInput::F32(vec![2, 64], doubled_x))], "logits");
+    close("raw", &f32_values(&outputs["raw"]), &raw);
+    close("doubled", &f32_values(&outputs["doubled"]), &doubled);
+    // The step's own queue is counted under the pipeline and the step.
+    assert!(server.metrics().await.contains("queue=\"scaled/double\""));
+    let ran = "sluice_graph_steps_total{pipeline=\"scaled\",step=\"double\",outcome=\"ran\"}";
+    assert_eq!(server.metric(ran).await, 1.0);
+
+    // A plugin whose outputs do not fit what reads them stops the start,
+    // named: `scale` makes `x` [-1, 64], the recommender reads `dense`
+    // [-1, 13].
+    let misfit = common::fixtures::ConfigDir::new(
+        &[("scale", "scale")],
+        r#"
+[plugins]
+dir = "$PLUGINS"
+
+[[models]]
+name = "recommender"
+base_path = "$ROOT/examples/models/recommender"
+
+[[pipelines]]
+name = "wrong"
+model = "recommender"
+inputs = ["x", "ids"]
+outputs = ["model.score"]
+[[pipelines.steps]]
+name = "double"
+plugin = "scale"
+[[pipelines.steps]]
+name = "model"
+model = "recommender"
+inputs = { dense = "double.x" }
+"#,
+    );
+    let (code, stdout, stderr) = run_sluice(&["config", "check", misfit.config().to_str().expect("utf-8 path")]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("step 'model'") && stderr.contains("input 'dense' reads 'double.x'"), "{stderr}");
+}

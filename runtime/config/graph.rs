@@ -18,7 +18,7 @@ use serde::Deserialize;
 use super::stage::{StageConfig, StageKind};
 use super::{check_name, FeatureFetchConfig, Invalid};
 use crate::invalid;
-use crate::tensor::DType;
+use sluice_sdk::DType;
 
 /// A tensor clients send a graph pipeline: its name, and its dtype and
 /// shape when no model or plugin step reading it says them (a built-in
