@@ -90,6 +90,31 @@ features.recent = {{ dtype = "string", shape = [4] }}
 store = "redis"
 key = "item_id"
 features.stats = {{ dtype = "float32", shape = [13] }}
+
+# A graph that runs its fallback step while the store is down.
+[[pipelines]]
+name = "fallback-graph"
+model = "anyrank"
+inputs = ["id"]
+outputs = ["y"]
+[pipelines.feature_fetch]
+on_store_error = "defaults"
+[[pipelines.feature_fetch.lookups]]
+keys = "id"
+key_dtype = "int64"
+key_shape = [-1, -1]
+table = "ints"
+features = [{{ feature = "v", tensor = "x", default = [-1.0, -1.0, -1.0] }}]
+[[pipelines.steps]]
+name = "main"
+model = "anyrank"
+unless = "feature_fetch.fell_back"
+outputs = {{ y = "y" }}
+[[pipelines.steps]]
+name = "fallback"
+model = "anyrank"
+when = "feature_fetch.fell_back"
+outputs = {{ y = "y" }}
 "#,
             cache = if *cache { 10000 } else { 0 }
         ),
@@ -691,6 +716,27 @@ async fn with_on_store_error_defaults_a_redis_outage_serves_the_defaults() {
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     let served = "sluice_feature_fallbacks_total{table=\"ints\",store=\"redis\",outcome=\"defaults\"}";
     assert_eq!(server.metric(served).await, 1.0, "one lookup fell back");
+}
+
+#[tokio::test]
+async fn a_graph_runs_its_fallback_step_while_the_feature_store_is_down() {
+    let (mut redis, config) = loaded_redis(false, "defaults");
+    let server = serve(&config);
+    let mut client = server.predict_client().await;
+    let ran =
+        |step: &str| format!("sluice_graph_steps_total{{pipeline=\"fallback-graph\",step=\"{step}\",outcome=\"ran\"}}");
+    let call = |keys: &[i64]| probe("fallback-graph", i64_keys(&[1, keys.len() as i64], keys));
+    let answer = client.predict(call(&[4])).await.expect("store up");
+    assert_eq!(f32_values(&answer.into_inner().outputs["y"]), expected_row(Some(4), 1));
+    assert_eq!((server.metric(&ran("main")).await, server.metric(&ran("fallback")).await), (1.0, 0.0));
+    redis.kill();
+    let answer = client.predict(call(&[4])).await.expect("store down: the fallback answers");
+    assert_eq!(
+        f32_values(&answer.into_inner().outputs["y"]),
+        expected_row(None, 1),
+        "the defaults, through the fallback"
+    );
+    assert_eq!((server.metric(&ran("main")).await, server.metric(&ran("fallback")).await), (1.0, 1.0));
 }
 
 #[tokio::test]

@@ -246,6 +246,9 @@ pub fn check_graph(
                 made.entry(feature.tensor_name().to_string()).or_default().push(Source::Fetch);
             }
         }
+        // True when a lookup fell back on `on_store_error`: a fallback
+        // step's condition (pipeline::fetch::FELL_BACK).
+        made.entry("feature_fetch.fell_back".to_string()).or_default().push(Source::Fetch);
     }
     let mut names = BTreeSet::new();
     let mut leads = false;

@@ -28,6 +28,11 @@ use crate::tensor::spec::{fits, TensorSpec};
 use crate::tensor::{tensor_bytes, DType, NamedTensor, Tensor, TensorData};
 use prometheus_client::metrics::counter::Counter;
 
+/// The tensor a graph pipeline's feature fetch adds: a boolean scalar,
+/// true when a lookup fell back on `on_store_error` (its store down or
+/// too slow), for a fallback step's `when`.
+pub const FELL_BACK: &str = "feature_fetch.fell_back";
+
 /// A pipeline's feature-fetch stage.
 pub struct FeatureFetch {
     /// "the feature fetch of pipeline 'recommend'", for messages.
@@ -162,23 +167,38 @@ impl FeatureFetch {
     /// added.
     pub async fn run(
         &self,
-        mut tensors: Vec<NamedTensor>,
+        tensors: Vec<NamedTensor>,
         deadline: Deadline,
         priority: Priority,
         max_tensor_bytes: usize,
     ) -> Result<Vec<NamedTensor>> {
+        self.run_telling(tensors, deadline, priority, max_tensor_bytes).await.map(|(tensors, _)| tensors)
+    }
+
+    /// [`FeatureFetch::run`], also telling whether a lookup fell back on
+    /// `on_store_error` (its store down or too slow): a graph pipeline
+    /// can run a fallback model on it ([`FELL_BACK`]).
+    pub async fn run_telling(
+        &self,
+        mut tensors: Vec<NamedTensor>,
+        deadline: Deadline,
+        priority: Priority,
+        max_tensor_bytes: usize,
+    ) -> Result<(Vec<NamedTensor>, bool)> {
         let _admitted = self.admission.try_admit(priority, deadline)?;
         if deadline.expired() {
             self.metrics.expired.inc();
             return Err(Error::deadline_exceeded(&format!("before {}", self.label)));
         }
         let started = Instant::now();
+        let mut fell_back = false;
         for lookup in &self.lookups {
-            let fetched = self.fetch(lookup, &tensors, deadline, max_tensor_bytes).await?;
+            let (fetched, fallback) = self.fetch(lookup, &tensors, deadline, max_tensor_bytes).await?;
+            fell_back |= fallback;
             tensors.extend(fetched);
         }
         self.metrics.busy.observe(started.elapsed().as_secs_f64());
-        Ok(tensors)
+        Ok((tensors, fell_back))
     }
 
     async fn fetch(
@@ -187,7 +207,7 @@ impl FeatureFetch {
         tensors: &[NamedTensor],
         deadline: Deadline,
         max_tensor_bytes: usize,
-    ) -> Result<Vec<NamedTensor>> {
+    ) -> Result<(Vec<NamedTensor>, bool)> {
         let name = &lookup.keys.name;
         let keys_tensor = &tensors
             .iter()
@@ -225,6 +245,7 @@ impl FeatureFetch {
                 lookup.store.lookup(keys, &lookup.wanted, deadline.instant()),
             )
             .await;
+        let fell_back = found.is_err();
         let mut found = match found.or_else(|error| self.fall_back(lookup, keys, error)) {
             Ok(found) => found,
             Err(error) => return Err(error.context(format_args!("{} (table '{table}')", self.label))),
@@ -255,7 +276,7 @@ impl FeatureFetch {
             };
             out.push(NamedTensor::new(f.tensor.clone(), Tensor::from_parts_unchecked(f.spec.dtype, shape, data)));
         }
-        Ok(out)
+        Ok((out, fell_back))
     }
 
     /// What a lookup whose store failed with `error` answers instead, as

@@ -27,7 +27,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tracing::Instrument;
 
 use super::deadline::Deadline;
-use super::fetch::FeatureFetch;
+use super::fetch::{FeatureFetch, FELL_BACK};
 use super::priority::Priority;
 use super::served::{ServedModel, ServedVersion};
 use super::stage::StageRunner;
@@ -99,8 +99,9 @@ pub struct Graph {
     tensors: Vec<Arc<str>>,
     /// The steps that write each slot (none for inputs and fetched ones).
     writers: Vec<Vec<usize>>,
-    /// Features fetched first, by the keys among the inputs.
-    fetch: Option<(FeatureFetch, Vec<usize>)>,
+    /// Features fetched first, by the keys among the inputs: the fetch,
+    /// the slots of what it makes, and the slot telling it fell back.
+    fetch: Option<(FeatureFetch, Vec<usize>, usize)>,
     steps: Vec<Step>,
     /// The slots answered, in answer order.
     outputs: Vec<usize>,
@@ -154,7 +155,7 @@ impl Graph {
         };
         let plan = plan(
             config,
-            fetch.as_ref().map(|f| (f.key_inputs(), f.outputs())),
+            fetch.as_ref().map(|f| (f.key_inputs(), fetched_tensors(f))),
             &mut |step| served(step).map(|v| v.signature().clone()),
             &mut |step, kind, reads| {
                 let place = PluginPlace {
@@ -197,7 +198,8 @@ impl Graph {
         };
         let fetch = fetch.map(|fetch| {
             let slots = fetch.outputs().iter().map(|made| slot(&made.name, &mut tensors)).collect();
-            (fetch, slots)
+            let fell_back = slot(FELL_BACK, &mut tensors);
+            (fetch, slots, fell_back)
         });
         let mut steps = Vec::with_capacity(config.steps.len());
         for (step, fitted) in config.steps.iter().zip(plan.steps) {
@@ -325,7 +327,7 @@ impl Graph {
         for (slot, tensor) in slots.iter_mut().zip(inputs) {
             *slot = Some(tensor);
         }
-        if let Some((fetch, fetched)) = &self.fetch {
+        if let Some((fetch, fetched, fell_back_at)) = &self.fetch {
             let given: Vec<NamedTensor> = self
                 .signature
                 .inputs
@@ -333,10 +335,11 @@ impl Graph {
                 .zip(&slots)
                 .filter_map(|(spec, t)| t.as_ref().map(|t| NamedTensor::new(spec.name.clone(), t.clone())))
                 .collect();
-            let all = fetch
-                .run(given, deadline, priority, self.max_tensor_bytes)
+            let (all, fell_back) = fetch
+                .run_telling(given, deadline, priority, self.max_tensor_bytes)
                 .instrument(current_step("feature_fetch"))
                 .await?;
+            slots[*fell_back_at] = Some(Tensor::from_bools(Vec::new(), &[fell_back]));
             for made in all {
                 if let Some(&at) = fetched.iter().find(|&&at| *self.tensors[at] == made.name) {
                     slots[at] = Some(made.tensor);
@@ -512,6 +515,13 @@ fn renamed(spec: &TensorSpec, name: &str) -> TensorSpec {
     let mut spec = spec.clone();
     spec.name = name.to_string();
     spec
+}
+
+/// What a feature fetch makes in a graph: its features, and [`FELL_BACK`].
+fn fetched_tensors(fetch: &FeatureFetch) -> Vec<TensorSpec> {
+    let mut made = fetch.outputs();
+    made.push(TensorSpec::new(FELL_BACK, DType::Bool, Vec::new()));
+    made
 }
 
 /// Which version of its model `step` runs, in a pipeline over `chosen`.
