@@ -14,7 +14,7 @@ use crate::config::stage::{BlendConfig, ConcatConfig, TopRowsConfig};
 use crate::error::{Error, Result};
 use crate::pipeline::stage::{Stage, StageCx, StageIo};
 use crate::tensor::spec::TensorSpec;
-use crate::tensor::{format_shape, DType, NamedTensor, Tensor, TensorData};
+use crate::tensor::{format_shape, tensor_bytes, DType, NamedTensor, Tensor, TensorData};
 
 /// The rows of `tensor` at `rows`, in that order (one copy).
 pub fn take_rows(tensor: &Tensor, rows: &[usize], name: &str) -> Result<Tensor> {
@@ -198,9 +198,16 @@ impl Stage for Gather {
         &self.io
     }
 
-    fn process(&self, inputs: Vec<NamedTensor>, _cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
+    fn process(&self, inputs: Vec<NamedTensor>, cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
         let values = given("gather", &inputs, "values")?;
         let indices = given("gather", &inputs, "indices")?;
+        // Indexes may repeat rows: the output is sized by them, not by
+        // `values`, so it is bounded before it is made.
+        let mut shape = values.shape().to_vec();
+        if let Some(first) = shape.first_mut() {
+            *first = indices.len() as i64;
+        }
+        tensor_bytes(values.dtype(), &shape, cx.max_tensor_bytes, "gather's output 'values'")?;
         let wanted: Vec<i64> = match indices.dtype() {
             DType::I32 => indices.to_vec::<i32>().unwrap_or_default().into_iter().map(i64::from).collect(),
             _ => indices.to_vec::<i64>().unwrap_or_default(),
@@ -416,8 +423,10 @@ impl Stage for Concat {
         &self.io
     }
 
-    fn process(&self, inputs: Vec<NamedTensor>, _cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
+    fn process(&self, inputs: Vec<NamedTensor>, cx: &StageCx<'_>) -> Result<Vec<NamedTensor>> {
         let parts: Vec<&Tensor> = self.order.iter().map(|n| given("concat", &inputs, n)).collect::<Result<_>>()?;
+        let elements: usize = parts.iter().map(|p| p.len()).sum();
+        tensor_bytes(parts[0].dtype(), &[elements as i64], cx.max_tensor_bytes, "concat's output 'joined'")?;
         let rows = parts[0].rows();
         let dtype = parts[0].dtype();
         let size = dtype.size().unwrap_or(1);
@@ -485,9 +494,18 @@ mod tests {
             .unwrap();
         assert_eq!(out[0].tensor.to_vec::<f32>().unwrap(), vec![3.0, 4.0, 3.0, 4.0]);
         let e = stage
-            .process_now(vec![values, NamedTensor::new("indices", Tensor::from_values(vec![1], &[7i64]))])
+            .process_now(vec![values.clone(), NamedTensor::new("indices", Tensor::from_values(vec![1], &[7i64]))])
             .unwrap_err();
         assert!(e.to_string().contains("row 7 of 'values'"), "{e}");
+        // A million repeats of one row: refused before anything is made.
+        let many = NamedTensor::new("indices", Tensor::from_values(vec![1 << 20], &vec![0i64; 1 << 20]));
+        let cx = crate::pipeline::stage::StageCx::new(
+            crate::pipeline::deadline::Deadline::NONE,
+            &crate::pipeline::stage::never_gone,
+            1 << 20,
+        );
+        let e = stage.process(vec![values, many], &cx).unwrap_err();
+        assert!(e.to_string().contains("gather's output 'values'"), "{e}");
     }
 
     #[test]
