@@ -567,10 +567,10 @@ model = "mlp"
 version = 1
 inputs = { x = "double.x" }
 outputs = { logits = "doubled" }
+# The version the request chose (the latest, 2, when it names none).
 [[pipelines.steps]]
 name = "on_raw"
 model = "mlp"
-version = 1
 outputs = { logits = "raw" }
 "#,
     );
@@ -578,7 +578,7 @@ outputs = { logits = "raw" }
     let x = values(11, 2 * 64);
     let doubled_x: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
     let outputs = predict(&server, "scaled", vec![("x", f32_content(&[2, 64], &x))]).await.expect("scaled");
-    let (_, raw) = reference(&example_model("mlp", 1), vec![("x", RefInput::F32(vec![2, 64], x.clone()))], "logits");
+    let (_, raw) = reference(&example_model("mlp", 2), vec![("x", RefInput::F32(vec![2, 64], x.clone()))], "logits");
     let (_, doubled) =
         reference(&example_model("mlp", 1), vec![("x", RefInput::F32(vec![2, 64], doubled_x))], "logits");
     close("raw", &f32_values(&outputs["raw"]), &raw);

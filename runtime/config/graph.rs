@@ -249,6 +249,16 @@ pub fn check_graph(
         // True when a lookup fell back on `on_store_error`: a fallback
         // step's condition (pipeline::fetch::FELL_BACK).
         made.entry("feature_fetch.fell_back".to_string()).or_default().push(Source::Fetch);
+        // Each lookup's keys are a graph input or what an earlier one made.
+        for (l, lookup) in fetch.lookups.iter().enumerate() {
+            let earlier = fetch.lookups[..l].iter().flat_map(|e| &e.features).any(|f| f.tensor_name() == lookup.keys);
+            if !earlier && !inputs.iter().any(|i| i.name == lookup.keys) {
+                return Err(invalid!(
+                    "{key}.feature_fetch.lookups[{l}].keys = \"{}\": not among the graph's inputs; list it in {key}.inputs",
+                    lookup.keys
+                ));
+            }
+        }
     }
     let mut names = BTreeSet::new();
     let mut leads = false;
@@ -279,7 +289,9 @@ pub fn check_graph(
                 if let Some(version) = model.version.filter(|v| *v < 0) {
                     return Err(invalid!("{step_key}.version = {version}: expected a version number (0 or more)"));
                 }
-                leads |= model.model == lead;
+                // The step that runs the pipeline's model at the version the
+                // request chose; a pinned one would ignore that choice.
+                leads |= model.model == lead && model.version.is_none() && model.version_label.is_none();
             }
             StepAction::Stage(stage) => {
                 let chosen = stage.kind_names();
@@ -305,10 +317,28 @@ pub fn check_graph(
             made.entry(renamed.clone()).or_default().push(Source::Step(i));
         }
     }
+    // `STEP.` names are the steps' own: an input, a feature or a rename
+    // there would share a slot with a step's output.
+    for name in made.keys() {
+        if let Some((prefix, _)) = name.split_once('.') {
+            let owner = if prefix == "feature_fetch" && fetch.is_some() { None } else { Some(prefix) };
+            if let Some(step) = owner.filter(|p| steps.iter().any(|s| s.name == *p)) {
+                return Err(invalid!(
+                    "{key}: the tensor name '{name}' is in step '{step}'s own names (its outputs are '{step}.OUTPUT'); \
+                     choose a name that does not start with '{step}.'"
+                ));
+            }
+        }
+    }
+    if fetch.is_some() && steps.iter().any(|s| s.name == "feature_fetch") {
+        return Err(invalid!(
+            "{key}.steps: 'feature_fetch' names the feature fetch's own tensors; name the step otherwise"
+        ));
+    }
     if !leads {
         return Err(invalid!(
-            "{key}.model = \"{lead}\": no step runs it; a pipeline with steps names, in `model`, the model step whose \
-             versions clients choose"
+            "{key}.model = \"{lead}\": no step runs it without a version or version_label of its own; a pipeline \
+             with steps names, in `model`, the model step whose versions clients choose"
         ));
     }
     for (tensor, sources) in &made {
@@ -456,6 +486,31 @@ mod tests {
         "#;
         let e = check(&["x"], &["a.y"], text).unwrap_err().0;
         assert!(e.contains("cycle") && e.contains("\"a\"") && e.contains("\"b\""), "{e}");
+    }
+
+    #[test]
+    fn a_name_in_a_steps_own_names_is_refused() {
+        let text = r#"
+            [[steps]]
+            name = "coarse"
+            model = "coarse"
+            [[steps]]
+            name = "fine"
+            model = "fine"
+            inputs = { features = "coarse.score" }
+            outputs = { score = "coarse.score" }
+        "#;
+        let e = check(&["features"], &["fine.score"], text).unwrap_err().0;
+        assert!(e.contains("'coarse.score' is in step 'coarse's own names"), "{e}");
+        let e = check(&["coarse.x"], &["fine.score"], CASCADE).unwrap_err().0;
+        assert!(e.contains("'coarse.x'"), "{e}");
+    }
+
+    #[test]
+    fn the_lead_step_may_not_pin_its_version() {
+        let text = "[[steps]]\nname = \"a\"\nmodel = \"fine\"\nversion = 2\n";
+        let e = check(&["x"], &["a.y"], text).unwrap_err().0;
+        assert!(e.contains("without a version or version_label"), "{e}");
     }
 
     #[test]

@@ -398,6 +398,12 @@ impl Config {
                 fetch.check(&format!("{key}.feature_fetch"), &self.features)?;
             }
             if pipeline.is_graph() {
+                if pipeline.cache.is_some() && pipeline.feature_fetch.is_some() {
+                    return Err(invalid!(
+                        "{key}.cache: a graph fetches its features inside its steps, so its answers depend on more \
+                         than the inputs a cache would keep them by; drop the cache or the feature fetch"
+                    ));
+                }
                 if let Some((role, _)) = pipeline.stages().next() {
                     return Err(invalid!(
                         "{key}.{}: a pipeline with steps runs everything as steps; make it a step",

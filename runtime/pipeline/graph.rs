@@ -105,6 +105,10 @@ pub struct Graph {
     steps: Vec<Step>,
     /// The slots answered, in answer order.
     outputs: Vec<usize>,
+    /// What each slot's readers take (a step's input, or the answer's
+    /// output), by who reads it: what a new version of the model that
+    /// makes it must fit.
+    wanted: Vec<Vec<(String, TensorSpec)>>,
     /// What clients send and receive.
     signature: Signature,
     max_tensor_bytes: usize,
@@ -202,7 +206,12 @@ impl Graph {
             (fetch, slots, fell_back)
         });
         let mut steps = Vec::with_capacity(config.steps.len());
+        let mut wanted_at: Vec<(usize, String, TensorSpec)> = Vec::new();
         for (step, fitted) in config.steps.iter().zip(plan.steps) {
+            for ((local, _), wanted) in fitted.reads.iter().zip(&fitted.wanted) {
+                let at = slot(step.input_source(local), &mut tensors);
+                wanted_at.push((at, format!("step '{}'", step.name), wanted.clone()));
+            }
             let run = match (&step.action, fitted.stage) {
                 (StepAction::Model(model_step), _) => {
                     let model = models.get(&model_step.model).cloned().ok_or_else(|| {
@@ -243,6 +252,13 @@ impl Graph {
             });
         }
         let outputs: Vec<usize> = plan.outputs.iter().map(|spec| slot(&spec.name, &mut tensors)).collect();
+        for (at, spec) in outputs.iter().zip(&plan.outputs) {
+            wanted_at.push((*at, "the pipeline's answer".to_string(), spec.clone()));
+        }
+        let mut wanted = vec![Vec::new(); tensors.len()];
+        for (at, reader, spec) in wanted_at {
+            wanted[at].push((reader, spec));
+        }
         let mut writers = vec![Vec::new(); tensors.len()];
         for (index, step) in steps.iter().enumerate() {
             for (_, at, _) in &step.writes {
@@ -256,6 +272,7 @@ impl Graph {
             fetch,
             steps,
             outputs,
+            wanted,
             signature: Signature { inputs: plan.inputs, outputs: plan.outputs },
             max_tensor_bytes: cx.max_tensor_bytes,
         })
@@ -283,8 +300,10 @@ impl Graph {
     /// version of any model of the graph passes before it serves.
     pub fn fits(&self, version: &ModelVersion) -> Result<()> {
         for step in &self.steps {
-            let StepRun::Model { model, .. } = &step.run else { continue };
-            if model.name() != version.model() {
+            let StepRun::Model { model, version: runs, .. } = &step.run else { continue };
+            // A step pinned to another number never runs this version.
+            let pinned_elsewhere = matches!(runs, StepVersion::Number(n) if *n != version.version());
+            if model.name() != version.model() || pinned_elsewhere {
                 continue;
             }
             let signature = version.signature();
@@ -299,13 +318,19 @@ impl Graph {
                 fits(given, wanted)
                     .map_err(|e| context(e.context(format_args!("input '{}' of {version}", wanted.name))))?;
             }
-            for (local, _, fitted) in &step.writes {
+            // What it makes must fit every reader as they take it, not as
+            // the version before made it (`fits` is no order: -1 fits 3).
+            for (local, at, _) in &step.writes {
                 let made = signature.outputs.iter().find(|o| &o.name == local).ok_or_else(|| {
                     context(Error::invalid_argument(format!(
                         "{version} does not make '{local}', which the graph reads"
                     )))
                 })?;
-                fits(made, fitted).map_err(|e| context(e.context(format_args!("output '{local}' of {version}"))))?;
+                for (reader, wanted) in &self.wanted[*at] {
+                    fits(made, wanted).map_err(|e| {
+                        context(e.context(format_args!("output '{local}' of {version}, read by {reader}")))
+                    })?;
+                }
             }
         }
         Ok(())
@@ -501,13 +526,21 @@ enum Readiness {
 
 /// True when every element is true (non-zero); an empty tensor is false.
 fn truth(tensor: &Tensor) -> bool {
-    match tensor.bytes() {
-        None => false,
-        Some(bytes) if bytes.is_empty() => false,
-        Some(bytes) => match tensor.dtype().size() {
-            Some(size) if size > 0 => bytes.chunks_exact(size).all(|element| element.iter().any(|&b| b != 0)),
-            _ => false,
-        },
+    if tensor.is_empty() {
+        return false;
+    }
+    // Floats by value: -0.0 is zero though a byte of it is not.
+    if let Some(values) = tensor.to_vec::<f32>() {
+        return values.iter().all(|&v| v != 0.0);
+    }
+    if let Some(values) = tensor.to_vec::<f64>() {
+        return values.iter().all(|&v| v != 0.0);
+    }
+    match (tensor.bytes(), tensor.dtype().size()) {
+        (Some(bytes), Some(size)) if size > 0 => {
+            bytes.chunks_exact(size).all(|element| element.iter().any(|&b| b != 0))
+        }
+        _ => false,
     }
 }
 
@@ -540,6 +573,8 @@ fn step_version(step: &ModelStep, chosen: &str) -> StepVersion {
 pub struct FittedStep<S> {
     pub stage: Option<S>,
     pub reads: Vec<(String, TensorSpec)>,
+    /// What the step takes for each of `reads`, in its order.
+    pub wanted: Vec<TensorSpec>,
     pub writes: Vec<(String, TensorSpec)>,
 }
 
@@ -554,11 +589,13 @@ pub struct Plan<S> {
 /// The signature of a model step's model version.
 pub type ModelSignatureOf<'a> = dyn FnMut(&ModelStep) -> Result<Signature> + 'a;
 
+/// A stage step's stage, with its inputs and outputs.
+pub type BuiltStage<S> = (S, Vec<TensorSpec>, Vec<TensorSpec>);
+
 /// Builds a stage step's stage from its kind and what it reads (a
 /// built-in's reads; empty for a plugin, which declares its own), and
 /// returns it with its inputs and outputs.
-pub type StageOf<'a, S> =
-    dyn FnMut(&StepConfig, &StageKind, Vec<TensorSpec>) -> Result<(S, Vec<TensorSpec>, Vec<TensorSpec>)> + 'a;
+pub type StageOf<'a, S> = dyn FnMut(&StepConfig, &StageKind, Vec<TensorSpec>) -> Result<BuiltStage<S>> + 'a;
 
 /// Fits the steps of `config` to each other: every step after what it
 /// reads, each read checked by dtype and shape against what makes it, each
@@ -618,30 +655,71 @@ pub fn plan<S>(
     }
     let mut writers: HashMap<String, usize> = HashMap::new();
     let mut fitted: Vec<Option<FittedStep<S>>> = (0..config.steps.len()).map(|_| None).collect();
-    for index in order(&config.steps) {
+    // Plugins are built first: they say what they read, which orders them.
+    let mut plugins: Vec<Option<BuiltStage<S>>> = Vec::with_capacity(config.steps.len());
+    for step in &config.steps {
+        plugins.push(match step.stage().and_then(|s| s.kind()) {
+            Some(kind @ StageKind::Plugin(_)) => {
+                Some(build_stage(step, kind, Vec::new()).map_err(|e| e.context(format_args!("step '{}'", step.name)))?)
+            }
+            _ => None,
+        });
+    }
+    // Each pass fits every step whose reads are all made (a step's own
+    // names for them: its model's inputs, its plugin's, its built-in's
+    // `inputs` table); a pass that fits none leaves a cycle or a tensor
+    // nothing makes, named. Listing order does not matter.
+    let mut pending: Vec<usize> = (0..config.steps.len()).collect();
+    while !pending.is_empty() {
+        let reads_of = |index: usize| -> Vec<String> {
+            let step = &config.steps[index];
+            let mut reads: Vec<String> = match (&signatures[index], &plugins[index]) {
+                (Some(signature), _) => {
+                    signature.inputs.iter().map(|w| step.input_source(&w.name).to_string()).collect()
+                }
+                (None, Some((_, declared, _))) => {
+                    declared.iter().map(|w| step.input_source(&w.name).to_string()).collect()
+                }
+                (None, None) => step.inputs.values().cloned().collect(),
+            };
+            reads.extend(step.condition().map(|(tensor, _)| tensor.to_string()));
+            reads
+        };
+        let made = |tensor: &String| specs.contains_key(tensor) || inputs.iter().any(|(name, _)| name == tensor);
+        let Some(at) = pending.iter().position(|&index| reads_of(index).iter().all(made)) else {
+            let stuck: Vec<String> = pending
+                .iter()
+                .map(|&index| {
+                    let missing: Vec<String> = reads_of(index).into_iter().filter(|t| !made(t)).collect();
+                    format!("'{}' waits for {missing:?}", config.steps[index].name)
+                })
+                .collect();
+            return Err(Error::invalid_argument(format!(
+                "steps that can never run: {}; nothing makes what they wait for, or they wait for each other (a cycle)",
+                stuck.join(", ")
+            )));
+        };
+        let index = pending.remove(at);
         let step = &config.steps[index];
         let context = |e: Error| e.context(format_args!("step '{}'", step.name));
-        let (stage, declared_inputs, outputs) = match (&step.action, signatures[index].take()) {
-            (StepAction::Model(_), Some(signature)) => (None, signature.inputs, signature.outputs),
-            (StepAction::Model(_), None) => {
+        let (stage, declared_inputs, outputs) = match (&step.action, signatures[index].take(), plugins[index].take()) {
+            (StepAction::Model(_), Some(signature), _) => (None, signature.inputs, signature.outputs),
+            (StepAction::Model(_), None, _) => {
                 return Err(Error::internal("a model step without a signature, this is a bug"))
             }
-            (StepAction::Stage(stage_config), _) => {
+            (StepAction::Stage(_), _, Some((stage, inputs, outputs))) => (Some(stage), inputs, outputs),
+            (StepAction::Stage(stage_config), _, None) => {
                 let kind = stage_config.kind().ok_or_else(|| {
                     Error::internal(format!("step '{}': an unchecked stage config, this is a bug", step.name))
                 })?;
-                // A built-in reads what the step's `inputs` give it; a
-                // plugin declares what it reads.
-                let reads = match kind {
-                    StageKind::Plugin(_) => Vec::new(),
-                    _ => step
-                        .inputs
-                        .iter()
-                        .map(|(local, source)| {
-                            known(step, source, &specs, &inputs).map(|spec| renamed(&spec, local)).map_err(context)
-                        })
-                        .collect::<Result<Vec<_>>>()?,
-                };
+                // A built-in reads what the step's `inputs` give it.
+                let reads = step
+                    .inputs
+                    .iter()
+                    .map(|(local, source)| {
+                        known(step, source, &specs, &inputs).map(|spec| renamed(&spec, local)).map_err(context)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 let (stage, inputs, outputs) = build_stage(step, kind, reads).map_err(context)?;
                 (Some(stage), inputs, outputs)
             }
@@ -691,7 +769,7 @@ pub fn plan<S>(
             specs.insert(name.clone(), renamed(made, &name));
             writes.push((made.name.clone(), renamed(made, &name)));
         }
-        fitted[index] = Some(FittedStep { stage, reads, writes });
+        fitted[index] = Some(FittedStep { stage, reads, wanted: declared_inputs, writes });
     }
     let inputs: Vec<TensorSpec> = inputs
         .into_iter()
@@ -749,36 +827,4 @@ fn known(
             )))
         }
     }
-}
-
-/// The steps in an order where each comes after the steps it reads from
-/// (the config check refused cycles; what is left over keeps its place).
-fn order(steps: &[StepConfig]) -> Vec<usize> {
-    let writer = |tensor: &str| -> Vec<usize> {
-        let renamed: Vec<usize> =
-            (0..steps.len()).filter(|&i| steps[i].outputs.values().any(|n| n == tensor)).collect();
-        if !renamed.is_empty() {
-            return renamed;
-        }
-        tensor.split_once('.').and_then(|(step, _)| steps.iter().position(|s| s.name == step)).into_iter().collect()
-    };
-    let waits: Vec<Vec<usize>> = steps
-        .iter()
-        .map(|step| {
-            let mut before: Vec<usize> = step.inputs.values().flat_map(|t| writer(t)).collect();
-            if let Some((tensor, _)) = step.condition() {
-                before.extend(writer(tensor));
-            }
-            before
-        })
-        .collect();
-    let mut done = vec![false; steps.len()];
-    let mut order = Vec::with_capacity(steps.len());
-    while order.len() < steps.len() {
-        let next = (0..steps.len()).find(|&i| !done[i] && waits[i].iter().all(|&w| done[w] || w == i));
-        let Some(next) = next.or_else(|| (0..steps.len()).find(|&i| !done[i])) else { break };
-        done[next] = true;
-        order.push(next);
-    }
-    order
 }

@@ -232,8 +232,10 @@ impl ModelManager {
             })?);
         }
         for (pipeline, signature) in pipelines.iter().zip(signatures) {
-            if let Some(signature) = signature {
-                pipeline.add_signature(version, signature);
+            match signature {
+                Some(signature) => pipeline.add_signature(version, signature),
+                // A step's model of a graph: what it answers may change.
+                None => pipeline.forget_answers(),
             }
         }
         let inference = InferenceStage::start(loaded.clone(), config, &self.metrics);

@@ -263,9 +263,15 @@ impl Pipeline {
             .transpose()
             .map_err(context)?;
         let graph = graph::Graph::build(config, models, direct, fetch, cx).map_err(context)?;
+        // Every loaded version of every model a step runs: a label or a
+        // policy may route a step to any of them.
+        for name in config.models().collect::<std::collections::BTreeSet<_>>() {
+            for version in models.get(name).map(|m| m.versions()).unwrap_or_default() {
+                graph.fits(&version).map_err(context)?;
+            }
+        }
         let mut signatures = BTreeMap::new();
         for version in model.versions() {
-            graph.fits(&version).map_err(context)?;
             let owner = format!("pipeline '{name}' ({version})");
             let entry =
                 EntryPoint::new(graph.signature().clone(), config.examples.as_ref(), &owner).map_err(context)?;
@@ -408,6 +414,8 @@ impl Pipeline {
     /// were never the pipeline's).
     pub(crate) fn remove_signature(&self, model: &str, version: i64) {
         if model != self.model.name() {
+            // A graph step's model: its requests go to another version now.
+            self.forget_answers();
             return;
         }
         self.signatures.rcu(|map| {

@@ -68,6 +68,13 @@ pub(super) fn class_rows(io: &StageIo, inputs: &[NamedTensor]) -> Result<(usize,
         [rows, cols] => (*rows as usize, *cols as usize),
         other => return Err(Error::internal(format!("{stage}: input has shape {other:?}, not rows × classes"))),
     };
+    // A graph may hand a client's tensor straight to a built-in.
+    if cols == 0 && rows > 0 {
+        return Err(Error::invalid_argument(format!(
+            "{stage}: input '{}' has shape [{rows}, 0]: rows of no classes",
+            io.inputs[0].name
+        )));
+    }
     Ok((rows, cols, values))
 }
 

@@ -109,6 +109,11 @@ impl TopRows {
         if config.k == 0 {
             return Err(Error::invalid_argument("top_rows: k = 0; keep at least one row"));
         }
+        if reads.iter().any(|s| s.name == "indices") {
+            return Err(Error::invalid_argument(
+                "top_rows: it makes 'indices' (which rows it kept); name the input it reads otherwise",
+            ));
+        }
         let by = read("top_rows", reads, &config.by)?;
         one_score_per_row("top_rows", by)?;
         if reads.iter().any(|s| s.shape.is_empty()) {
@@ -216,6 +221,23 @@ impl Stage for Gather {
             .iter()
             .map(|&i| usize::try_from(i).map_err(|_| Error::invalid_argument(format!("gather: index {i} is negative"))))
             .collect::<Result<_>>()?;
+        // Strings by their bytes: every copy of a row carries them into
+        // the answer.
+        if let Some(strings) = values.strings() {
+            let total = values.shape().first().copied().unwrap_or(0).max(0) as usize;
+            let per_row = strings.len().checked_div(total).unwrap_or(0);
+            let mut bytes = 0usize;
+            for &r in rows.iter().filter(|&&r| r < total) {
+                let row: usize = strings[r * per_row..(r + 1) * per_row].iter().map(|s| s.len()).sum();
+                bytes = bytes.saturating_add(row);
+                if bytes > cx.max_tensor_bytes {
+                    return Err(Error::resource_exhausted(format!(
+                        "gather's output 'values' would hold more than {} bytes of strings (server.max_tensor_bytes)",
+                        cx.max_tensor_bytes
+                    )));
+                }
+            }
+        }
         Ok(vec![NamedTensor::new("values", take_rows(values, &rows, "values")?)])
     }
 }
