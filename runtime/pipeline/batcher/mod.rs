@@ -118,6 +118,9 @@ struct Shared {
 /// drained within it is served whole.
 pub const OVERLOAD_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The priority lanes of a batch queue (high, normal, low).
+const LANES: usize = 3;
+
 /// How often the learned curve is copied to the metrics.
 const CURVE_PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -486,7 +489,7 @@ struct BatchFormer {
     shared: Arc<Shared>,
     /// Requests taken off the channel and not yet in a batch, one lane per
     /// priority, each in arrival order.
-    waiting: [VecDeque<Entry>; 3],
+    waiting: [VecDeque<Entry>; LANES],
     queue_metrics: QueueMetrics,
     /// When nothing last waited beyond the batch being formed.
     last_empty: Instant,
@@ -509,8 +512,13 @@ impl BatchFormer {
             };
             let oldest = first.enqueued;
             let mut rows = first.rows;
+            // A batch a high-priority request opens holds high-priority
+            // rows only and waits for none: the latency it protects is its
+            // own run, which a batch topped up with a flood's rows would
+            // lengthen to the flood's batch size.
+            let lanes = if first.priority == Priority::High { 1 } else { LANES };
             let mut batch = vec![first];
-            let mut full = false;
+            let mut full = lanes == 1;
             while !full {
                 let plan = self.shared.plan(Instant::now(), oldest, rows);
                 if rows >= plan.want.min(plan.cap) {
@@ -539,9 +547,9 @@ impl BatchFormer {
             let planned = Instant::now();
             let plan = self.shared.plan(planned, oldest, rows);
             self.shared.publish(&plan, planned);
-            let full = self.top_up(&mut batch, &mut rows, plan.cap);
+            let full = self.top_up(&mut batch, &mut rows, plan.cap, lanes);
             if full && plan.backlog_cap > plan.cap {
-                self.top_up(&mut batch, &mut rows, plan.backlog_cap);
+                self.top_up(&mut batch, &mut rows, plan.backlog_cap, lanes);
             }
             let standing = Instant::now().saturating_duration_since(self.last_empty);
             let overloaded = standing > OVERLOAD_INTERVAL + self.shared.batch_timeout();
@@ -553,21 +561,27 @@ impl BatchFormer {
     /// the channel is sorted into the lanes first); none marks the queue
     /// empty now.
     fn pop(&mut self) -> Option<Entry> {
+        self.pop_within(LANES)
+    }
+
+    /// [`BatchFormer::pop`] from the first `lanes` lanes only (1: high
+    /// priority only); the queue counts as empty only when every lane is.
+    fn pop_within(&mut self, lanes: usize) -> Option<Entry> {
         while let Ok(entry) = self.queue.try_recv() {
             self.waiting[entry.priority.index()].push_back(entry);
         }
-        let next = self.waiting.iter_mut().find_map(VecDeque::pop_front);
-        if next.is_none() {
+        let next = self.waiting[..lanes.min(LANES)].iter_mut().find_map(VecDeque::pop_front);
+        if next.is_none() && self.waiting.iter().all(VecDeque::is_empty) {
             self.last_empty = Instant::now();
         }
         next
     }
 
-    /// Takes what is waiting into the batch, up to `cap` rows; true when a
-    /// request was left for lack of room.
-    fn top_up(&mut self, batch: &mut Vec<Entry>, rows: &mut usize, cap: usize) -> bool {
+    /// Takes what is waiting in the first `lanes` lanes into the batch, up
+    /// to `cap` rows; true when a request was left for lack of room.
+    fn top_up(&mut self, batch: &mut Vec<Entry>, rows: &mut usize, cap: usize, lanes: usize) -> bool {
         while *rows < cap {
-            match self.pop() {
+            match self.pop_within(lanes) {
                 Some(entry) => {
                     if !self.add(batch, rows, entry, cap) {
                         return true;
