@@ -235,8 +235,8 @@ fn check_graphs(config: &Config) -> Result<Vec<String>, Invalid> {
                 };
                 let engine =
                     engine.as_ref().ok_or_else(|| crate::error::Error::internal("no plugin engine, this is a bug"))?;
-                let plugin = load_configured_plugin(config, engine, name)
-                    .map_err(|e| crate::error::Error::invalid_argument(format!("step '{}': {e}", step.name)))?;
+                let (plugin, _) = load_configured_plugin(config, engine, name)
+                    .map_err(|e| crate::error::Error::invalid_argument(format!("step '{}'{e}", step.name)))?;
                 let description = plugin.description();
                 Ok((format!("plugin {}", plugin.label()), description.inputs.clone(), description.outputs.clone()))
             };
@@ -274,15 +274,33 @@ fn check_graphs(config: &Config) -> Result<Vec<String>, Invalid> {
 }
 
 /// Plugin `name` as the server would start it: an upload activated in the
-/// store, else `NAME.wasm` in the plugins dir.
-fn load_configured_plugin(config: &Config, engine: &Arc<PluginEngine>, name: &str) -> anyhow::Result<Plugin> {
-    let file = config.plugins.path_of(name).map_err(|e| anyhow::anyhow!("{}", e.message()))?;
+/// store (checked to hash to its name), else `NAME.wasm` in the plugins
+/// dir; with which of the two it is. An error is the rest of a message
+/// after its key: `": …"`, or `" (which): …"` once the source is known.
+fn load_configured_plugin(
+    config: &Config,
+    engine: &Arc<PluginEngine>,
+    name: &str,
+) -> std::result::Result<(Plugin, String), String> {
+    let file = config.plugins.path_of(name).map_err(|e| format!(": {}", e.message()))?;
     let uploaded = match &config.plugins.dir {
-        Some(dir) => crate::plugin::registry::active_upload(dir, name).map_err(|e| anyhow::anyhow!("{e}"))?,
+        Some(dir) => crate::plugin::registry::active_upload(dir, name).map_err(|e| format!(": {e}"))?,
         None => None,
     };
-    let path = uploaded.map_or(file, |(_, blob)| blob);
-    Plugin::load_file(engine, &path, config.plugins.limits_of(name), None).map_err(|e| anyhow::anyhow!("{e}"))
+    let (path, which) = match &uploaded {
+        Some((version, blob)) => (blob.clone(), format!("uploaded version {version}, active in the store")),
+        None => (file, "version 0, the file".to_string()),
+    };
+    let plugin = Plugin::load_file(engine, &path, config.plugins.limits_of(name), None)
+        .map_err(|e| format!(" ({which}): {e}"))?;
+    if uploaded.is_some() && path.file_stem().and_then(|s| s.to_str()) != Some(plugin.sha256()) {
+        return Err(format!(
+            " ({which}): {} does not hash to its name (sha256 {}): the stored blob is damaged",
+            path.display(),
+            plugin.sha256()
+        ));
+    }
+    Ok((plugin, which))
 }
 
 /// Every pipeline's plugins, loaded from `[plugins] dir` with their
@@ -316,26 +334,9 @@ fn check_plugins(config: &Config) -> Result<Vec<String>, Invalid> {
     let mut lines = Vec::new();
     for (pipeline, role, name) in needed {
         let key = format!("pipeline '{}' {} plugin '{name}'", pipeline.name, role.key());
-        let file = config.plugins.path_of(name).map_err(|e| invalid!("{key}: {}", e.message()))?;
         // What the server would start with: an upload activated in the
         // store, else the file (version 0).
-        let uploaded = match &config.plugins.dir {
-            Some(dir) => crate::plugin::registry::active_upload(dir, name).map_err(|e| invalid!("{key}: {e}"))?,
-            None => None,
-        };
-        let (path, which) = match &uploaded {
-            Some((version, blob)) => (blob.clone(), format!("uploaded version {version}, active in the store")),
-            None => (file, "version 0, the file".to_string()),
-        };
-        let plugin = Plugin::load_file(&engine, &path, config.plugins.limits_of(name), None)
-            .map_err(|e| invalid!("{key} ({which}): {e}"))?;
-        if uploaded.is_some() && path.file_stem().and_then(|s| s.to_str()) != Some(plugin.sha256()) {
-            return Err(invalid!(
-                "{key} ({which}): {} does not hash to its name (sha256 {}): the stored blob is damaged",
-                path.display(),
-                plugin.sha256()
-            ));
-        }
+        let (plugin, which) = load_configured_plugin(config, &engine, name).map_err(|e| invalid!("{key}{e}"))?;
         let model = loaded
             .get(&pipeline.model)
             .ok_or_else(|| invalid!("{key}: model '{}' is not configured", pipeline.model))?;

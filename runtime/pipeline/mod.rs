@@ -197,15 +197,7 @@ impl Pipeline {
                 StageRole::Postprocess => postprocess = Some(runner),
             }
         }
-        let feature_fetch = config
-            .feature_fetch
-            .as_ref()
-            .map(|fetch| {
-                FeatureFetch::build(fetch, &name, cx.features, cx.metrics, cx.traffic.config())
-                    .map_err(|e| e.context("feature_fetch"))
-            })
-            .transpose()
-            .map_err(context)?;
+        let feature_fetch = configured_fetch(config, cx).map_err(context)?;
         let mut signatures = BTreeMap::new();
         for version in served.versions() {
             let stages = Stages { fetch: feature_fetch.as_ref(), pre: preprocess.as_ref(), post: postprocess.as_ref() };
@@ -214,13 +206,7 @@ impl Pipeline {
             let entry = EntryPoint::new(signature, config.examples.as_ref(), &owner).map_err(context)?;
             signatures.insert(version.version(), entry);
         }
-        let quota = config.quota.as_ref().map(|quota| (quota, format!("pipelines.{name}.quota")));
-        let max_queue_wait =
-            config.max_queue_wait_ms.map_or_else(|| served.config().max_queue_wait(), Duration::from_millis);
-        let admission = cx
-            .traffic
-            .admission("pipeline", &name, config.max_in_flight, config.team.as_deref(), quota, cx.metrics)
-            .bounded_by(max_queue_wait);
+        let admission = configured_admission(config, &served, cx);
         let name: Arc<str> = name.into();
         let requests = cx.metrics.request_handles(&served.name_label(), &name);
         let pipeline = Arc::new(Pipeline {
@@ -253,15 +239,7 @@ impl Pipeline {
     ) -> Result<Arc<Pipeline>> {
         let name = config.name.clone();
         let context = |e: Error| e.context(format_args!("pipeline '{name}'"));
-        let fetch = config
-            .feature_fetch
-            .as_ref()
-            .map(|fetch| {
-                FeatureFetch::build(fetch, &name, cx.features, cx.metrics, cx.traffic.config())
-                    .map_err(|e| e.context("feature_fetch"))
-            })
-            .transpose()
-            .map_err(context)?;
+        let fetch = configured_fetch(config, cx).map_err(context)?;
         let graph = graph::Graph::build(config, models, direct, fetch, cx).map_err(context)?;
         // Every loaded version of every model a step runs: a label or a
         // policy may route a step to any of them.
@@ -278,13 +256,7 @@ impl Pipeline {
             signatures.insert(version.version(), entry);
         }
         let cache = config.cache.as_ref().map(|cache| Arc::new(ResponseCache::new(cache, &name, cx.metrics)));
-        let quota = config.quota.as_ref().map(|quota| (quota, format!("pipelines.{name}.quota")));
-        let max_queue_wait =
-            config.max_queue_wait_ms.map_or_else(|| model.config().max_queue_wait(), Duration::from_millis);
-        let admission = cx
-            .traffic
-            .admission("pipeline", &name, config.max_in_flight, config.team.as_deref(), quota, cx.metrics)
-            .bounded_by(max_queue_wait);
+        let admission = configured_admission(config, &model, cx);
         let name: Arc<str> = name.into();
         let requests = cx.metrics.request_handles(&model.name_label(), &name);
         Ok(Arc::new(Pipeline {
@@ -510,6 +482,30 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// A configured pipeline's feature fetch, when it has one.
+fn configured_fetch(config: &PipelineConfig, cx: &BuildContext<'_>) -> Result<Option<FeatureFetch>> {
+    config
+        .feature_fetch
+        .as_ref()
+        .map(|fetch| {
+            FeatureFetch::build(fetch, &config.name, cx.features, cx.metrics, cx.traffic.config())
+                .map_err(|e| e.context("feature_fetch"))
+        })
+        .transpose()
+}
+
+/// A configured pipeline's admission over `model`: its places, team and
+/// quota, bounded by its `max_queue_wait_ms` (else the model's).
+fn configured_admission(config: &PipelineConfig, model: &ServedModel, cx: &BuildContext<'_>) -> Admission {
+    let name = &config.name;
+    let quota = config.quota.as_ref().map(|quota| (quota, format!("pipelines.{name}.quota")));
+    let max_queue_wait =
+        config.max_queue_wait_ms.map_or_else(|| model.config().max_queue_wait(), Duration::from_millis);
+    cx.traffic
+        .admission("pipeline", name, config.max_in_flight, config.team.as_deref(), quota, cx.metrics)
+        .bounded_by(max_queue_wait)
 }
 
 fn name_tensors(specs: &[TensorSpec], tensors: Vec<Tensor>) -> Vec<NamedTensor> {
