@@ -18,7 +18,11 @@
 //! (`--push_back false`), side by side.
 //!
 //! `priority`: a high-priority stream at a tenth of capacity, alone and
-//! then beside a low-priority flood at 3× capacity; its p99 both times.
+//! then beside a low-priority flood at 3× capacity; its p99 each time.
+//! Beside the flood it is measured twice: sent from a thread of its own
+//! (as a separate client would send it; the flood's thread sends up to
+//! 3× capacity and would delay the stream's calls before they leave),
+//! and from the flood's own thread, as earlier runs measured it.
 
 mod support;
 
@@ -235,11 +239,22 @@ fn rest_sweep(runtime: &tokio::runtime::Runtime, config: &Path, duration: Durati
 
 /// A high-priority stream alone, then beside a low-priority flood at 3×.
 fn priority(runtime: &tokio::runtime::Runtime, dir: &Path, duration: Duration) {
+    for (kept, nice) in [(0, 0), (1, 0), (0, 10), (1, 10)] {
+        println!(
+            "\npriority: the model with {kept} session(s) kept for high priority (onnx.high_priority_sessions), \
+             compute_nice {nice}"
+        );
+        priority_with(runtime, dir, duration, kept, nice);
+    }
+}
+
+fn priority_with(runtime: &tokio::runtime::Runtime, dir: &Path, duration: Duration, kept: usize, nice: usize) {
     let config = dir.join("priority.toml");
-    let table = fixtures::model_table("cnn", &fixtures::example_dir("cnn"), &format!("{ONNX}\n{CNN}"));
+    let onnx = format!("onnx = {{ sessions = 1, intra_op_threads = 1, high_priority_sessions = {kept} }}");
+    let table = fixtures::model_table("cnn", &fixtures::example_dir("cnn"), &format!("{onnx}\n{CNN}"));
     std::fs::write(&config, format!("{}{table}\n[traffic]\nlow_priority_share = 0.5\n", support::SERVER_TABLE))
         .expect("config");
-    let server = pinned_server(&config, &[]);
+    let server = pinned_server(&config, &["--compute_nice", &nice.to_string()]);
     let target = server.url();
     let requests = runtime.block_on(pool_async(&target, "cnn"));
     let base = |rps: Option<f64>, concurrency: usize, priority: &str| LoadPlan {
@@ -255,20 +270,34 @@ fn priority(runtime: &tokio::runtime::Runtime, dir: &Path, duration: Duration) {
     let alone = run(runtime, &base(Some(stream_rps), 1024, "high"), &requests, "high-priority stream alone");
     let stream_plan = base(Some(stream_rps), 1024, "high");
     let flood_plan = base(Some(capacity.requests_per_second * 3.0), 8192, "low");
-    let (with_flood, flood) = runtime.block_on(async {
-        let stream = sluice::cli::bench::load::run(&stream_plan, requests.requests.clone(), 1);
-        let flood = sluice::cli::bench::load::run(&flood_plan, requests.requests.clone(), 1);
-        let (stream, flood) = tokio::join!(stream, flood);
-        (stream.expect("stream"), flood.expect("flood"))
-    });
-    println!(
-        "\npriority: high-priority stream at {stream_rps:.0} req/s: p99 {:.2} ms alone, {:.2} ms beside a low-priority flood \
-         at 3x ({:.0} OK/s of it, {} refused): {:.2}x; the stream's failures: {:?}",
-        alone.p99_ms,
-        with_flood.p99_ms,
-        flood.requests_per_second,
-        flood.requests - flood.ok,
-        with_flood.p99_ms / alone.p99_ms,
-        with_flood.errors
-    );
+    println!("\npriority: high-priority stream at {stream_rps:.0} req/s: p99 {:.2} ms alone", alone.p99_ms);
+    for own_thread in [true, false] {
+        let (with_flood, flood) = if own_thread {
+            // The stream's client on a thread (and runtime) of its own.
+            let (plan, pool) = (stream_plan.clone(), requests.requests.clone());
+            let stream = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                runtime.block_on(sluice::cli::bench::load::run(&plan, pool, 1))
+            });
+            let flood = runtime.block_on(sluice::cli::bench::load::run(&flood_plan, requests.requests.clone(), 1));
+            (stream.join().expect("stream thread").expect("stream"), flood.expect("flood"))
+        } else {
+            runtime.block_on(async {
+                let stream = sluice::cli::bench::load::run(&stream_plan, requests.requests.clone(), 1);
+                let flood = sluice::cli::bench::load::run(&flood_plan, requests.requests.clone(), 1);
+                let (stream, flood) = tokio::join!(stream, flood);
+                (stream.expect("stream"), flood.expect("flood"))
+            })
+        };
+        println!(
+            "priority: beside a low-priority flood at 3x ({:.0} OK/s of it, {} refused), the stream sent from {}: \
+             p99 {:.2} ms, {:.2}x of alone; the stream's failures: {:?}",
+            flood.requests_per_second,
+            flood.requests - flood.ok,
+            if own_thread { "a thread of its own" } else { "the flood's thread" },
+            with_flood.p99_ms,
+            with_flood.p99_ms / alone.p99_ms,
+            with_flood.errors
+        );
+    }
 }

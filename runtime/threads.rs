@@ -57,6 +57,17 @@ where
     spawn_below(name, COMPUTE_STEPS.load(Ordering::Relaxed), work)
 }
 
+/// Starts a thread that serves high-priority requests only (a session
+/// kept for them) at the network threads' priority, above the compute
+/// threads when `server.compute_nice` puts those below.
+pub fn spawn_high_priority<F, T>(name: String, work: F) -> std::io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    spawn_below(name, 0, work)
+}
+
 /// Starts a thread for background work no request waits on — graph
 /// optimisation, a plugin compile, a feature table reload — at least
 /// [`BACKGROUND_NICE`] steps below the network threads. It must not start

@@ -449,7 +449,7 @@ async fn compute_threads_take_compute_nice_and_background_threads_always_run_bel
     let server = Server::with_config(
         "[server]\ncompute_nice = 6\n\
          [[models]]\nname = \"cnn\"\nbase_path = \"$ROOT/examples/models/cnn\"\n\
-         onnx = { sessions = 2, intra_op_threads = 3 }\n\
+         onnx = { sessions = 2, intra_op_threads = 3, high_priority_sessions = 1 }\n\
          [[pipelines]]\nname = \"cnn-pixels\"\nmodel = \"cnn\"\n\
          [pipelines.preprocess]\nworkers = 2\n\
          image_normalize = { input = \"pixels\", mean = [0.5, 0.4, 0.3], std = [0.25, 0.2, 0.3] }\n",
@@ -459,13 +459,26 @@ async fn compute_threads_take_compute_nice_and_background_threads_always_run_bel
         threads.iter().partition(|(name, _)| name.starts_with("tokio-rt-worker"));
     let base = network.first().map(|(_, nice)| *nice).expect("a tokio worker");
     assert!(network.iter().all(|(_, nice)| *nice == base), "{threads:?}");
-    let named = |prefix: &str| compute.iter().filter(|(name, _)| name.starts_with(prefix)).collect::<Vec<_>>();
+    let named = |prefix: &str| {
+        let high_priority = prefix.ends_with("-high");
+        compute
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix) && (high_priority || !name.contains("-high")))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(named("infer-").len(), 2, "{threads:?}");
     assert_eq!(named("stage-").len(), 2, "{threads:?}");
     // ONNX Runtime's intra-op pools: two more threads per session.
     assert_eq!(named("onnx-pool").len(), 2 * 2, "{threads:?}");
     for (name, nice) in named("infer-").into_iter().chain(named("stage-")).chain(named("onnx-pool")) {
         assert_eq!(*nice, base + 6, "{name} runs at nice {nice}, the network threads at {base}: {threads:?}");
+    }
+    // The session kept for high priority, and its pool, run at the
+    // network threads' priority, above the flood's batches.
+    assert_eq!(named("infer-high").len(), 1, "{threads:?}");
+    assert_eq!(named("onnx-pool-high").len(), 2, "{threads:?}");
+    for (name, nice) in named("infer-high").into_iter().chain(named("onnx-pool-high")) {
+        assert_eq!(*nice, base, "{name} runs at nice {nice}, the network threads at {base}: {threads:?}");
     }
     // The gRPC port's own runtimes, one per core, are network threads.
     let cores = named("grpc-core-");
@@ -490,6 +503,63 @@ async fn compute_threads_take_compute_nice_and_background_threads_always_run_bel
     assert_eq!(background.len(), 1, "{threads:?}");
     assert_eq!(background[0].1, (base + sluice::threads::BACKGROUND_NICE as i64).min(19), "{threads:?}");
     assert!(rest.iter().all(|(_, nice)| *nice == base), "{threads:?}");
+}
+
+/// CPU time (user and system, in clock ticks) of the process's thread
+/// named `name`, from /proc.
+#[cfg(target_os = "linux")]
+fn thread_cpu_ticks(pid: u32, name: &str) -> u64 {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/PID/task") {
+        let Ok(stat) = std::fs::read_to_string(task.expect("task").path().join("stat")) else { continue };
+        let (open, close) = (stat.find('(').expect("comm"), stat.rfind(')').expect("comm"));
+        if &stat[open + 1..close] != name {
+            continue;
+        }
+        // utime and stime: the 12th and 13th fields after comm.
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        return fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    }
+    panic!("no thread named {name} in {pid}");
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_kept_for_high_priority_runs_high_priority_requests_and_nothing_else() {
+    // Inline runs off, so every batch runs on an inference thread.
+    let server = Server::with_config(
+        "[server]\ninline_inference_micros = 0\n\
+         [[models]]\nname = \"cnn\"\nbase_path = \"$ROOT/examples/models/cnn\"\n\
+         onnx = { sessions = 1, intra_op_threads = 1, high_priority_sessions = 1 }\n\
+         batching = { mode = \"auto\" }\n",
+    );
+    let client = server.predict_client().await;
+    let call = |priority: &'static str, seed: u64| {
+        let mut client = client.clone();
+        async move {
+            let inputs = vec![("image", f32_content(&[1, 3, 32, 32], &values(seed, 3 * 32 * 32)))];
+            let mut request = tonic::Request::new(predict_request("cnn", inputs));
+            request.metadata_mut().insert("x-sluice-priority", priority.parse().expect("metadata"));
+            let response = client.predict(request).await.unwrap_or_else(|e| panic!("{priority} call {seed}: {e}"));
+            f32_values(&response.into_inner().outputs["logits"])
+        }
+    };
+    // Eight in flight at a time: enough to batch, too few to overload.
+    let at_once = |priority: &'static str| {
+        futures::StreamExt::collect::<Vec<_>>(futures::StreamExt::buffered(
+            futures::stream::iter((0..200u64).map(move |seed| call(priority, seed % 16))),
+            8,
+        ))
+    };
+    // Normal and low priority at once: never on the kept session.
+    let (normal, _) = tokio::join!(at_once("normal"), at_once("low"));
+    assert!(thread_cpu_ticks(server.pid(), "infer-0") > 0, "the shared session ran them");
+    assert_eq!(thread_cpu_ticks(server.pid(), "infer-high-0"), 0, "the kept session ran a lower request");
+    // High priority: on the kept session, with the same answers.
+    let high = at_once("high").await;
+    assert!(thread_cpu_ticks(server.pid(), "infer-high-0") > 0, "the kept session ran none of 200 high-priority calls");
+    for (seed, (high, normal)) in high.iter().zip(&normal).enumerate() {
+        assert_close(high, normal, 1e-6, &format!("call {seed}: high against normal priority"));
+    }
 }
 
 #[tokio::test]

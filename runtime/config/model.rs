@@ -201,6 +201,12 @@ pub fn check_models(models: &[ModelConfig]) -> Result<HashSet<&str>, Invalid> {
             canary.check(&format!("{key}.canary"), &model.version_labels)?;
         }
         check_between(&format!("{key}.onnx.sessions"), model.onnx.sessions, 1, MAX_THREADS)?;
+        check_between(
+            &format!("{key}.onnx.high_priority_sessions"),
+            model.onnx.high_priority_sessions,
+            0,
+            MAX_THREADS,
+        )?;
         check_between(&format!("{key}.onnx.intra_op_threads"), model.onnx.intra_op_threads, 1, MAX_THREADS)?;
         let tf = &model.tensorflow;
         check_between(&format!("{key}.tensorflow.run_threads"), tf.run_threads, 1, MAX_THREADS)?;

@@ -23,6 +23,12 @@ pub struct OnnxOptions {
     /// Sessions in the pool, each with its own inference thread: how many
     /// batches of this model run at once.
     pub sessions: usize,
+    /// Sessions beside `sessions` that run only high-priority batches,
+    /// each with its own thread: a high-priority request never waits for
+    /// a lower one's batch to finish, and the OS, whose scheduler favours
+    /// a thread that mostly sleeps, runs its batch ahead of the busy ones.
+    /// Each is one more copy of the model in memory.
+    pub high_priority_sessions: usize,
     /// Threads ONNX Runtime uses inside one run (intra-op parallelism).
     pub intra_op_threads: usize,
     /// Whether idle intra-op threads spin waiting for work. Spinning cuts
@@ -40,6 +46,7 @@ impl Default for OnnxOptions {
     fn default() -> Self {
         OnnxOptions {
             sessions: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            high_priority_sessions: 0,
             intra_op_threads: 1,
             spinning: false,
             execution_provider: ExecutionProvider::Cpu,

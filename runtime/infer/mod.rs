@@ -40,6 +40,9 @@ pub struct Batch {
     /// When the last request of the batch stops waiting for it: a backend
     /// that calls another server passes it on. `None`: no deadline.
     pub deadline: Option<tokio::time::Instant>,
+    /// Every request in it is of high priority: a backend with sessions
+    /// kept for such batches (`onnx.high_priority_sessions`) runs it there.
+    pub high_priority: bool,
 }
 
 impl Batch {
@@ -47,7 +50,13 @@ impl Batch {
     /// Only the batcher, for models whose every input shares dimension 0,
     /// joins and pads.
     pub fn single(inputs: Vec<Tensor>) -> Batch {
-        Batch { requests: vec![inputs], padded_rows: 0, deadline: None }
+        Batch { requests: vec![inputs], padded_rows: 0, deadline: None, high_priority: false }
+    }
+
+    /// The same batch, marked as of high priority or not.
+    pub fn high_priority(mut self, high: bool) -> Batch {
+        self.high_priority = high;
+        self
     }
 
     /// The same batch, due by `deadline`.
@@ -98,6 +107,12 @@ pub trait Backend: Send + Sync + 'static {
     /// flight unless `num_batch_threads` says otherwise.
     fn parallelism(&self) -> Option<usize> {
         None
+    }
+
+    /// How many high-priority batches it runs at once on sessions of
+    /// their own, beside [`Backend::parallelism`]'s (0: none kept).
+    fn high_priority_parallelism(&self) -> usize {
+        0
     }
 
     /// Every signature of the model as its own file declares them (a
@@ -165,6 +180,7 @@ mod tests {
             requests: vec![vec![Tensor::from_values(vec![3, 4], &[0f32; 12])]],
             padded_rows: 4,
             deadline: None,
+            high_priority: false,
         };
         assert_eq!(padded.run_elements(), 16);
     }

@@ -74,7 +74,7 @@ impl InferenceStage {
             Some(batcher) => batcher.run(inputs, deadline, priority, caller).await,
             None => {
                 deadline.check("before inference")?;
-                let batch = Batch::single(inputs).due(deadline.instant());
+                let batch = Batch::single(inputs).due(deadline.instant()).high_priority(priority == Priority::High);
                 run_now(self.version.backend().as_ref(), batch, deadline).await
             }
         }

@@ -52,6 +52,7 @@ pub async fn measure(backend: &dyn Backend, request: &[Tensor], batch: usize, bu
         requests: vec![request.to_vec(); batch],
         padded_rows: if batch == 1 { 0 } else { rows * batch },
         deadline: None,
+        high_priority: false,
     };
     for _ in 0..3 {
         backend.run(make()).await.map_err(|e| e.context(format_args!("a run of {batch} requests failed")))?;

@@ -15,6 +15,12 @@
 //! locks it for each batch (uncontended unless an inline run, shorter than
 //! the budget, holds it), inline callers only ever try.
 //!
+//! Sessions kept for high-priority batches (`onnx.high_priority_sessions`)
+//! sit after the others in the pool, with a queue of their own: a
+//! high-priority batch never waits behind a lower one, and the inference
+//! thread that runs it, idle most of the time, is the one the OS
+//! scheduler runs first when it wakes beside a busy one.
+//!
 //! A version may serve signatures besides its main one, as a SavedModel
 //! does: `signatures/KEY.onnx` beside the model file (what `sluice model
 //! twin` writes for a SavedModel's other signatures) is served as
@@ -49,6 +55,8 @@ use self::optimized::CacheOutcome;
 pub struct OnnxBackend {
     signature: Signature,
     jobs: async_channel::Sender<Job>,
+    /// The queue of the sessions kept for high-priority batches.
+    high_priority_jobs: Option<async_channel::Sender<Job>>,
     cache: Option<CacheOutcome>,
     runner: Arc<Runner>,
     /// Every signature, when it has others besides the main one.
@@ -67,7 +75,9 @@ struct OtherSignature {
 
 /// What the inference threads and inline callers share.
 struct Runner {
+    /// The first `shared` take any batch; the rest, high-priority ones.
     sessions: Box<[Mutex<Session>]>,
+    shared: usize,
     inline: InlineRule,
     metrics: ModelMetrics,
     others: BTreeMap<Arc<str>, OtherSignature>,
@@ -128,18 +138,28 @@ impl OnnxBackend {
                 .collect()
         });
         let (jobs, queue) = async_channel::bounded::<Job>(options.sessions);
+        let (high_priority_jobs, high_priority_queue) =
+            async_channel::bounded::<Job>(options.high_priority_sessions.max(1));
         let runner = Arc::new(Runner {
             sessions: sessions.into_iter().map(Mutex::new).collect(),
+            shared: options.sessions,
             inline: InlineRule::new(inline_budget),
             metrics,
             others,
         });
         for i in 0..runner.sessions.len() {
-            let (queue, runner) = (queue.clone(), runner.clone());
-            crate::threads::spawn_compute(format!("infer-{i}"), move || inference_thread(i, &runner, queue))
-                .map_err(|e| Error::internal(format!("{label}: starting an inference thread failed: {e}")))?;
+            let runner = runner.clone();
+            let started = if i < runner.shared {
+                let queue = queue.clone();
+                crate::threads::spawn_compute(format!("infer-{i}"), move || inference_thread(i, &runner, queue))
+            } else {
+                let (queue, name) = (high_priority_queue.clone(), format!("infer-high-{}", i - runner.shared));
+                crate::threads::spawn_high_priority(name, move || inference_thread(i, &runner, queue))
+            };
+            started.map_err(|e| Error::internal(format!("{label}: starting an inference thread failed: {e}")))?;
         }
-        Ok(OnnxBackend { signature, jobs, cache, runner, signature_defs })
+        let high_priority_jobs = (options.high_priority_sessions > 0).then_some(high_priority_jobs);
+        Ok(OnnxBackend { signature, jobs, high_priority_jobs, cache, runner, signature_defs })
     }
 
     /// Whether its optimised graph came from the cache, when it used one.
@@ -187,7 +207,19 @@ fn build_sessions(
     options: &OnnxOptions,
     level: GraphOptimizationLevel,
 ) -> Result<Vec<Session>> {
-    (0..options.sessions).map(|_| build_session(environment, path, options, level)).collect()
+    let count = options.sessions + options.high_priority_sessions;
+    (0..count).map(|i| build_session_at(environment, path, options, level, i >= options.sessions)).collect()
+}
+
+impl OnnxBackend {
+    /// The queue that runs `batch`: its own sessions' for a high-priority
+    /// batch when some are kept.
+    fn jobs_for(&self, batch: &Batch) -> &async_channel::Sender<Job> {
+        match &self.high_priority_jobs {
+            Some(high) if batch.high_priority => high,
+            _ => &self.jobs,
+        }
+    }
 }
 
 impl Drop for OnnxBackend {
@@ -196,6 +228,9 @@ impl Drop for OnnxBackend {
         // exit, dropping their sessions; nothing waits for them here, so a
         // version can be released from any thread.
         self.jobs.close();
+        if let Some(high) = &self.high_priority_jobs {
+            high.close();
+        }
     }
 }
 
@@ -205,7 +240,11 @@ impl Backend for OnnxBackend {
     }
 
     fn parallelism(&self) -> Option<usize> {
-        Some(self.runner.sessions.len())
+        Some(self.runner.shared)
+    }
+
+    fn high_priority_parallelism(&self) -> usize {
+        self.runner.sessions.len() - self.runner.shared
     }
 
     fn signature_defs(&self) -> Option<&BTreeMap<String, SignatureDef>> {
@@ -233,14 +272,18 @@ impl Backend for OnnxBackend {
     }
 
     fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>> {
-        worker::run(&self.jobs, batch)
+        worker::run(self.jobs_for(&batch), batch)
     }
 
     fn run_inline(&self, batch: &Batch) -> Option<Result<Vec<Tensor>>> {
         if !self.runner.inline.allows(batch.run_elements()) {
             return None;
         }
-        let mut session = self.runner.sessions.iter().find_map(|session| match session.try_lock() {
+        // A high-priority batch may take any free session, its own first;
+        // others leave the high-priority sessions free for it.
+        let (shared, kept) = self.runner.sessions.split_at(self.runner.shared);
+        let kept = if batch.high_priority { kept } else { &[] };
+        let mut session = kept.iter().chain(shared).find_map(|session| match session.try_lock() {
             Ok(session) => Some(session),
             Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
             Err(TryLockError::WouldBlock) => None,
@@ -250,21 +293,27 @@ impl Backend for OnnxBackend {
     }
 
     fn submit(&self, batch: Batch, done: Completion) {
-        worker::submit(&self.jobs, batch, done);
+        worker::submit(self.jobs_for(&batch), batch, done);
     }
 }
 
-/// ONNX Runtime's intra-op pool threads, started as compute threads and
-/// named for what they are (made by ONNX Runtime itself they would carry
-/// the name of the load thread that built the session).
-struct PoolThreads;
+/// ONNX Runtime's intra-op pool threads, started as compute threads (a
+/// session kept for high priority: at its thread's priority) and named
+/// for what they are (made by ONNX Runtime itself they would carry the
+/// name of the load thread that built the session).
+struct PoolThreads {
+    high_priority: bool,
+}
 
 impl ort::environment::ThreadManager for PoolThreads {
     type Thread = std::thread::JoinHandle<()>;
 
     fn create(&self, work: impl FnOnce() + Send + 'static) -> ort::Result<Self::Thread> {
-        crate::threads::spawn_compute("onnx-pool".into(), work)
-            .map_err(|e| ort::Error::new(format!("starting an ONNX Runtime pool thread failed: {e}")))
+        let started = match self.high_priority {
+            false => crate::threads::spawn_compute("onnx-pool".into(), work),
+            true => crate::threads::spawn_high_priority("onnx-pool-high".into(), work),
+        };
+        started.map_err(|e| ort::Error::new(format!("starting an ONNX Runtime pool thread failed: {e}")))
     }
 
     fn join(thread: Self::Thread) -> ort::Result<()> {
@@ -283,6 +332,18 @@ pub fn build_session(
     options: &OnnxOptions,
     level: GraphOptimizationLevel,
 ) -> Result<Session> {
+    build_session_at(environment, path, options, level, false)
+}
+
+/// [`build_session`], its pool threads at the high-priority sessions'
+/// priority when `high_priority`.
+fn build_session_at(
+    environment: &ort::environment::Environment,
+    path: &Path,
+    options: &OnnxOptions,
+    level: GraphOptimizationLevel,
+    high_priority: bool,
+) -> Result<Session> {
     let convert = |e: ort::Error<ort::session::builder::SessionBuilder>| {
         Error::internal(format!("configuring ONNX Runtime failed: {}", e.message()))
     };
@@ -296,7 +357,7 @@ pub fn build_session(
         .map_err(convert)?
         .with_intra_op_spinning(options.spinning)
         .map_err(convert)?
-        .with_thread_manager(PoolThreads)
+        .with_thread_manager(PoolThreads { high_priority })
         .map_err(convert)?;
     builder = register_execution_provider(builder, options)?;
     builder

@@ -98,6 +98,9 @@ struct Shared {
     policy: Policy,
     /// One per batch that may run at once.
     slots: Arc<Semaphore>,
+    /// One per high-priority batch that may run at once on the sessions
+    /// the backend keeps for them, when it keeps some.
+    high_priority_slots: Option<Arc<Semaphore>>,
     model_metrics: ModelMetrics,
     /// Present in auto mode.
     plan_metrics: Option<BatchPlanMetrics>,
@@ -111,6 +114,13 @@ struct Shared {
     last_run_micros: AtomicU64,
     /// The queue's name, in errors.
     name: String,
+}
+
+/// A batch's right to run: a shared slot, or one the backend keeps for
+/// high-priority batches (which then run on its kept sessions).
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    kept: bool,
 }
 
 /// How long the queue must stay non-empty (beyond a fixed batch timeout)
@@ -146,11 +156,16 @@ impl Batcher {
         let (entries, queue) = mpsc::channel(capacity_rows.max(1));
         let policy = Policy::new(&params, threads);
         let plan_metrics = matches!(policy, Policy::Auto(_)).then_some(plan_metrics);
+        let high_priority_slots = match version.backend().high_priority_parallelism() {
+            0 => None,
+            kept => Some(Arc::new(Semaphore::new(kept))),
+        };
         let shared = Arc::new(Shared {
             version,
             params,
             policy,
             slots: Arc::new(Semaphore::new(threads.max(1))),
+            high_priority_slots,
             model_metrics,
             plan_metrics,
             curve_published: Mutex::new(None),
@@ -197,14 +212,23 @@ impl Batcher {
         let rows = inputs.first().map_or(1, Tensor::rows);
         let now = Instant::now();
         self.shared.policy.arrived(now, rows);
+        if priority == Priority::High && rows <= self.max_batch_size {
+            // A session kept for high priority that is free runs it now,
+            // whatever lower requests wait.
+            if let Some(permit) =
+                self.shared.high_priority_slots.as_ref().and_then(|s| s.clone().try_acquire_owned().ok())
+            {
+                return self.shared.run_alone(inputs, rows, deadline, Slot { _permit: permit, kept: true }).await;
+            }
+        }
         if rows <= self.max_batch_size && self.queued_rows() == 0 {
             // Nothing waits: when the plan would not wait either, and a
             // slot is free, this request is a batch of its own.
             let plan = self.shared.plan(now, now, rows);
             if plan.close_at <= now {
-                if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
+                if let Ok(permit) = self.shared.slots.clone().try_acquire_owned() {
                     self.shared.publish(&plan, now);
-                    return self.shared.run_alone(inputs, rows, deadline, slot).await;
+                    return self.shared.run_alone(inputs, rows, deadline, Slot { _permit: permit, kept: false }).await;
                 }
             }
         }
@@ -362,17 +386,16 @@ impl Shared {
     }
 
     /// Runs one request as a batch of its own, from its own task.
-    async fn run_alone(
-        &self,
-        inputs: Vec<Tensor>,
-        rows: usize,
-        deadline: Deadline,
-        slot: OwnedSemaphorePermit,
-    ) -> Result<Vec<Tensor>> {
+    async fn run_alone(&self, inputs: Vec<Tensor>, rows: usize, deadline: Deadline, slot: Slot) -> Result<Vec<Tensor>> {
         let padded = self.params.padded_size(rows);
         self.model_metrics.batch_rows.observe(rows as f64);
         self.model_metrics.padding_rows.inc_by((padded - rows) as u64);
-        let batch = Batch { requests: vec![inputs], padded_rows: padded, deadline: deadline.instant() };
+        let batch = Batch {
+            requests: vec![inputs],
+            padded_rows: padded,
+            deadline: deadline.instant(),
+            high_priority: slot.kept,
+        };
         let started = Instant::now();
         let span = trace::batch_span(std::iter::once(&tracing::Span::current()), padded);
         let result = run_now(self.version.backend().as_ref(), batch, deadline).instrument(span).await;
@@ -389,13 +412,7 @@ impl Shared {
     /// Sends the live part of a batch to the backend; the thread that runs
     /// it sends each request its rows. When the queue is `overloaded`,
     /// requests that waited past the bound are refused instead.
-    fn dispatch(
-        self: &Arc<Self>,
-        batch: Vec<Entry>,
-        slot: OwnedSemaphorePermit,
-        queue_metrics: &QueueMetrics,
-        overloaded: bool,
-    ) {
+    fn dispatch(self: &Arc<Self>, batch: Vec<Entry>, slot: Slot, queue_metrics: &QueueMetrics, overloaded: bool) {
         let now = Instant::now();
         let stale_after = if overloaded { self.stale_after() } else { Duration::MAX };
         let mut inputs = Vec::with_capacity(batch.len());
@@ -455,6 +472,7 @@ impl Shared {
             self.model_metrics.shared_batches.inc();
         }
         let shared = self.clone();
+        let slot_kept = slot.kept;
         // Ends when the backend answers, on the thread that ran it.
         let batch_span = trace::batch_span(spans.iter(), padded);
         let done: Completion = Box::new(move |result| {
@@ -468,7 +486,7 @@ impl Shared {
             }
             answer(result, &rows, replies, shared.signature());
         });
-        let batch = Batch { requests: inputs, padded_rows: padded, deadline: due.flatten() };
+        let batch = Batch { requests: inputs, padded_rows: padded, deadline: due.flatten(), high_priority: slot_kept };
         self.version.backend().submit(batch, done);
     }
 }
@@ -516,15 +534,19 @@ impl BatchFormer {
             // rows only and waits for none: the latency it protects is its
             // own run, which a batch topped up with a flood's rows would
             // lengthen to the flood's batch size.
-            let lanes = if first.priority == Priority::High { 1 } else { LANES };
+            let mut lanes = if first.priority == Priority::High { 1 } else { LANES };
             let mut batch = vec![first];
             let mut full = lanes == 1;
+            // With slots kept for high priority, a lower batch leaves the
+            // high-priority requests to them.
+            let from = usize::from(lanes > 1 && self.shared.high_priority_slots.is_some());
             while !full {
+                self.send_high_priority_ahead();
                 let plan = self.shared.plan(Instant::now(), oldest, rows);
                 if rows >= plan.want.min(plan.cap) {
                     break;
                 }
-                if let Some(entry) = self.pop() {
+                if let Some(entry) = self.pop_from(from..LANES) {
                     full = !self.add(&mut batch, &mut rows, entry, plan.cap);
                     continue;
                 }
@@ -536,11 +558,16 @@ impl BatchFormer {
                 // Nothing waited beyond this batch until now.
                 self.last_empty = Instant::now();
                 match next {
+                    Some(entry) if entry.priority.index() < from => {
+                        self.waiting[entry.priority.index()].push_back(entry)
+                    }
                     Some(entry) => full = !self.add(&mut batch, &mut rows, entry, plan.cap),
                     None => break,
                 }
             }
-            let Ok(slot) = self.shared.slots.clone().acquire_owned().await else { return };
+            let Some(slot) = self.slot_for(&mut batch, &mut lanes).await else { return };
+            let Some(oldest) = batch.first().map(|entry| entry.enqueued) else { continue };
+            let mut rows = batch.iter().map(|entry| entry.rows).sum();
             // While waiting for a slot more requests may have come: take
             // them, up to the cap; past it, more still waiting is a
             // backlog, and the batch grows to the backlog cap to drain it.
@@ -551,10 +578,84 @@ impl BatchFormer {
             if full && plan.backlog_cap > plan.cap {
                 self.top_up(&mut batch, &mut rows, plan.backlog_cap, lanes);
             }
-            let standing = Instant::now().saturating_duration_since(self.last_empty);
-            let overloaded = standing > OVERLOAD_INTERVAL + self.shared.batch_timeout();
+            let overloaded = self.overloaded();
             self.shared.dispatch(batch, slot, &self.queue_metrics, overloaded);
         }
+    }
+
+    /// Whether the queue has stood long enough to count as overloaded.
+    fn overloaded(&self) -> bool {
+        let standing = Instant::now().saturating_duration_since(self.last_empty);
+        standing > OVERLOAD_INTERVAL + self.shared.batch_timeout()
+    }
+
+    /// A slot to run the formed `batch` in. A high-priority batch (of one
+    /// lane) takes whichever comes free first, a shared slot or one the
+    /// backend keeps for high priority. While a lower batch waits for a
+    /// shared slot, high-priority requests that come go ahead of it: on a
+    /// kept slot when the backend keeps some, else in its place (it goes
+    /// back to its lanes, and the batch becomes theirs): topped up into
+    /// the waiting batch they would run at the flood's batch size, after
+    /// the flood's running batch. `None`: the server is stopping.
+    async fn slot_for(&mut self, batch: &mut Vec<Entry>, lanes: &mut usize) -> Option<Slot> {
+        let shared = self.shared.slots.clone();
+        let Some(kept) = self.shared.high_priority_slots.clone() else {
+            let permit = shared.acquire_owned().await.ok()?;
+            if *lanes > 1 && self.high_waiting() {
+                self.put_back(batch);
+                batch.extend(self.pop_within(1));
+                *lanes = 1;
+            }
+            return Some(Slot { _permit: permit, kept: false });
+        };
+        if *lanes == 1 {
+            return tokio::select! {
+                biased;
+                permit = kept.acquire_owned() => Some(Slot { _permit: permit.ok()?, kept: true }),
+                permit = shared.acquire_owned() => Some(Slot { _permit: permit.ok()?, kept: false }),
+            };
+        }
+        let mut open = true;
+        loop {
+            self.send_high_priority_ahead();
+            let high_waiting = !self.waiting[Priority::High.index()].is_empty();
+            tokio::select! {
+                biased;
+                permit = shared.clone().acquire_owned() => return Some(Slot { _permit: permit.ok()?, kept: false }),
+                permit = kept.clone().acquire_owned(), if high_waiting => {
+                    let slot = Slot { _permit: permit.ok()?, kept: true };
+                    self.dispatch_high_priority(slot);
+                }
+                arrived = self.queue.recv(), if open => match arrived {
+                    Some(entry) => self.waiting[entry.priority.index()].push_back(entry),
+                    None => open = false,
+                },
+            }
+        }
+    }
+
+    /// Sends what waits in the high-priority lane to a slot the backend
+    /// keeps for high priority, when one is free.
+    fn send_high_priority_ahead(&mut self) {
+        let Some(kept) = self.shared.high_priority_slots.clone() else { return };
+        if !self.high_waiting() {
+            return;
+        }
+        if let Ok(permit) = kept.try_acquire_owned() {
+            self.dispatch_high_priority(Slot { _permit: permit, kept: true });
+        }
+    }
+
+    /// Forms a batch of what waits in the high-priority lane and sends it
+    /// to `slot`.
+    fn dispatch_high_priority(&mut self, slot: Slot) {
+        let Some(first) = self.pop_within(1) else { return };
+        let plan = self.shared.plan(Instant::now(), first.enqueued, first.rows);
+        let mut rows = first.rows;
+        let mut batch = vec![first];
+        self.top_up(&mut batch, &mut rows, plan.cap, 1);
+        let overloaded = self.overloaded();
+        self.shared.dispatch(batch, slot, &self.queue_metrics, overloaded);
     }
 
     /// The next waiting request, highest priority first (what arrived on
@@ -567,14 +668,39 @@ impl BatchFormer {
     /// [`BatchFormer::pop`] from the first `lanes` lanes only (1: high
     /// priority only); the queue counts as empty only when every lane is.
     fn pop_within(&mut self, lanes: usize) -> Option<Entry> {
-        while let Ok(entry) = self.queue.try_recv() {
-            self.waiting[entry.priority.index()].push_back(entry);
-        }
-        let next = self.waiting[..lanes.min(LANES)].iter_mut().find_map(VecDeque::pop_front);
+        self.pop_from(0..lanes.min(LANES))
+    }
+
+    /// [`BatchFormer::pop`] from the lanes `lanes` only.
+    fn pop_from(&mut self, lanes: std::ops::Range<usize>) -> Option<Entry> {
+        self.sort_arrivals();
+        let next = self.waiting[lanes].iter_mut().find_map(VecDeque::pop_front);
         if next.is_none() && self.waiting.iter().all(VecDeque::is_empty) {
             self.last_empty = Instant::now();
         }
         next
+    }
+
+    /// Whether a high-priority request waits (what arrived on the channel
+    /// is sorted into the lanes first).
+    fn high_waiting(&mut self) -> bool {
+        self.sort_arrivals();
+        !self.waiting[Priority::High.index()].is_empty()
+    }
+
+    /// Moves what arrived on the channel into the lanes.
+    fn sort_arrivals(&mut self) {
+        while let Ok(entry) = self.queue.try_recv() {
+            self.waiting[entry.priority.index()].push_back(entry);
+        }
+    }
+
+    /// Returns a formed batch's requests to the heads of their lanes, each
+    /// lane in its order.
+    fn put_back(&mut self, batch: &mut Vec<Entry>) {
+        while let Some(entry) = batch.pop() {
+            self.waiting[entry.priority.index()].push_front(entry);
+        }
     }
 
     /// Takes what is waiting in the first `lanes` lanes into the batch, up
@@ -665,7 +791,11 @@ mod tests {
     struct Doubler {
         signature: Signature,
         batches: Mutex<Vec<(Vec<usize>, usize)>>,
+        /// Of each batch: whether it ran on a session kept for high priority.
+        on_kept: Mutex<Vec<bool>>,
         speed: Option<(Duration, Duration)>,
+        /// Sessions kept for high-priority batches.
+        kept: usize,
     }
 
     impl Doubler {
@@ -675,12 +805,21 @@ mod tests {
             Arc::new(doubler)
         }
 
+        /// A slow one that keeps a session for high-priority batches.
+        fn slow_keeping_one(fixed: Duration, per_row: Duration) -> Arc<Doubler> {
+            let mut doubler = Arc::into_inner(Doubler::slow(fixed, per_row)).expect("one owner");
+            doubler.kept = 1;
+            Arc::new(doubler)
+        }
+
         fn new() -> Arc<Doubler> {
             let spec = |name: &str| TensorSpec::new(name, DType::F32, vec![-1, 2]);
             Arc::new(Doubler {
                 signature: Signature { inputs: vec![spec("x")], outputs: vec![spec("y")] },
                 batches: Mutex::new(Vec::new()),
+                on_kept: Mutex::new(Vec::new()),
                 speed: None,
+                kept: 0,
             })
         }
     }
@@ -690,9 +829,14 @@ mod tests {
             &self.signature
         }
 
+        fn high_priority_parallelism(&self) -> usize {
+            self.kept
+        }
+
         fn run(&self, batch: Batch) -> BoxFuture<'static, Result<Vec<Tensor>>> {
             let rows: Vec<usize> = batch.requests.iter().map(|r| r[0].rows()).collect();
             self.batches.lock().expect("batches").push((rows, batch.padded_rows));
+            self.on_kept.lock().expect("on_kept").push(batch.high_priority);
             let mut values: Vec<f32> = batch.requests.iter().flat_map(|r| r[0].to_vec::<f32>().expect("f32")).collect();
             values.iter_mut().for_each(|v| *v *= 2.0);
             values.resize(batch.padded_rows * 2, 0.0);
@@ -808,6 +952,74 @@ mod tests {
         let err = batcher.run(rows(0.0, 1), deadline, Priority::Normal, caller()).await.unwrap_err();
         assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
         assert!(backend.batches.lock().unwrap().is_empty());
+    }
+
+    /// Runs `rows` rows at `priority` after `after`; answers when it was
+    /// answered.
+    fn call_at(
+        batcher: &Arc<Batcher>,
+        after: Duration,
+        rows_of: usize,
+        priority: Priority,
+    ) -> tokio::task::JoinHandle<Instant> {
+        let batcher = batcher.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let out = batcher.run(rows(1.0, rows_of), Deadline::NONE, priority, caller()).await.expect("answered");
+            assert_eq!(out[0].rows(), rows_of, "its own rows");
+            Instant::now()
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_high_priority_request_goes_ahead_of_a_lower_batch_waiting_for_its_slot() {
+        // One slot; batches take 10 ms. A runs from 1 ms to 11 ms; B and C
+        // form a batch at 3 ms that waits for the slot; H comes at 5 ms.
+        let backend = Doubler::slow(Duration::from_millis(10), Duration::ZERO);
+        let params =
+            BatchingParameters { max_batch_size: 8, batch_timeout_micros: Some(1000), ..BatchingParameters::default() };
+        let batcher = Arc::new(batcher(&backend, params));
+        let started = Instant::now();
+        let a = call_at(&batcher, Duration::ZERO, 1, Priority::Low);
+        let b = call_at(&batcher, Duration::from_millis(2), 2, Priority::Low);
+        let c = call_at(&batcher, Duration::from_millis(2), 2, Priority::Normal);
+        let h = call_at(&batcher, Duration::from_millis(5), 3, Priority::High);
+        let [a, b, c, h] = [a.await, b.await, c.await, h.await].map(|at| at.expect("call") - started);
+        // H ran alone, right after A, and B and C after it.
+        let batches: Vec<Vec<usize>> = backend.batches.lock().unwrap().iter().map(|(rows, _)| rows.clone()).collect();
+        assert_eq!(batches, vec![vec![1], vec![3], vec![2, 2]]);
+        assert!(a < h && h < b && b == c, "answered at A {a:?}, H {h:?}, B {b:?}, C {c:?}");
+        assert!(h <= Duration::from_millis(22), "H waited for A's batch only: {h:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_kept_for_high_priority_runs_it_beside_a_lower_batch_and_nothing_else() {
+        // One shared slot and one kept; a batch takes 10 ms and 10 ms a
+        // row. A (4 rows) runs from 1 ms to 51 ms. H1 comes at 5 ms and
+        // runs at once on the kept session (to 25 ms); H2 comes at 6 ms,
+        // while B waits for the shared slot, and takes the kept session
+        // when H1 leaves it (to 45 ms). B, low, never runs there.
+        let backend = Doubler::slow_keeping_one(Duration::from_millis(10), Duration::from_millis(10));
+        let params =
+            BatchingParameters { max_batch_size: 8, batch_timeout_micros: Some(1000), ..BatchingParameters::default() };
+        let batcher = Arc::new(batcher(&backend, params));
+        let started = Instant::now();
+        let a = call_at(&batcher, Duration::ZERO, 4, Priority::Low);
+        let h1 = call_at(&batcher, Duration::from_millis(5), 1, Priority::High);
+        let b = call_at(&batcher, Duration::from_millis(5), 2, Priority::Low);
+        let h2 = call_at(&batcher, Duration::from_millis(6), 1, Priority::High);
+        let [a, h1, b, h2] = [a.await, h1.await, b.await, h2.await].map(|at| at.expect("call") - started);
+        assert!(h1 < h2 && h2 < a && a < b, "answered at A {a:?}, H1 {h1:?}, H2 {h2:?}, B {b:?}");
+        assert!(h1 <= Duration::from_millis(26) && h2 <= Duration::from_millis(46), "H1 {h1:?}, H2 {h2:?}");
+        let ran: Vec<(Vec<usize>, bool)> = backend
+            .batches
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(rows, _)| rows.clone())
+            .zip(backend.on_kept.lock().unwrap().iter().copied())
+            .collect();
+        assert_eq!(ran, vec![(vec![4], false), (vec![1], true), (vec![1], true), (vec![2], false)]);
     }
 
     /// Sends `count` one-row requests at once to a batcher whose batches
