@@ -105,7 +105,7 @@ fn main() {
         let config = dir.path().join("rest.toml");
         let table = fixtures::model_table("cnn", &fixtures::example_dir("cnn"), &format!("{ONNX}\n{CNN}"));
         std::fs::write(&config, format!("{}{table}", support::SERVER_TABLE)).expect("config");
-        rest_sweep(&runtime, &config, duration);
+        rest_sweep(&runtime, &config, &loads, duration);
     }
     if wants("priority") {
         priority(&runtime, dir.path(), duration);
@@ -162,9 +162,23 @@ fn sweep(
         capacity.p50_ms,
         per_answer * 1e6
     );
+    print_rows(&capacity, per_answer, &rows);
+    if rss_3x > 0 && rss_steady > 0 {
+        println!(
+            "RSS: {:.1} MiB steady, {:.1} MiB under 3x ({:.2}x)",
+            mib(rss_steady),
+            mib(rss_3x),
+            rss_3x as f64 / rss_steady as f64
+        );
+    }
+}
+
+/// Each open-loop row against `capacity`, whose CPU per answer was
+/// `per_answer` seconds.
+fn print_rows(capacity: &Summary, per_answer: f64, rows: &[Row]) {
     println!("| offered | OK/s | goodput | p50 OK | p99 OK | refused (codes) | refusal p99 | schedule kept | CPU per refusal / per answer | client CPU |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for row in &rows {
+    for row in rows {
         let s = &row.summary;
         let refused = s.requests - s.ok;
         let refusal_cpu =
@@ -187,14 +201,6 @@ fn sweep(
             100.0 * row.client_cpu / (s.seconds + 1.0),
         );
     }
-    if rss_3x > 0 && rss_steady > 0 {
-        println!(
-            "RSS: {:.1} MiB steady, {:.1} MiB under 3x ({:.2}x)",
-            mib(rss_steady),
-            mib(rss_3x),
-            rss_3x as f64 / rss_steady as f64
-        );
-    }
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -207,27 +213,50 @@ async fn pool_async(target: &str, model: &str) -> RequestPool {
     random_pool(&specs, &spec, 1, &Default::default(), 16, 7).expect("pool")
 }
 
-/// REST: the load generator runs REST closed loop only (one HTTP/1.1
-/// connection per worker), so overload is many more workers than reach
-/// capacity, each sending again at once after a refusal: 16 workers
-/// measure capacity, 256 the flood.
-fn rest_sweep(runtime: &tokio::runtime::Runtime, config: &Path, duration: Duration) {
+/// REST: capacity is a closed loop of 16 workers (one HTTP/1.1
+/// connection each); then an open loop at each multiple of it, each call
+/// on an idle connection or a new one (at most 2048 at once), as many
+/// independent callers would send; then a closed loop of 256 workers,
+/// each sending again at once after a refusal, as earlier runs measured.
+fn rest_sweep(runtime: &tokio::runtime::Runtime, config: &Path, loads: &[f64], duration: Duration) {
     let server = pinned_server(config, &[]);
     let http = server.stdout_after("sluice: serving HTTP on ").expect("HTTP address");
     let grpc = runtime.block_on(pool_async(&server.url(), "cnn"));
     let bodies = RequestPool { requests: rest_bodies(&grpc.requests).expect("REST bodies"), rows: grpc.rows };
-    let plan = |concurrency: usize| LoadPlan {
+    let plan = |rps: Option<f64>, concurrency: usize| LoadPlan {
         rest_path: Some("/v1/models/cnn:predict".into()),
+        rps,
         timeout: Some(Duration::from_secs(1)),
         warmup: Duration::from_secs(1),
         ..LoadPlan::closed(&format!("http://{http}"), concurrency, duration)
     };
-    let capacity = run(runtime, &plan(16), &bodies, "rest cnn: capacity, closed loop of 16");
-    let flood = run(runtime, &plan(256), &bodies, "rest cnn: closed loop of 256");
+    let pid = Some(server.pid());
+    let cpu_before = cpu_seconds(pid);
+    let capacity = run(runtime, &plan(None, 16), &bodies, "rest cnn: capacity, closed loop of 16");
+    let per_answer = (cpu_seconds(pid) - cpu_before) / capacity.ok.max(1) as f64;
+    let mut rows = Vec::new();
+    for &multiple in loads {
+        let offered = capacity.requests_per_second * multiple;
+        let (before, client_before) = (cpu_seconds(pid), cpu_seconds(None));
+        let summary = run(
+            runtime,
+            &plan(Some(offered), 2048),
+            &bodies,
+            &format!("rest cnn: open loop at {multiple}x ({offered:.0} req/s)"),
+        );
+        let (server_cpu, client_cpu) = (cpu_seconds(pid) - before, cpu_seconds(None) - client_before);
+        rows.push(Row { multiple, offered, summary, server_cpu, client_cpu });
+    }
+    let flood = run(runtime, &plan(None, 256), &bodies, "rest cnn: closed loop of 256");
     println!(
-        "\nrest cnn: capacity {:.0} req/s (16 workers); 256 workers: {:.0} OK/s ({:.2}x), p99 OK {:.2} ms, {} refused \
-         ({:?}), refusal p99 {:.2} ms",
+        "\nrest cnn: capacity {:.0} req/s (closed loop of 16, p50 {:.2} ms), server CPU {:.1} µs per answer",
         capacity.requests_per_second,
+        capacity.p50_ms,
+        per_answer * 1e6
+    );
+    print_rows(&capacity, per_answer, &rows);
+    println!(
+        "rest cnn: closed loop of 256 workers: {:.0} OK/s ({:.2}x), p99 OK {:.2} ms, {} refused ({:?}), refusal p99 {:.2} ms",
         flood.requests_per_second,
         flood.requests_per_second / capacity.requests_per_second,
         flood.p99_ms,

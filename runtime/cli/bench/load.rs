@@ -121,11 +121,9 @@ pub async fn run(plan: &LoadPlan, requests: Vec<Bytes>, rows: u64) -> anyhow::Re
                 clients.push(LoadClient::Grpc(client));
             }
         }
-        // Each worker's clone opens its own HTTP/1.1 connection.
+        // Each worker's clone opens its own HTTP/1.1 connection; an open
+        // loop keeps a pool of them (`open_loop`).
         Some(path) => {
-            if plan.rps.is_some() {
-                anyhow::bail!("REST load runs closed loop only (HTTP/1.1 needs a connection per worker)");
-            }
             clients.push(LoadClient::Rest { client: RestClient::new(&plan.target)?, path: path.as_str().into() });
         }
     }
@@ -203,9 +201,34 @@ async fn due_call(
     }
 }
 
+/// Idle HTTP/1.1 connections of an open loop. HTTP/1.1 carries one call
+/// at a time, so a REST call takes an idle connection or opens one (at
+/// most the in-flight limit of them), and gives it back once answered.
+/// A call abandoned at its deadline drops its connection, as a caller
+/// that gives up closes its socket.
+struct IdleConnections {
+    idle: Mutex<Vec<LoadClient>>,
+}
+
+impl IdleConnections {
+    fn take(&self, fresh: &LoadClient) -> LoadClient {
+        self.idle.lock().ok().and_then(|mut idle| idle.pop()).unwrap_or_else(|| fresh.clone())
+    }
+
+    fn give_back(&self, client: LoadClient, result: &Result<Bytes, tonic::Status>) {
+        let abandoned = matches!(result, Err(status) if status.code() == tonic::Code::DeadlineExceeded);
+        if !abandoned {
+            if let Ok(mut idle) = self.idle.lock() {
+                idle.push(client);
+            }
+        }
+    }
+}
+
 async fn open_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<LoadClient>, rps: f64) {
     let interval = Duration::from_secs_f64(1.0 / rps.max(1e-3));
     let in_flight = Arc::new(Semaphore::new(plan.concurrency.max(1)));
+    let rest = plan.rest_path.is_some().then(|| Arc::new(IdleConnections { idle: Mutex::new(Vec::new()) }));
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0u64.. {
@@ -217,11 +240,18 @@ async fn open_loop(plan: &LoadPlan, shared: &Arc<Shared>, clients: Vec<LoadClien
         // When the limit of requests in flight is reached, the wait counts
         // in the latency: the request was due at `due`.
         let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
-        let mut client = clients[i as usize % clients.len()].clone();
-        let shared = shared.clone();
+        let template = &clients[i as usize % clients.len()];
+        let mut client = match &rest {
+            Some(idle) => idle.take(template),
+            None => template.clone(),
+        };
+        let (shared, rest) = (shared.clone(), rest.clone());
         tasks.spawn(async move {
             let request = shared.requests[i as usize % shared.requests.len()].clone();
             let result = due_call(&mut client, request, due, shared.timeout).await;
+            if let Some(idle) = rest {
+                idle.give_back(client, &result);
+            }
             shared.record(due, result);
             drop(permit);
         });

@@ -122,7 +122,10 @@ pub struct BenchArgs {
     pub json: bool,
     /// Send the requests to this REST address (`http://127.0.0.1:8501`)
     /// as TF Serving REST bodies in row form (`instances`), instead of gRPC
-    /// to --target (which still answers GetModelMetadata). Closed loop only.
+    /// to --target (which still answers GetModelMetadata). HTTP/1.1 carries
+    /// one call at a time: a closed loop gives each worker a connection; an
+    /// open loop (--rps) takes an idle one or opens one per call, at most
+    /// --concurrency.
     #[arg(long)]
     pub rest: Option<String>,
     /// Step mode: write an HTML report with the throughput/latency chart.
