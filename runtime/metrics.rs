@@ -525,6 +525,9 @@ metric_families! {
     /// Connections open, by port.
     connections_open: Family<PortLabels, Gauge> = Family::default(),
         "sluice_connections_open" => "Connections open, by port";
+    /// Connections accepted (and served), by port.
+    connections_accepted: Family<PortLabels, Counter> = Family::default(),
+        "sluice_connections_accepted" => "Connections accepted and served, by port";
     /// Connections closed at once because `max_connections` were open.
     connections_refused: Family<PortLabels, Counter> = Family::default(),
         "sluice_connections_refused" => "Connections closed at once because server.max_connections were open";

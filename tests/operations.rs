@@ -616,6 +616,49 @@ fn sluice_bench_progress_lines_add_up_to_the_run_and_leave_the_warm_up_out() {
     assert_eq!(answered.iter().sum::<u64>(), total, "the lines add up to the run: {stderr}\n{stdout}");
 }
 
+#[test]
+fn sluice_bench_sends_rest_in_an_open_loop_on_reused_connections() {
+    let server = Server::start(&["--model_name", "mlp", "--model_base_path", "examples/models/mlp"]);
+    let before = http_connections_accepted(&server);
+    let (code, stdout, stderr) = run_sluice(&[
+        "bench",
+        "--target",
+        &server.grpc_url(),
+        "--rest",
+        &format!("http://{}", server.http),
+        "--model",
+        "mlp",
+        "--rps",
+        "200",
+        "--concurrency",
+        "8",
+        "--duration",
+        "2s",
+        "--warmup",
+        "0s",
+        "--json",
+        "--log_level",
+        "warn",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    let (requests, ok) = (report["requests"].as_u64().unwrap_or(0), report["ok"].as_u64().unwrap_or(0));
+    // Its schedule (400 calls in 2 s), every one answered.
+    assert!((380..=401).contains(&requests) && ok == requests, "{report}");
+    // At most 8 at once, each on an idle connection when one was free.
+    // (Each scrape of the metrics is a connection of its own too.)
+    let opened = http_connections_accepted(&server) - before - 1.0;
+    assert!((1.0..=8.0).contains(&opened), "{opened} connections for {requests} calls: {report}");
+}
+
+/// Connections the server's HTTP port has accepted, from its metrics
+/// (the scrape's own included).
+fn http_connections_accepted(server: &Server) -> f64 {
+    let text = tokio::runtime::Runtime::new().expect("runtime").block_on(server.metrics());
+    metric_value(&text, "sluice_connections_accepted_total{port=\"http\"}")
+}
+
 #[tokio::test]
 async fn connections_are_told_to_go_away_at_their_max_age_and_closed_after_the_grace() {
     // TF Serving's channel arguments, as a deployment passes them today.

@@ -37,6 +37,7 @@ pub struct Limits {
     header_read_timeout: Duration,
     max_age: Option<MaxAge>,
     open: Gauge,
+    accepted: Counter,
     refused: Counter,
     handshake_failures: Counter,
 }
@@ -68,6 +69,7 @@ impl Limits {
                 aged: metrics.connections_aged.get_or_create_owned(&crate::metrics::PortLabels { port }),
             }),
             open: metrics.connections_open.get_or_create_owned(&crate::metrics::PortLabels { port }),
+            accepted: metrics.connections_accepted.get_or_create_owned(&crate::metrics::PortLabels { port }),
             refused: metrics.connections_refused.get_or_create_owned(&crate::metrics::PortLabels { port }),
             handshake_failures: metrics
                 .tls_handshake_failures
@@ -293,6 +295,7 @@ pub async fn accept<L: Listener>(
             drop(io);
             continue;
         };
+        limits.accepted.inc();
         handle(io, place);
     }
 }
