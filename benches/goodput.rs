@@ -17,8 +17,14 @@
 //! model runs twice in one go, with push-back on (the default) and off
 //! (`--push_back false`), side by side.
 //!
+//! `rest`: the CNN over REST: capacity a closed loop of 16 connections,
+//! then an open loop at each multiple (a connection per call in flight,
+//! reused), then a closed loop of 256 workers that send again at once.
+//!
 //! `priority`: a high-priority stream at a tenth of capacity, alone and
-//! then beside a low-priority flood at 3× capacity; its p99 each time.
+//! then beside a low-priority flood at 3× capacity; its p99 each time,
+//! against four servers: with and without a session kept for high
+//! priority (`onnx.high_priority_sessions`), at `compute_nice` 0 and 10.
 //! Beside the flood it is measured twice: sent from a thread of its own
 //! (as a separate client would send it; the flood's thread sends up to
 //! 3× capacity and would delay the stream's calls before they leave),

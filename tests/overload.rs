@@ -265,3 +265,67 @@ async fn calls_that_waited_too_long_to_be_read_are_refused_unread() {
     // Serving at once afterwards.
     server.predict_client().await.predict(request).await.expect("served after the flood");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_calls_that_waited_too_long_to_be_read_are_refused_unread() {
+    // As above, over REST: HTTP/1.1 reads a call inside its connection's
+    // task, so the wait is the runtime's own, which a probe measures.
+    let table = model_table(
+        "mlp",
+        &example_dir("mlp"),
+        "onnx = { sessions = 1, intra_op_threads = 1 }\nmax_in_flight = 1048576\nmax_queue_wait_ms = 60000",
+    );
+    let server = Server::with_config(&table);
+    let body = serde_json::json!({ "instances": [values(1, 64)] }).to_string();
+    let path = "/v1/models/mlp:predict";
+    let until = Instant::now() + Duration::from_secs(3);
+    let codes: Arc<Mutex<BTreeMap<u16, u64>>> = Arc::default();
+    let late: Arc<Mutex<Option<String>>> = Arc::default();
+    let mut flood = tokio::task::JoinSet::new();
+    // 512 connections, each sending again as soon as it is answered.
+    for _ in 0..512 {
+        let (codes, late, body) = (codes.clone(), late.clone(), body.clone());
+        let mut client = sluice::cli::bench::client::RestClient::new(&server.http.to_string()).expect("client");
+        flood.spawn(async move {
+            while Instant::now() < until {
+                let answer = client.call(http::Method::POST, path, &[], body.clone().into()).await.expect("answered");
+                let status = answer.status.as_u16();
+                *codes.lock().expect("codes").entry(status).or_default() += 1;
+                match status {
+                    200 => {}
+                    429 if answer.text().contains("before the server could read it") => {
+                        late.lock().expect("late").get_or_insert(answer.text());
+                    }
+                    _ => panic!("a flood call failed with {status}: {}", answer.text()),
+                }
+            }
+        });
+    }
+    // High-priority calls meanwhile are never refused for the wait.
+    let mut high = sluice::cli::bench::client::RestClient::new(&server.http.to_string()).expect("client");
+    let mut high_codes = BTreeMap::<u16, u64>::new();
+    while Instant::now() < until {
+        let answer = high
+            .call(http::Method::POST, path, &[("x-sluice-priority", "high")], body.clone().into())
+            .await
+            .expect("answered");
+        *high_codes.entry(answer.status.as_u16()).or_default() += 1;
+        assert!(!answer.text().contains("before the server could read it"), "{}", answer.text());
+    }
+    while let Some(done) = flood.join_next().await {
+        done.expect("a flood connection panicked");
+    }
+    let codes = codes.lock().expect("codes").clone();
+    eprintln!("512 REST connections for 3 s: {codes:?}; high priority: {high_codes:?}");
+    let message = late.lock().expect("late").clone();
+    let message = message.unwrap_or_else(|| panic!("no REST call was refused for waiting to be read: {codes:?}"));
+    assert!(message.contains("the server is overloaded: this call waited"), "{message}");
+    assert!(codes.get(&200).copied().unwrap_or(0) > 0, "{codes:?}");
+    assert!(high_codes.get(&200).copied().unwrap_or(0) > 0, "{high_codes:?}");
+    let text = server.metrics().await;
+    let counted = metric_value(&text, "sluice_rejections_total{queue=\"mlp/admission\",reason=\"late_read\"}");
+    assert!(counted > 0.0, "late reads are counted: {text}");
+    // Serving at once afterwards.
+    let answer = high.call(http::Method::POST, path, &[], body.into()).await.expect("answered");
+    assert_eq!(answer.status.as_u16(), 200, "served after the flood: {}", answer.text());
+}

@@ -166,7 +166,7 @@ impl Endpoints {
     /// unread because it waited too long to be read; false when there is
     /// no such endpoint (the call goes on, to be answered NOT_FOUND).
     pub fn refuse_late(&self, name: &str) -> bool {
-        self.pipelines.load().get(name).map(|pipeline| pipeline.admission.refuse_late()).is_some()
+        self.pipelines.load().get(name).map(|pipeline| pipeline.refuse_late()).is_some()
     }
 
     /// The endpoint a request names; an empty name is the client's

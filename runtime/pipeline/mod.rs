@@ -302,6 +302,12 @@ impl Pipeline {
         self.admission.refuse_if_full(priority)
     }
 
+    /// Counts a call the transport refused unread because it waited too
+    /// long to be read ([`Admission::refuse_late`]).
+    pub fn refuse_late(&self) {
+        self.admission.refuse_late();
+    }
+
     /// True, counting it, when a request of `priority` would be refused
     /// now: the transport's check before it reads a request
     /// ([`Admission::is_full`]).

@@ -148,6 +148,7 @@ pub async fn serve(
         metrics_path: config.server.metrics_path.clone(),
         body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
         tracing: TraceSampler::new(&config.tracing),
+        run_queue: crate::api::read_delay::RunQueue::probe(),
     };
     let (http_stop_tx, http_stop_rx) = watch::channel(false);
     let admin_server = admin_listener.map(|listener| {

@@ -24,7 +24,7 @@
 //! waiting. So the time from the stream's arrival (when hyper calls this
 //! service) to its handler's first poll is watched as CoDel watches a
 //! queue ([`ReadDelay`]): once every call has waited more than
-//! [`READ_DELAY_TARGET`] for [`READ_DELAY_INTERVAL`], a call that waited
+//! `READ_DELAY_TARGET` for `READ_DELAY_INTERVAL`, a call that waited
 //! more is answered RESOURCE_EXHAUSTED at once, trailers only, its body
 //! unread, and counted in `sluice_rejections_total{reason="late_read"}`
 //! of the pipeline it names. That drains the queue to the target within
@@ -39,7 +39,6 @@
 //! RESOURCE_EXHAUSTED and a message.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -51,6 +50,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use crate::api::phase::PhaseCell;
+use crate::api::read_delay::ReadDelay;
 use crate::pipeline::priority::{Priority, PRIORITY_HEADER};
 use crate::pipeline::Endpoints;
 
@@ -77,45 +77,6 @@ pub struct PushBack {
     endpoints: Arc<Endpoints>,
     phase: Arc<PhaseCell>,
     read_delay: ReadDelay,
-}
-
-/// The delay a call may meet before it is read without counting as a
-/// standing queue: CoDel's target.
-pub const READ_DELAY_TARGET: Duration = Duration::from_millis(5);
-
-/// How long every call must have met more than the target before calls
-/// are refused for it: CoDel's interval, longer than a burst takes to
-/// drain.
-pub const READ_DELAY_INTERVAL: Duration = Duration::from_millis(100);
-
-/// CoDel's view of the delay before calls are read: since when every call
-/// has waited more than [`READ_DELAY_TARGET`] (microseconds from `origin`;
-/// 0 while the last call waited less). Shared by every connection and
-/// core; a race only blurs the edge of a spell.
-#[derive(Debug)]
-pub struct ReadDelay {
-    origin: Instant,
-    above_since: AtomicU64,
-}
-
-impl ReadDelay {
-    fn new() -> ReadDelay {
-        ReadDelay { origin: Instant::now(), above_since: AtomicU64::new(0) }
-    }
-
-    /// Whether a call that waited `waited` before it could be read, at
-    /// `now`, meets a standing queue and is to be refused.
-    fn standing(&self, waited: Duration, now: Instant) -> bool {
-        if waited <= READ_DELAY_TARGET {
-            self.above_since.store(0, Ordering::Relaxed);
-            return false;
-        }
-        let at = u64::try_from(now.saturating_duration_since(self.origin).as_micros()).unwrap_or(u64::MAX).max(1);
-        match self.above_since.compare_exchange(0, at, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => false,
-            Err(since) => at.saturating_sub(since) >= READ_DELAY_INTERVAL.as_micros() as u64,
-        }
-    }
 }
 
 impl PushBack {
@@ -222,13 +183,7 @@ impl tower::Service<http::Request<Incoming>> for Gated {
 /// The answer to a call refused for waiting too long before it was read:
 /// RESOURCE_EXHAUSTED, trailers only (in the headers), nothing read.
 fn late_answer(waited: Duration) -> axum::response::Response {
-    let status = tonic::Status::resource_exhausted(format!(
-        "the server is overloaded: this call waited {} ms before the server could read it (calls have queued \
-         longer than {} ms for over {} ms); retry later or at another replica",
-        waited.as_millis(),
-        READ_DELAY_TARGET.as_millis(),
-        READ_DELAY_INTERVAL.as_millis()
-    ));
+    let status = tonic::Status::resource_exhausted(crate::api::read_delay::overloaded(waited));
     let (parts, _) = status.into_http::<axum::body::Body>().into_parts();
     axum::response::Response::from_parts(parts, axum::body::Body::empty())
 }
@@ -354,24 +309,6 @@ mod tests {
     use super::*;
     use crate::proto::inference::ModelInferRequest;
 
-    #[test]
-    fn only_a_read_delay_standing_for_an_interval_refuses_and_one_short_wait_ends_it() {
-        let delay = ReadDelay::new();
-        let t0 = delay.origin + Duration::from_secs(1);
-        let ms = Duration::from_millis;
-        let long = ms(20);
-        // A burst: long waits, but not for an interval yet.
-        assert!(!delay.standing(long, t0));
-        assert!(!delay.standing(long, t0 + ms(50)));
-        // Standing for the interval: refused.
-        assert!(delay.standing(long, t0 + ms(100)));
-        assert!(delay.standing(ms(6), t0 + ms(105)));
-        // One call read within the target ends the spell.
-        assert!(!delay.standing(ms(1), t0 + ms(110)));
-        assert!(!delay.standing(long, t0 + ms(120)));
-        assert!(!delay.standing(long, t0 + ms(200)));
-        assert!(delay.standing(long, t0 + ms(220)));
-    }
     use crate::proto::tensorflow::serving::{ModelSpec, PredictRequest};
 
     fn framed(message: &impl Message) -> Vec<u8> {

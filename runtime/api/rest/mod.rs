@@ -33,12 +33,14 @@ use tracing::Instrument;
 use super::context::{request_id, RequestContext, REQUEST_ID};
 use super::examples::Task;
 use super::health::{Lifecycle, Phase};
+use super::read_delay::{self, RunQueue};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::models::VersionChoice;
 use crate::pipeline::deadline::Deadline;
-use crate::pipeline::priority::PRIORITY_HEADER;
+use crate::pipeline::priority::{Priority, PRIORITY_HEADER};
 use crate::pipeline::trace::{HeaderCarrier, TraceSampler};
+use crate::pipeline::Pipeline;
 
 /// The OpenMetrics text format prometheus-client writes.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -64,6 +66,8 @@ pub struct RestState {
     pub body_read_timeout: std::time::Duration,
     /// Which requests are traced.
     pub tracing: TraceSampler,
+    /// How long the tasks of the runtime serving REST wait to run.
+    pub run_queue: Arc<RunQueue>,
 }
 
 /// The routes of the HTTP port.
@@ -294,7 +298,7 @@ async fn route(state: &RestState, sent: Sent<'_>, body: Body) -> (String, Respon
                 // The URL names the pipeline: a full one refuses before
                 // the body (up to server.max_message_bytes) is read.
                 let priority = cx.priority()?;
-                cx.resolve(endpoints, parsed.choice(), "")?.pipeline.refuse_if_full(priority)?;
+                refuse_unread(state, &cx.resolve(endpoints, parsed.choice(), "")?.pipeline, priority)?;
                 let bytes =
                     read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
                         .await?;
@@ -302,7 +306,7 @@ async fn route(state: &RestState, sent: Sent<'_>, body: Body) -> (String, Respon
             }
             Call::Task(task) => {
                 let priority = cx.priority()?;
-                cx.resolve(endpoints, parsed.choice(), "")?.pipeline.refuse_if_full(priority)?;
+                refuse_unread(state, &cx.resolve(endpoints, parsed.choice(), "")?.pipeline, priority)?;
                 let bytes =
                     read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
                         .await?;
@@ -314,6 +318,19 @@ async fn route(state: &RestState, sent: Sent<'_>, body: Body) -> (String, Respon
         Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
     })
     .await
+}
+
+/// Refuses a call before its body is read: while the tasks of the runtime
+/// serving REST stand in a queue (`api::read_delay`), any call but a
+/// high-priority one, counted as a late read of its pipeline (HTTP/1.1
+/// reads a call inside its connection's task, so the wait before it is
+/// the runtime's); then a call its pipeline could not admit now.
+pub(super) fn refuse_unread(state: &RestState, pipeline: &Pipeline, priority: Priority) -> Result<()> {
+    if let Some(waited) = state.run_queue.standing().filter(|_| priority != Priority::High) {
+        pipeline.refuse_late();
+        return Err(Error::resource_exhausted(read_delay::overloaded(waited)));
+    }
+    pipeline.refuse_if_full(priority)
 }
 
 /// Runs one call's `work` in its span, answers a bug that panics with

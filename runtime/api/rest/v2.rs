@@ -128,7 +128,7 @@ pub(super) async fn route(state: &RestState, sent: super::Sent<'_>, body: Body) 
                 // A full pipeline refuses before the body is read.
                 // (As the header says: the body's `priority` is not read yet.)
                 let priority = cx.priority()?;
-                target.pipeline.refuse_if_full(priority)?;
+                super::refuse_unread(state, &target.pipeline, priority)?;
                 let body =
                     read_body(body, headers, state.max_body_bytes, "server.max_message_bytes", state.body_read_timeout)
                         .await?;
