@@ -40,8 +40,10 @@ pub struct Batch {
     /// When the last request of the batch stops waiting for it: a backend
     /// that calls another server passes it on. `None`: no deadline.
     pub deadline: Option<tokio::time::Instant>,
-    /// Every request in it is of high priority: a backend with sessions
-    /// kept for such batches (`onnx.high_priority_sessions`) runs it there.
+    /// Runs on the sessions the backend keeps for high-priority batches
+    /// (`onnx.high_priority_sessions`), when it keeps some: set for a batch
+    /// of high-priority requests that holds one of their slots in the
+    /// batcher, or an unbatched high-priority request.
     pub high_priority: bool,
 }
 
