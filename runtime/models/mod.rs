@@ -227,6 +227,15 @@ fn load_backend(
     metrics: &Metrics,
 ) -> Result<(Arc<dyn Backend>, &'static str)> {
     Ok(if file.file_name().is_some_and(|n| n == SAVED_MODEL_FILE) {
+        if config.onnx.high_priority_sessions > 0 {
+            tracing::warn!(
+                model = %config.name,
+                version,
+                "onnx.high_priority_sessions = {} applies to ONNX Runtime versions; this one is a SavedModel, whose \
+                 high-priority batches share its TensorFlow run threads",
+                config.onnx.high_priority_sessions
+            );
+        }
         let backend = TensorflowBackend::load(
             dir,
             label,
