@@ -592,11 +592,11 @@ impl BatchFormer {
     /// A slot to run the formed `batch` in. A high-priority batch (of one
     /// lane) takes whichever comes free first, a shared slot or one the
     /// backend keeps for high priority. While a lower batch waits for a
-    /// shared slot, high-priority requests that come go ahead of it: on a
-    /// kept slot when the backend keeps some, else in its place (it goes
-    /// back to its lanes, and the batch becomes theirs): topped up into
-    /// the waiting batch they would run at the flood's batch size, after
-    /// the flood's running batch. `None`: the server is stopping.
+    /// shared slot, high-priority requests that come go ahead of it
+    /// (topped up into it, they would run at the flood's batch size after
+    /// the flood's running batch): on a kept slot when the backend keeps
+    /// some, else in its place, the lower batch going back to its lanes.
+    /// `None`: the server is stopping.
     async fn slot_for(&mut self, batch: &mut Vec<Entry>, lanes: &mut usize) -> Option<Slot> {
         let shared = self.shared.slots.clone();
         let Some(kept) = self.shared.high_priority_slots.clone() else {
