@@ -29,6 +29,16 @@ fn bounded_cnn(keys: &str) -> String {
     format!("[traffic]\nhigh_priority_reserve = 0.5\n\n{table}")
 }
 
+/// The MLP behind an admission so wide that it never refuses: the queue
+/// in front of the handlers is the only one.
+fn mlp_that_never_refuses() -> Server {
+    Server::with_config(&model_table(
+        "mlp",
+        &example_dir("mlp"),
+        "onnx = { sessions = 1, intra_op_threads = 1 }\nmax_in_flight = 1048576\nmax_queue_wait_ms = 60000",
+    ))
+}
+
 const PREDICT: &str = "/tensorflow.serving.PredictionService/Predict";
 const RESOURCE_EXHAUSTED: i32 = 8;
 
@@ -219,14 +229,7 @@ async fn a_refused_stream_is_unavailable_to_grpc_and_retried_on_another_server()
 /// serves on at once afterwards.
 #[tokio::test]
 async fn calls_that_waited_too_long_to_be_read_are_refused_unread() {
-    // Admission so wide that it never refuses: the queue in front of the
-    // handlers is the only one.
-    let table = model_table(
-        "mlp",
-        &example_dir("mlp"),
-        "onnx = { sessions = 1, intra_op_threads = 1 }\nmax_in_flight = 1048576\nmax_queue_wait_ms = 60000",
-    );
-    let server = Server::with_config(&table);
+    let server = mlp_that_never_refuses();
     let x = values(1, 64);
     let request = predict_request("mlp", vec![("x", f32_content(&[1, 64], &x))]);
     // Warm: the cost of a run is learned, so runs are inline.
@@ -270,12 +273,7 @@ async fn calls_that_waited_too_long_to_be_read_are_refused_unread() {
 async fn rest_calls_that_waited_too_long_to_be_read_are_refused_unread() {
     // As above, over REST: HTTP/1.1 reads a call inside its connection's
     // task, so the wait is the runtime's own, which a probe measures.
-    let table = model_table(
-        "mlp",
-        &example_dir("mlp"),
-        "onnx = { sessions = 1, intra_op_threads = 1 }\nmax_in_flight = 1048576\nmax_queue_wait_ms = 60000",
-    );
-    let server = Server::with_config(&table);
+    let server = mlp_that_never_refuses();
     let body = serde_json::json!({ "instances": [values(1, 64)] }).to_string();
     let path = "/v1/models/mlp:predict";
     let until = Instant::now() + Duration::from_secs(3);
