@@ -359,21 +359,32 @@ fn wrong_credentials_are_named_at_start_without_the_secret() {
     let config = config(dir.path(), &store.url("models", "repo/mlp"), "", "");
     // A well-formed key that is not the account's.
     let secret = "c2x1aWNlLXdyb25nLWtleS1mb3ItdGhlLWVtdWxhdG9y";
+    for (command, stderr) in refused_at_start(&store, &config, &[("AZURE_STORAGE_ACCOUNT_KEY", secret)]) {
+        assert!(stderr.contains("listing az://models/repo/mlp") && stderr.contains("403"), "{command:?}: {stderr}");
+        assert!(!stderr.contains(secret), "{command:?}: the key reached the output");
+    }
+}
+
+/// `sluice serve` and `sluice config check` of `config`, against `store`
+/// with `env` besides its own: each must fail; answers each command and
+/// its stderr.
+fn refused_at_start(store: &ObjectStoreServer, config: &Path, env: &[(&str, &str)]) -> Vec<(String, String)> {
     let path = config.to_str().expect("utf-8");
     let serve = ["serve", "--port", "0", "--rest_api_port", "0", "--model_config_file", path];
+    let mut refused = Vec::new();
     for command in [&serve[..], &["config", "check", path][..]] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(command)
             .envs(store.env())
-            .env("AZURE_STORAGE_ACCOUNT_KEY", secret)
+            .envs(env.iter().copied())
             .current_dir(fixtures::root())
             .output()
             .expect("run sluice");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{command:?} with a wrong key: {stderr}");
-        assert!(stderr.contains("listing az://models/repo/mlp") && stderr.contains("403"), "{command:?}: {stderr}");
-        assert!(!stderr.contains(secret), "{command:?}: the key reached the output");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(!output.status.success(), "{command:?} started: {stderr}");
+        refused.push((command.join(" "), stderr));
     }
+    refused
 }
 
 /// A `gs://` base path in a bucket the store does not have fails start-up
@@ -387,17 +398,7 @@ fn an_unknown_gcs_bucket_is_named_at_start() {
     store.publish("models", "repo/mlp/1", &mlp(1));
     let dir = tempfile::tempdir().expect("temp dir");
     let config = config(dir.path(), &store.url("no-such-bucket", "repo/mlp"), "", "");
-    let path = config.to_str().expect("utf-8");
-    let serve = ["serve", "--port", "0", "--rest_api_port", "0", "--model_config_file", path];
-    for command in [&serve[..], &["config", "check", path][..]] {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(command)
-            .envs(store.env())
-            .current_dir(fixtures::root())
-            .output()
-            .expect("run sluice");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{command:?} with an unknown bucket: {stderr}");
+    for (command, stderr) in refused_at_start(&store, &config, &[]) {
         assert!(
             stderr.contains("listing gs://no-such-bucket/repo/mlp")
                 && stderr.contains("no bucket named no-such-bucket"),
