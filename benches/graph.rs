@@ -299,19 +299,8 @@ async fn cpu_per_request(server: &ServerProcess, seconds: u64, request: PredictR
 async fn cpu(server: &ServerProcess, seconds: u64, rounds: usize, rows: &mut Vec<String>) {
     let x = features(3, 16);
     let input = || vec![("features", f32_tensor(&[16, 16], &x))];
-    let (mut graph, mut sum) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        let g = cpu_per_request(server, seconds, predict("ensemble", input())).await;
-        let coarse = cpu_per_request(server, seconds, predict("ranker_coarse", input())).await;
-        let fine = cpu_per_request(server, seconds, predict("ranker_fine", input())).await;
-        eprintln!(
-            "round {round}: ensemble {g:.1} µs; ranker_coarse {coarse:.1} + ranker_fine {fine:.1} = {:.1} µs",
-            coarse + fine
-        );
-        graph.push(g);
-        sum.push(coarse + fine);
-    }
-    let (g, s) = (median(graph), median(sum));
+    let parts = [predict("ranker_coarse", input()), predict("ranker_fine", input())];
+    let (g, s) = graph_against_models(server, seconds, rounds, predict("ensemble", input()), parts).await;
     rows.push(format!(
         "| server CPU of the two-model ensemble vs its models served alone (16 rows) | {g:.1} µs | {s:.1} µs (sum) | **{:+.1} µs** | ≤ +10 µs |",
         g - s
@@ -319,32 +308,50 @@ async fn cpu(server: &ServerProcess, seconds: u64, rounds: usize, rows: &mut Vec
     // The cascade against its two model calls alone, with the rows each
     // model sees in it (100 candidates, then the 8 best).
     let (x, ids) = cascade_inputs(0);
-    let (mut graph, mut sum) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        let request = predict(
-            "rank",
-            vec![
-                ("candidates", f32_tensor(&[CANDIDATES as i64, 16], &x)),
-                ("item_ids", i64_tensor(&[CANDIDATES as i64], &ids)),
-            ],
-        );
-        let g = cpu_per_request(server, seconds, request).await;
-        let coarse = predict("ranker_coarse", vec![("features", f32_tensor(&[CANDIDATES as i64, 16], &x))]);
-        let coarse = cpu_per_request(server, seconds, coarse).await;
-        let fine = predict("ranker_fine", vec![("features", f32_tensor(&[K as i64, 16], &x[..K * 16]))]);
-        let fine = cpu_per_request(server, seconds, fine).await;
-        eprintln!(
-            "round {round}: cascade {g:.1} µs; ranker_coarse {coarse:.1} + ranker_fine {fine:.1} = {:.1} µs",
-            coarse + fine
-        );
-        graph.push(g);
-        sum.push(coarse + fine);
-    }
-    let (g, s) = (median(graph), median(sum));
+    let request = predict(
+        "rank",
+        vec![
+            ("candidates", f32_tensor(&[CANDIDATES as i64, 16], &x)),
+            ("item_ids", i64_tensor(&[CANDIDATES as i64], &ids)),
+        ],
+    );
+    let parts = [
+        predict("ranker_coarse", vec![("features", f32_tensor(&[CANDIDATES as i64, 16], &x))]),
+        predict("ranker_fine", vec![("features", f32_tensor(&[K as i64, 16], &x[..K * 16]))]),
+    ];
+    let (g, s) = graph_against_models(server, seconds, rounds, request, parts).await;
     rows.push(format!(
         "| server CPU of the cascade (2 models, 2 top_rows) vs its two model calls alone (100 and 8 rows) | {g:.1} µs | {s:.1} µs (sum) | **{:+.1} µs** | ≤ +10 µs |",
         g - s
     ));
+}
+
+/// Server CPU per request of `graph` and the sum of its two `models`'
+/// requests served alone, each the median of `rounds` rounds.
+async fn graph_against_models(
+    server: &ServerProcess,
+    seconds: u64,
+    rounds: usize,
+    graph: PredictRequest,
+    models: [PredictRequest; 2],
+) -> (f64, f64) {
+    let name = |request: &PredictRequest| request.model_spec.as_ref().map_or(String::new(), |spec| spec.name.clone());
+    let (mut graphs, mut sums) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let g = cpu_per_request(server, seconds, graph.clone()).await;
+        let first = cpu_per_request(server, seconds, models[0].clone()).await;
+        let second = cpu_per_request(server, seconds, models[1].clone()).await;
+        eprintln!(
+            "round {round}: {} {g:.1} µs; {} {first:.1} + {} {second:.1} = {:.1} µs",
+            name(&graph),
+            name(&models[0]),
+            name(&models[1]),
+            first + second
+        );
+        graphs.push(g);
+        sums.push(first + second);
+    }
+    (median(graphs), median(sums))
 }
 
 fn model_infer(n: usize) -> ModelInferRequest {
